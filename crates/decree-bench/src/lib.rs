@@ -1,0 +1,1 @@
+//! decree-bench (to be written).

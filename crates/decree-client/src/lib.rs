@@ -1,0 +1,1 @@
+//! decree-client (to be written).

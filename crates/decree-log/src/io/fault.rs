@@ -1,0 +1,1 @@
+//! Fault-injecting storage for crash tests (to be written).

@@ -1,0 +1,1 @@
+//! decree-proto (to be written).

@@ -1,0 +1,1 @@
+//! decree-rm (to be written).

@@ -1,0 +1,1 @@
+//! decree-server (to be written).
