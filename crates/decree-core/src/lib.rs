@@ -6,7 +6,9 @@
 //! the state server and the real resource managers live in other crates.
 
 pub mod rm;
+pub mod store;
 pub mod xid;
 
 pub use rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
+pub use store::{BranchRecord, Decision, DecisionStore, Outcome, StoreError};
 pub use xid::{Origin, Xid, XidError, DECREE_FORMAT_ID};

@@ -2,6 +2,7 @@
 
 pub mod file;
 pub mod journal;
+pub mod owner;
 pub mod slots;
 pub mod volatile;
 
@@ -9,12 +10,50 @@ use crate::io::{StdStorage, Storage};
 use crate::{EngineKind, Log, LogConfig, LogError};
 use std::sync::Arc;
 
-/// Opens the engine named in `config` on the real file system.
+/// Opens the engine named in `config` on the real file system, holding the directory lock
+/// for as long as the returned log lives.
 pub fn open(config: &LogConfig) -> Result<Box<dyn Log>, LogError> {
-    open_with_storage(config, Arc::new(StdStorage))
+    if config.engine == EngineKind::Volatile {
+        return open_with_storage(config, Arc::new(StdStorage));
+    }
+    std::fs::create_dir_all(&config.dir).map_err(|e| LogError::io(&config.dir, e))?;
+    let lock = owner::DirLock::acquire(&config.dir)?;
+    let inner = open_with_storage(config, Arc::new(StdStorage))?;
+    Ok(Box::new(Owned { inner, _lock: lock }))
 }
 
-/// Opens the engine named in `config` on the given storage (tests inject faults here).
+/// A log together with the lock on its directory.
+struct Owned {
+    inner: Box<dyn Log>,
+    _lock: owner::DirLock,
+}
+
+impl Log for Owned {
+    fn append(&self, txn: crate::TxnKey, payload: &[u8]) -> Result<(), LogError> {
+        self.inner.append(txn, payload)
+    }
+    fn append_with(&self, txn: crate::TxnKey, payload: &[u8], done: crate::DurableCallback) {
+        self.inner.append_with(txn, payload, done)
+    }
+    fn complete(&self, txn: crate::TxnKey) -> Result<(), LogError> {
+        self.inner.complete(txn)
+    }
+    fn take_recovered(&self) -> Vec<crate::LiveRecord> {
+        self.inner.take_recovered()
+    }
+    fn incarnation(&self) -> u64 {
+        self.inner.incarnation()
+    }
+    fn sync(&self) -> Result<(), LogError> {
+        self.inner.sync()
+    }
+    fn stats(&self) -> crate::LogStats {
+        self.inner.stats()
+    }
+}
+
+/// Opens the engine named in `config` on the given storage (tests inject faults here);
+/// takes no directory lock. Durable engines call [`owner::bump_incarnation`] in their open.
 pub fn open_with_storage(config: &LogConfig, storage: Arc<dyn Storage>) -> Result<Box<dyn Log>, LogError> {
     match config.engine {
         EngineKind::Volatile => Ok(Box::new(volatile::VolatileLog::new())),

@@ -1,0 +1,146 @@
+//! Where the coordinator's durable decisions go.
+//!
+//! In embedded mode the coordinator writes decision records to its own
+//! [`decree_log::Log`]; with a state server, the client library sends them to the server,
+//! which writes them to its log. Both sit behind [`DecisionStore`], so the coordinator's
+//! code is the same in both modes.
+
+use crate::xid::Xid;
+
+/// One branch named in a decision record: which resource, which branch number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchRecord {
+    /// The resource manager's configured name (recovery finds its factory by this name).
+    pub rm: String,
+    /// The branch qualifier number within the global transaction.
+    pub branch: u16,
+}
+
+/// The commit point of a two-phase commit: "`xid` commits, with these branches".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The global transaction (empty bqual).
+    pub xid: Xid,
+    /// Branches that voted to commit and still need phase two.
+    pub branches: Vec<BranchRecord>,
+}
+
+/// Why a decision could not be stored or found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The log failed (it is fail-stop: no later decision succeeds).
+    #[error("decision log failed: {0}")]
+    Log(String),
+    /// The state server could not be reached or the connection was lost.
+    #[error("state server unreachable: {0}")]
+    Unreachable(String),
+    /// A stored decision could not be decoded.
+    #[error("malformed decision record: {0}")]
+    Malformed(String),
+}
+
+/// What is known of a transaction's outcome when a client asks again by Xid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A decision record exists: the transaction commits.
+    Committed,
+    /// The owning session is live and has not decided yet.
+    InProgress,
+    /// No decision and no live owner: presumed abort.
+    RolledBack,
+}
+
+/// The durable side of the coordinator: the embedded log or a state server.
+pub trait DecisionStore: Send + Sync {
+    /// The node id this coordinator mints Xids with.
+    fn node(&self) -> u32;
+    /// The incarnation of the log behind this store (a new one at every restart).
+    fn incarnation(&self) -> u64;
+    /// A session id unique within this incarnation.
+    fn open_session(&self) -> Result<u64, StoreError>;
+    /// The session ended (its undecided transactions are presumed aborted).
+    fn close_session(&self, session: u64);
+    /// Stores the decision durably; returns once it is durable under the sync policy.
+    fn decide(&self, decision: &Decision) -> Result<(), StoreError>;
+    /// Records that every branch of `xid` is finished; lazy, never waits for the disk.
+    fn complete(&self, xid: &Xid) -> Result<(), StoreError>;
+}
+
+impl Decision {
+    /// The log payload: magic "DCD1", Xid (binary), branch count (u16 BE), then per branch
+    /// the branch number (u16 BE), the name length (u8) and the name (UTF-8).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.branches.len() * 24);
+        out.extend_from_slice(b"DCD1");
+        self.xid.encode(&mut out);
+        out.extend_from_slice(&(self.branches.len() as u16).to_be_bytes());
+        for b in &self.branches {
+            let name = &b.rm.as_bytes()[..b.rm.len().min(255)];
+            out.extend_from_slice(&b.branch.to_be_bytes());
+            out.push(name.len() as u8);
+            out.extend_from_slice(name);
+        }
+        out
+    }
+
+    /// Decodes a payload written by [`Decision::encode`].
+    pub fn decode(buf: &[u8]) -> Result<Self, StoreError> {
+        let bad = |what: &str| StoreError::Malformed(what.to_string());
+        let rest = buf.strip_prefix(b"DCD1").ok_or_else(|| bad("missing DCD1 magic"))?;
+        let (xid, used) = Xid::decode(rest).map_err(|e| StoreError::Malformed(e.to_string()))?;
+        let mut rest = &rest[used..];
+        if rest.len() < 2 {
+            return Err(bad("branch count missing"));
+        }
+        let count = u16::from_be_bytes([rest[0], rest[1]]) as usize;
+        rest = &rest[2..];
+        let mut branches = Vec::with_capacity(count.min(1024));
+        for _ in 0..count {
+            if rest.len() < 3 {
+                return Err(bad("branch truncated"));
+            }
+            let branch = u16::from_be_bytes([rest[0], rest[1]]);
+            let len = rest[2] as usize;
+            rest = &rest[3..];
+            if rest.len() < len {
+                return Err(bad("branch name truncated"));
+            }
+            let rm =
+                std::str::from_utf8(&rest[..len]).map_err(|_| bad("branch name is not UTF-8"))?.to_string();
+            rest = &rest[len..];
+            branches.push(BranchRecord { rm, branch });
+        }
+        if !rest.is_empty() {
+            return Err(bad("trailing bytes after the last branch"));
+        }
+        Ok(Decision { xid, branches })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xid::Origin;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decision_round_trips() {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
+        let d = Decision {
+            xid,
+            branches: vec![
+                BranchRecord { rm: "pg-a".into(), branch: 0 },
+                BranchRecord { rm: "pg-b".into(), branch: 1 },
+            ],
+        };
+        assert_eq!(Decision::decode(&d.encode()).unwrap(), d);
+        assert!(Decision::decode(&d.encode()[..10]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Decision::decode(&bytes);
+        }
+    }
+}
