@@ -70,6 +70,11 @@ pub trait ResourceManager: Send {
     fn recover(&mut self) -> Result<Vec<Xid>, RmError>;
     /// Forgets a heuristically completed branch.
     fn forget(&mut self, xid: &Xid) -> Result<(), RmError>;
+    /// Whether prepare and commit gain from running on several threads at once (network
+    /// RMs, where each call waits for a round trip); in-memory RMs are faster in sequence.
+    fn prefers_parallel(&self) -> bool {
+        false
+    }
 }
 
 /// Makes new connections to one resource: recovery and phase-two retries use it.

@@ -71,8 +71,15 @@ impl Decision {
     /// the branch number (u16 BE), the name length (u8) and the name (UTF-8).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.branches.len() * 24);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the payload of [`Decision::encode`] to `out`, so that a hot path can reuse
+    /// one buffer instead of allocating per decision.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"DCD1");
-        self.xid.encode(&mut out);
+        self.xid.encode(out);
         out.extend_from_slice(&(self.branches.len() as u16).to_be_bytes());
         for b in &self.branches {
             let name = &b.rm.as_bytes()[..b.rm.len().min(255)];
@@ -80,7 +87,6 @@ impl Decision {
             out.push(name.len() as u8);
             out.extend_from_slice(name);
         }
-        out
     }
 
     /// Decodes a payload written by [`Decision::encode`].

@@ -26,14 +26,22 @@ pub const GID_PREFIX: &str = "decree:";
 pub enum XidError {
     /// A part is longer than XA allows.
     #[error("{part} is {len} bytes, XA allows at most 64")]
-    TooLong { part: &'static str, len: usize },
+    TooLong {
+        /// Which part: "gtrid" or "bqual".
+        part: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// The string form could not be parsed.
     #[error("not a decree Xid string: {0}")]
     Malformed(String),
 }
 
 /// An XA transaction identifier.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// Invariant: bytes past `gtrid_len` and `bqual_len` are zero, so that the derived
+/// equality compares exactly the XA parts; hashing reads only the used bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Xid {
     format_id: i32,
     gtrid_len: u8,
@@ -89,6 +97,9 @@ impl Xid {
     /// The same global transaction with the bqual of branch number `branch`.
     pub fn branch(&self, branch: u16) -> Self {
         let mut x = *self;
+        if x.bqual_len > 2 {
+            x.bqual = [0; PART_BYTES_MAX];
+        }
         x.bqual_len = 2;
         x.bqual[..2].copy_from_slice(&branch.to_be_bytes());
         x
@@ -195,6 +206,15 @@ impl Xid {
     }
 }
 
+impl std::hash::Hash for Xid {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_i32(self.format_id);
+        state.write(self.gtrid());
+        state.write_u8(0xff);
+        state.write(self.bqual());
+    }
+}
+
 impl fmt::Display for Xid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_gid())
@@ -223,6 +243,12 @@ mod tests {
         assert_eq!(Xid::decode(&buf).unwrap(), (x, buf.len()));
         assert_eq!(x.global().log_key(), x.log_key());
         assert!(x.to_gid().len() <= 200, "PostgreSQL gids are at most 200 bytes");
+    }
+
+    #[test]
+    fn branch_of_a_long_bqual_equals_a_fresh_branch() {
+        let long = Xid::new(1, b"g", b"a-long-qualifier").unwrap();
+        assert_eq!(long.branch(3), Xid::new(1, b"g", &3u16.to_be_bytes()).unwrap());
     }
 
     #[test]

@@ -168,9 +168,8 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            match decode(&bytes, 128) {
-                Decoded::Frame(_, n) => prop_assert!(n <= bytes.len()),
-                _ => {}
+            if let Decoded::Frame(_, n) = decode(&bytes, 128) {
+                prop_assert!(n <= bytes.len());
             }
         }
 

@@ -33,6 +33,7 @@ pub trait Storage: Send + Sync + 'static {
 }
 
 /// One open file, shared by threads: every call takes an explicit offset.
+#[allow(clippy::len_without_is_empty)]
 pub trait StorageFile: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`; returns the count (0 at end of file).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;

@@ -1,0 +1,656 @@
+//! A session: one thread's connections to its resource managers and the commit protocol
+//! it runs over them (the object API).
+//!
+//! A [`Session`] owns one connection per resource manager for its whole life. Each
+//! [`Transaction`] begun on it mints an Xid in memory (nothing durable: presumed abort),
+//! enlists some of the connections as branches (branch `i` gets bqual `i`), and commits:
+//! one branch commits in one phase with no log write; several branches prepare, and the
+//! decision record is written to the store only when at least one branch voted to commit
+//! and none refused. That write is the commit point and the only synchronous one; phase
+//! two follows, failures of it go to the coordinator's background retry thread, and the
+//! completion record is written lazily once every branch is finished.
+//!
+//! The hot path allocates nothing once warm: the vote vectors and the decision (with its
+//! RM name strings) are kept in the session and reused.
+
+use crate::error::{HeuristicReport, TmError};
+use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
+use crate::rm::{ResourceManager, RmError, Vote};
+use crate::store::{BranchRecord, Decision};
+use crate::tm::TransactionManager;
+use crate::xid::{Origin, Xid};
+use std::sync::Arc;
+
+/// Marks a connection that is not a branch of the current transaction.
+const NOT_ENLISTED: u16 = u16::MAX;
+
+/// How a commit went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitKind {
+    /// No branch was enlisted.
+    Empty,
+    /// One branch, committed in one phase; nothing was logged.
+    OnePhase,
+    /// Every branch voted read-only; nothing was logged.
+    ReadOnly,
+    /// Two-phase commit with a decision record.
+    TwoPhase,
+}
+
+/// The result of a successful commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitReport {
+    /// The global transaction.
+    pub xid: Xid,
+    /// Which path the commit took.
+    pub kind: CommitKind,
+    /// Branches whose phase two failed and is being retried in the background; the
+    /// transaction is committed (the decision is durable) but their locks are still held.
+    pub phase_two_pending: usize,
+    /// Heuristic outcomes that agree with the decision (a branch committed on its own);
+    /// contradicting ones make the commit return [`TmError::Heuristic`] instead.
+    pub heuristics: Vec<HeuristicReport>,
+}
+
+/// One thread's connections and transaction state.
+pub struct Session {
+    tm: Arc<TransactionManager>,
+    id: u64,
+    sequence: u64,
+    rms: Vec<Box<dyn ResourceManager>>,
+    /// Branch number of each connection in the current transaction, or `NOT_ENLISTED`.
+    branch_of: Vec<u16>,
+    /// The branch Xid of each enlisted connection, computed once at enlistment.
+    branch_xids: Vec<Xid>,
+    enlisted: u16,
+    current: Option<Xid>,
+    parallel: Vec<bool>,
+    votes: Vec<Option<Result<Vote, RmError>>>,
+    acks: Vec<Option<Result<(), RmError>>>,
+    decision: Decision,
+    open: bool,
+}
+
+impl Session {
+    /// Opens every connection (XA xa_open; pass connections not yet opened, or RMs whose
+    /// `open` is idempotent) and a session in the decision store.
+    pub fn open(
+        tm: &Arc<TransactionManager>,
+        mut rms: Vec<Box<dyn ResourceManager>>,
+    ) -> Result<Self, TmError> {
+        let branches_max = tm.config().branches_max;
+        if rms.len() > branches_max {
+            return Err(TmError::Config(format!(
+                "{} resource managers given, a session takes at most {branches_max}",
+                rms.len()
+            )));
+        }
+        for rm in &rms {
+            if tm.factory(rm.name()).is_none() {
+                return Err(TmError::Config(format!(
+                    "resource manager {:?} has no factory registered with the coordinator \
+                     (needed for recovery and phase-two retries)",
+                    rm.name()
+                )));
+            }
+        }
+        let id = tm.store().open_session()?;
+        for i in 0..rms.len() {
+            if let Err(cause) = rms[i].open() {
+                for rm in &mut rms[..i] {
+                    let _ = rm.close();
+                }
+                tm.store().close_session(id);
+                return Err(TmError::Rm { rm: rms[i].name().to_string(), call: "open", xid: None, cause });
+            }
+        }
+        let n = rms.len();
+        let parallel = rms.iter().map(|rm| rm.prefers_parallel()).collect();
+        Ok(Session {
+            tm: tm.clone(),
+            id,
+            sequence: 0,
+            rms,
+            branch_of: vec![NOT_ENLISTED; n],
+            branch_xids: vec![Xid::decree(Origin { node: 0, incarnation: 0, session: 0, sequence: 0 }); n],
+            enlisted: 0,
+            current: None,
+            parallel,
+            votes: vec![None; n],
+            acks: vec![None; n],
+            decision: Decision {
+                xid: Xid::decree(Origin { node: 0, incarnation: 0, session: 0, sequence: 0 }),
+                branches: Vec::new(),
+            },
+            open: true,
+        })
+    }
+
+    /// The session id (part of every Xid it mints).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The coordinator this session belongs to.
+    pub fn tm(&self) -> &Arc<TransactionManager> {
+        &self.tm
+    }
+
+    /// The current transaction, if one is begun.
+    pub fn current(&self) -> Option<Xid> {
+        self.current
+    }
+
+    /// Whether the session is still open.
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Number of connections.
+    pub fn rm_count(&self) -> usize {
+        self.rms.len()
+    }
+
+    /// Connection `index`, to do the application's work on it.
+    pub fn rm_mut(&mut self, index: usize) -> Option<&mut (dyn ResourceManager + 'static)> {
+        self.rms.get_mut(index).map(|b| b.as_mut())
+    }
+
+    /// Begins a transaction (object API); enlist connections on the returned handle.
+    pub fn begin(&mut self) -> Result<Transaction<'_>, TmError> {
+        self.begin_xid()?;
+        Ok(Transaction { session: self, finished: false })
+    }
+
+    /// Mints the next Xid; nothing durable is written (presumed abort).
+    pub(crate) fn begin_xid(&mut self) -> Result<Xid, TmError> {
+        if !self.open {
+            return Err(TmError::Closed { call: "begin" });
+        }
+        if let Some(xid) = self.current {
+            return Err(TmError::AlreadyActive { xid: Box::new(xid) });
+        }
+        self.sequence += 1;
+        let store = self.tm.store();
+        let xid = Xid::decree(Origin {
+            node: store.node(),
+            incarnation: store.incarnation(),
+            session: self.id,
+            sequence: self.sequence,
+        });
+        debug_assert_eq!(self.enlisted, 0);
+        self.current = Some(xid);
+        Ok(xid)
+    }
+
+    /// Enlists connection `index` as the next branch and starts it (XA xa_start).
+    pub(crate) fn enlist(&mut self, index: usize) -> Result<u16, TmError> {
+        let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "enlist" }) };
+        let Some(rm) = self.rms.get_mut(index) else {
+            return Err(TmError::Config(format!("no connection number {index} in this session")));
+        };
+        if self.branch_of[index] != NOT_ENLISTED {
+            return Ok(self.branch_of[index]);
+        }
+        let branch = self.enlisted;
+        let bx = xid.branch(branch);
+        self.branch_xids[index] = bx;
+        if let Err(cause) = rm.start(&bx) {
+            return Err(TmError::Rm {
+                rm: rm.name().to_string(),
+                call: "start",
+                xid: Some(Box::new(bx)),
+                cause,
+            });
+        }
+        self.branch_of[index] = branch;
+        self.enlisted += 1;
+        Ok(branch)
+    }
+
+    /// Commits the current transaction (see the module documentation for the protocol).
+    pub(crate) fn commit_current(&mut self) -> Result<CommitReport, TmError> {
+        let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "commit" }) };
+        for i in 0..self.rms.len() {
+            let b = self.branch_of[i];
+            if b == NOT_ENLISTED {
+                continue;
+            }
+            if let Err(cause) = self.rms[i].end(&self.branch_xids[i]) {
+                self.votes.iter_mut().for_each(|v| *v = None);
+                return Err(self.abort(xid, i, "end", cause));
+            }
+        }
+        match protocol::commit_path(self.enlisted as usize) {
+            CommitPath::Empty => {
+                self.clear();
+                Ok(CommitReport {
+                    xid,
+                    kind: CommitKind::Empty,
+                    phase_two_pending: 0,
+                    heuristics: Vec::new(),
+                })
+            }
+            CommitPath::OnePhase => self.commit_one_phase(xid),
+            CommitPath::TwoPhase => self.commit_two_phase(xid),
+        }
+    }
+
+    fn commit_one_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+        let i = self.branch_of.iter().position(|&b| b != NOT_ENLISTED).unwrap_or(0);
+        let bx = self.branch_xids[i];
+        let result = self.rms[i].commit(&bx, true);
+        let name = self.rms[i].name().to_string();
+        self.clear();
+        let rolled_back = |call, cause| TmError::RolledBack {
+            xid: Box::new(xid),
+            rm: name.clone(),
+            branch: bx.branch_number().unwrap_or(0),
+            call,
+            cause,
+        };
+        match result {
+            Ok(()) => Ok(CommitReport {
+                xid,
+                kind: CommitKind::OnePhase,
+                phase_two_pending: 0,
+                heuristics: Vec::new(),
+            }),
+            Err(RmError::Heuristic(outcome)) => {
+                let branch = bx.branch_number().unwrap_or(0);
+                let report = HeuristicReport { xid, rm: name.clone(), branch, outcome };
+                self.tm.shared().report_heuristic(report.clone());
+                let _ = self.rms[i].forget(&bx);
+                if protocol::heuristic_is_damage(outcome, true) {
+                    Err(TmError::Heuristic { xid: Box::new(xid), reports: vec![report] })
+                } else {
+                    Ok(CommitReport {
+                        xid,
+                        kind: CommitKind::OnePhase,
+                        phase_two_pending: 0,
+                        heuristics: vec![report],
+                    })
+                }
+            }
+            Err(RmError::Unavailable(cause)) => Err(TmError::OutcomeUnknown {
+                xid: Box::new(xid),
+                cause: format!("one-phase commit on {name:?} lost its reply: {cause}"),
+            }),
+            Err(cause @ (RmError::RolledBack(_) | RmError::UnknownXid(_))) => {
+                Err(rolled_back("commit (one-phase)", cause))
+            }
+            Err(cause @ RmError::Protocol(_)) => {
+                let _ = self.rms[i].rollback(&bx);
+                Err(rolled_back("commit (one-phase)", cause))
+            }
+        }
+    }
+
+    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+        // Phase one.
+        let parallel = self.use_parallel();
+        run_branches(
+            &mut self.rms,
+            &self.branch_of,
+            &self.branch_xids,
+            &mut self.votes,
+            parallel,
+            |rm, bx| rm.prepare(bx),
+        );
+        let verdict = protocol::tally(self.enlisted_votes());
+        let voters = match verdict {
+            Verdict::Abort { position } => {
+                let i = self.nth_enlisted(position);
+                let cause = match &self.votes[i] {
+                    Some(Err(e)) => e.clone(),
+                    _ => RmError::Protocol("no answer to prepare".into()),
+                };
+                return Err(self.abort(xid, i, "prepare", cause));
+            }
+            Verdict::AllReadOnly => {
+                self.clear();
+                return Ok(CommitReport {
+                    xid,
+                    kind: CommitKind::ReadOnly,
+                    phase_two_pending: 0,
+                    heuristics: Vec::new(),
+                });
+            }
+            Verdict::Commit { voters } => voters,
+        };
+        // The commit point: fill the reused decision and store it.
+        self.fill_decision(xid, voters);
+        if let Err(e) = self.tm.store().decide(&self.decision) {
+            // The record may or may not be durable: leave the branches prepared for
+            // recovery (or the state server) to settle, and never roll them back here.
+            self.clear();
+            return Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() });
+        }
+        // Phase two on the branches that voted commit.
+        run_committers(&mut self.rms, &self.branch_xids, &self.votes, &mut self.acks, parallel);
+        let mut retry: Vec<BranchRecord> = Vec::new();
+        let mut heuristics = Vec::new();
+        for i in 0..self.rms.len() {
+            let Some(result) = self.acks[i].take() else { continue };
+            let branch = self.branch_of[i];
+            match protocol::phase_two_step(&result, true) {
+                PhaseTwoStep::Done => {}
+                PhaseTwoStep::Retry => {
+                    tracing::warn!(
+                        xid = %self.branch_xids[i],
+                        rm = self.rms[i].name(),
+                        error = ?result,
+                        "phase two failed; retrying in the background"
+                    );
+                    retry.push(BranchRecord { rm: self.rms[i].name().to_string(), branch });
+                }
+                PhaseTwoStep::Heuristic(outcome) => {
+                    let _ = self.rms[i].forget(&self.branch_xids[i]);
+                    let report = HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch, outcome };
+                    self.tm.shared().report_heuristic(report.clone());
+                    heuristics.push(report);
+                }
+            }
+        }
+        self.clear();
+        let phase_two_pending = retry.len();
+        if retry.is_empty() {
+            if let Err(e) = self.tm.store().complete(&xid) {
+                tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
+            }
+        } else {
+            self.tm.defer(xid, true, retry);
+        }
+        if heuristics.iter().any(|h| protocol::heuristic_is_damage(h.outcome, true)) {
+            return Err(TmError::Heuristic { xid: Box::new(xid), reports: heuristics });
+        }
+        Ok(CommitReport { xid, kind: CommitKind::TwoPhase, phase_two_pending, heuristics })
+    }
+
+    /// Rolls back the current transaction; nothing durable is written.
+    pub(crate) fn rollback_current(&mut self) -> Result<(), TmError> {
+        let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "rollback" }) };
+        for i in 0..self.rms.len() {
+            let b = self.branch_of[i];
+            if b != NOT_ENLISTED {
+                // An error of end is not fatal here: rollback follows either way.
+                let _ = self.rms[i].end(&self.branch_xids[i]);
+            }
+            self.votes[i] = None;
+        }
+        self.roll_back_enlisted(xid)
+    }
+
+    /// Rolls back every enlisted branch after a failure and returns the error naming the
+    /// branch that failed.
+    fn abort(&mut self, xid: Xid, failed: usize, call: &'static str, cause: RmError) -> TmError {
+        let (rm, branch) = (self.rms[failed].name().to_string(), self.branch_of[failed]);
+        if let Err(e) = self.roll_back_enlisted(xid) {
+            tracing::warn!(%xid, error = %e, "rollback after a failed {call} reported an error");
+        }
+        TmError::RolledBack { xid: Box::new(xid), rm, branch, call, cause }
+    }
+
+    /// Rolls back every enlisted branch except those already finished (per `votes`);
+    /// failed rollbacks go to the background thread. Clears the transaction.
+    fn roll_back_enlisted(&mut self, xid: Xid) -> Result<(), TmError> {
+        let mut retry = Vec::new();
+        let mut first_error = None;
+        for i in 0..self.rms.len() {
+            let b = self.branch_of[i];
+            if b == NOT_ENLISTED || !protocol::needs_rollback(&self.votes[i]) {
+                continue;
+            }
+            let bx = self.branch_xids[i];
+            let result = self.rms[i].rollback(&bx);
+            match protocol::phase_two_step(&result, false) {
+                PhaseTwoStep::Done => {}
+                PhaseTwoStep::Retry => {
+                    retry.push(BranchRecord { rm: self.rms[i].name().to_string(), branch: b });
+                }
+                PhaseTwoStep::Heuristic(outcome) => {
+                    let _ = self.rms[i].forget(&bx);
+                    let report =
+                        HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch: b, outcome };
+                    self.tm.shared().report_heuristic(report.clone());
+                    if protocol::heuristic_is_damage(outcome, false) && first_error.is_none() {
+                        first_error = Some(TmError::Heuristic { xid: Box::new(xid), reports: vec![report] });
+                    }
+                }
+            }
+        }
+        self.clear();
+        if !retry.is_empty() {
+            // The RM will also drop a branch that was never prepared when its connection
+            // dies; the background rollback covers branches that may be prepared.
+            self.tm.defer(xid, false, retry);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn clear(&mut self) {
+        self.current = None;
+        self.enlisted = 0;
+        self.branch_of.iter_mut().for_each(|b| *b = NOT_ENLISTED);
+    }
+
+    fn use_parallel(&self) -> bool {
+        self.branch_of.iter().zip(&self.parallel).filter(|(b, p)| **b != NOT_ENLISTED && **p).count() >= 2
+    }
+
+    fn enlisted_votes(&self) -> impl Iterator<Item = &Option<Result<Vote, RmError>>> {
+        self.votes.iter().zip(&self.branch_of).filter(|(_, b)| **b != NOT_ENLISTED).map(|(v, _)| v)
+    }
+
+    fn nth_enlisted(&self, position: usize) -> usize {
+        self.branch_of
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b != NOT_ENLISTED)
+            .nth(position)
+            .map(|(i, _)| i)
+            .unwrap_or(0)
+    }
+
+    /// Writes the voters into the session's decision, reusing its strings.
+    fn fill_decision(&mut self, xid: Xid, voters: usize) {
+        self.decision.xid = xid;
+        let mut k = 0;
+        for i in 0..self.rms.len() {
+            if !matches!(self.votes[i], Some(Ok(Vote::Commit))) || self.branch_of[i] == NOT_ENLISTED {
+                continue;
+            }
+            let name = self.rms[i].name();
+            let branch = self.branch_of[i];
+            if let Some(record) = self.decision.branches.get_mut(k) {
+                record.rm.clear();
+                record.rm.push_str(name);
+                record.branch = branch;
+            } else {
+                self.decision.branches.push(BranchRecord { rm: name.to_string(), branch });
+            }
+            k += 1;
+        }
+        self.decision.branches.truncate(k);
+        assert_eq!(k, voters, "decision names exactly the branches that voted commit");
+    }
+
+    /// Replaces connection `index` by a new one from its factory (after the RM restarted
+    /// or the connection broke); refused while a transaction is active.
+    pub fn reconnect(&mut self, index: usize) -> Result<(), TmError> {
+        if !self.open {
+            return Err(TmError::Closed { call: "reconnect" });
+        }
+        if let Some(xid) = self.current {
+            return Err(TmError::TransactionOpen { xid: Box::new(xid) });
+        }
+        let Some(old) = self.rms.get_mut(index) else {
+            return Err(TmError::Config(format!("no connection number {index} in this session")));
+        };
+        let name = old.name().to_string();
+        let factory = self
+            .tm
+            .factory(&name)
+            .ok_or_else(|| TmError::Config(format!("resource manager {name:?} has no factory registered")))?;
+        let fresh = factory.connect().map_err(|cause| TmError::Rm {
+            rm: name.clone(),
+            call: "open",
+            xid: None,
+            cause,
+        })?;
+        if fresh.name() != name {
+            return Err(TmError::Config(format!(
+                "factory {name:?} made a connection named {:?}",
+                fresh.name()
+            )));
+        }
+        let _ = old.close();
+        self.parallel[index] = fresh.prefers_parallel();
+        *old = fresh;
+        Ok(())
+    }
+
+    /// Closes every connection (XA xa_close) and the store session.
+    pub fn close(&mut self) -> Result<(), TmError> {
+        if !self.open {
+            return Err(TmError::Closed { call: "close" });
+        }
+        if let Some(xid) = self.current {
+            return Err(TmError::TransactionOpen { xid: Box::new(xid) });
+        }
+        self.open = false;
+        let mut first = None;
+        for rm in &mut self.rms {
+            if let Err(cause) = rm.close() {
+                first.get_or_insert(TmError::Rm {
+                    rm: rm.name().to_string(),
+                    call: "close",
+                    xid: None,
+                    cause,
+                });
+            }
+        }
+        self.tm.store().close_session(self.id);
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.current.is_some() {
+            let _ = self.rollback_current();
+        }
+        if self.open {
+            let _ = self.close();
+        }
+    }
+}
+
+/// Runs `call` on every enlisted connection, in parallel threads when asked.
+fn run_branches<T: Send>(
+    rms: &mut [Box<dyn ResourceManager>],
+    branch_of: &[u16],
+    branch_xids: &[Xid],
+    out: &mut [Option<Result<T, RmError>>],
+    parallel: bool,
+    call: impl Fn(&mut dyn ResourceManager, &Xid) -> Result<T, RmError> + Sync,
+) {
+    let items = rms.iter_mut().zip(branch_of).zip(branch_xids).zip(out.iter_mut());
+    if !parallel {
+        for (((rm, &b), bx), slot) in items {
+            *slot = (b != NOT_ENLISTED).then(|| call(rm.as_mut(), bx));
+        }
+        return;
+    }
+    let call = &call;
+    std::thread::scope(|scope| {
+        for (((rm, &b), bx), slot) in items {
+            if b == NOT_ENLISTED {
+                *slot = None;
+                continue;
+            }
+            scope.spawn(move || *slot = Some(call(rm.as_mut(), bx)));
+        }
+    });
+}
+
+/// Runs phase-two commit on every connection that voted commit (connections that are not
+/// enlisted have no vote, so they are skipped).
+fn run_committers(
+    rms: &mut [Box<dyn ResourceManager>],
+    branch_xids: &[Xid],
+    votes: &[Option<Result<Vote, RmError>>],
+    acks: &mut [Option<Result<(), RmError>>],
+    parallel: bool,
+) {
+    let items = rms.iter_mut().zip(branch_xids).zip(votes).zip(acks.iter_mut());
+    let go = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
+    if !parallel {
+        for (((rm, bx), v), slot) in items {
+            *slot = go(v).then(|| rm.commit(bx, false));
+        }
+        return;
+    }
+    std::thread::scope(|scope| {
+        for (((rm, bx), v), slot) in items {
+            if !go(v) {
+                *slot = None;
+                continue;
+            }
+            scope.spawn(move || *slot = Some(rm.commit(bx, false)));
+        }
+    });
+}
+
+/// One transaction of a [`Session`] (object API); rolled back if dropped unfinished.
+pub struct Transaction<'s> {
+    session: &'s mut Session,
+    finished: bool,
+}
+
+impl Transaction<'_> {
+    /// The global Xid.
+    pub fn xid(&self) -> Xid {
+        self.session.current.unwrap_or_else(|| unreachable!("a Transaction exists only while one is begun"))
+    }
+
+    /// Enlists connection `index` as a branch (XA xa_start); returns its branch number.
+    pub fn enlist(&mut self, index: usize) -> Result<u16, TmError> {
+        self.session.enlist(index)
+    }
+
+    /// Enlists every connection of the session.
+    pub fn enlist_all(&mut self) -> Result<(), TmError> {
+        for i in 0..self.session.rms.len() {
+            self.session.enlist(i)?;
+        }
+        Ok(())
+    }
+
+    /// Connection `index`, to do the application's work on it.
+    pub fn rm_mut(&mut self, index: usize) -> Option<&mut (dyn ResourceManager + 'static)> {
+        self.session.rm_mut(index)
+    }
+
+    /// Commits; see [`CommitReport`] and [`TmError`] for the outcomes.
+    pub fn commit(mut self) -> Result<CommitReport, TmError> {
+        self.finished = true;
+        self.session.commit_current()
+    }
+
+    /// Rolls back; nothing durable is written.
+    pub fn rollback(mut self) -> Result<(), TmError> {
+        self.finished = true;
+        self.session.rollback_current()
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(e) = self.session.rollback_current() {
+                tracing::warn!(error = %e, "rollback of a dropped transaction failed");
+            }
+        }
+    }
+}

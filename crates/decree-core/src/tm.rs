@@ -1,0 +1,597 @@
+//! The transaction manager: the shared part of the coordinator.
+//!
+//! One [`TransactionManager`] per process holds the decision store, the factories of the
+//! configured resource managers (by name), and a background thread that finishes what the
+//! sessions could not: phase-two calls that failed because an RM was down, rollbacks of
+//! prepared branches after a failed phase one, and recovery scans of RMs that were down at
+//! start. Sessions ([`crate::Session`], [`crate::TxContext`]) run the protocol on their own
+//! threads and only hand work to this thread when something failed.
+//!
+//! Invariants: a decision is completed in the store only after every branch it names is
+//! finished; recovery commits exactly the branches named by recovered decisions and rolls
+//! back only decree branches of this node from an older incarnation that no decision names.
+//! Heuristic outcomes found in the background are kept (up to `heuristics_max`) and logged.
+
+use crate::embedded::LogDecisions;
+use crate::error::{HeuristicReport, TmError};
+use crate::protocol::{self, PhaseTwoStep, RecoveryStep};
+use crate::rm::{ResourceManager, RmError, RmFactory};
+use crate::store::{BranchRecord, Decision, DecisionStore, StoreError};
+use crate::xid::Xid;
+use decree_log::Log;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Settings of the coordinator.
+#[derive(Debug, Clone)]
+pub struct TmConfig {
+    /// The node id minted into every Xid (embedded mode; the state server assigns its own).
+    pub node: u32,
+    /// First wait before retrying a failed phase-two call.
+    pub retry_backoff_min: Duration,
+    /// Longest wait between retries.
+    pub retry_backoff_max: Duration,
+    /// Most transactions waiting for a retry at once; beyond it, a decision stays in the
+    /// log for the next recovery instead of being retried by this process.
+    pub retry_jobs_max: usize,
+    /// Most branches (resource managers) one session may enlist.
+    pub branches_max: usize,
+    /// Most heuristic reports kept for [`TransactionManager::take_heuristics`].
+    pub heuristics_max: usize,
+}
+
+impl Default for TmConfig {
+    fn default() -> Self {
+        TmConfig {
+            node: 1,
+            retry_backoff_min: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_secs(5),
+            retry_jobs_max: 65_536,
+            branches_max: 64,
+            heuristics_max: 1024,
+        }
+    }
+}
+
+/// What recovery found and did when the coordinator started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Decided-but-unfinished transactions read from the log.
+    pub decisions: usize,
+    /// Branches named by recovered decisions that are now finished (committed now, or
+    /// unknown to their RM because an earlier attempt committed them).
+    pub branches_committed: usize,
+    /// Prepared branches of a dead incarnation rolled back (presumed abort).
+    pub branches_rolled_back: usize,
+    /// Prepared branches left alone (other transaction managers, other nodes, live ones).
+    pub branches_left_alone: usize,
+    /// Transactions or RM scans handed to the background retry thread (an RM was down).
+    pub deferred: usize,
+    /// RM names found in decisions with no factory configured: those decisions stay in
+    /// the log (and are retried) until the RM is configured again.
+    pub missing_rms: Vec<String>,
+}
+
+/// What a background job must do.
+#[derive(Debug)]
+enum JobKind {
+    /// Phase two of a transaction: commit (then complete it) or roll back these branches.
+    PhaseTwo { xid: Xid, commit: bool, branches: Vec<BranchRecord> },
+    /// List an RM's prepared branches and resolve ours (recovery of an RM that was down).
+    Scan { rm: String },
+}
+
+#[derive(Debug)]
+struct Job {
+    kind: JobKind,
+    due: Instant,
+    backoff: Duration,
+    attempts: u64,
+}
+
+/// Jobs waiting for their due time, and how many the worker is running right now.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Job>,
+    running: usize,
+}
+
+/// State shared with the background thread.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn DecisionStore>,
+    factories: Vec<Arc<dyn RmFactory>>,
+    pub(crate) config: TmConfig,
+    /// Transactions whose decision was recovered from the log at start.
+    recovered_decided: HashSet<Xid>,
+    jobs: Mutex<Queue>,
+    wake: Condvar,
+    stop: AtomicBool,
+    heuristics: Mutex<Vec<HeuristicReport>>,
+    heuristics_dropped: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// The coordinator shared by all sessions of a process.
+pub struct TransactionManager {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+    recovery: RecoveryReport,
+}
+
+impl TransactionManager {
+    /// Embedded mode: decisions go to `log`; runs recovery before returning.
+    pub fn embedded(
+        log: Arc<dyn Log>,
+        config: TmConfig,
+        factories: Vec<Arc<dyn RmFactory>>,
+    ) -> Result<Arc<Self>, TmError> {
+        let recovered = log.take_recovered();
+        let mut decisions: HashMap<Xid, Decision> = HashMap::new();
+        for record in recovered {
+            let d = Decision::decode(&record.payload)?;
+            if d.xid.log_key() != record.txn {
+                return Err(TmError::Store(StoreError::Malformed(format!(
+                    "decision for {} stored under log key {:#x}, expected {:#x}",
+                    d.xid,
+                    record.txn,
+                    d.xid.log_key()
+                ))));
+            }
+            match decisions.get_mut(&d.xid) {
+                Some(existing) => existing.branches.extend(d.branches),
+                None => {
+                    decisions.insert(d.xid, d);
+                }
+            }
+        }
+        let store: Arc<dyn DecisionStore> = Arc::new(LogDecisions::new(log, config.node));
+        let decided = decisions.keys().copied().collect();
+        let mut tm = Self::build(store, config, factories, decided)?;
+        let shared = tm.shared.clone();
+        tm.recovery = shared.recover(decisions.into_values().collect());
+        Ok(Arc::new(tm))
+    }
+
+    /// Client/server mode: decisions go to `store` (the state server recovers).
+    pub fn with_store(
+        store: Arc<dyn DecisionStore>,
+        config: TmConfig,
+        factories: Vec<Arc<dyn RmFactory>>,
+    ) -> Result<Arc<Self>, TmError> {
+        Ok(Arc::new(Self::build(store, config, factories, HashSet::new())?))
+    }
+
+    fn build(
+        store: Arc<dyn DecisionStore>,
+        config: TmConfig,
+        factories: Vec<Arc<dyn RmFactory>>,
+        recovered_decided: HashSet<Xid>,
+    ) -> Result<Self, TmError> {
+        if config.retry_backoff_min.is_zero() || config.retry_backoff_max < config.retry_backoff_min {
+            return Err(TmError::Config(format!(
+                "retry backoff must satisfy 0 < min ({:?}) <= max ({:?})",
+                config.retry_backoff_min, config.retry_backoff_max
+            )));
+        }
+        if config.branches_max == 0 || config.branches_max > u16::MAX as usize {
+            return Err(TmError::Config(format!("branches_max {} not in 1..=65535", config.branches_max)));
+        }
+        let mut names = HashSet::new();
+        for f in &factories {
+            if !names.insert(f.name().to_string()) {
+                return Err(TmError::Config(format!("two resource managers are named {:?}", f.name())));
+            }
+        }
+        let shared = Arc::new(Shared {
+            store,
+            factories,
+            config,
+            recovered_decided,
+            jobs: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            heuristics: Mutex::new(Vec::new()),
+            heuristics_dropped: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+        });
+        let worker_shared = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("decree-retry".into())
+            .spawn(move || worker_shared.run())
+            .map_err(|e| TmError::Config(format!("cannot start the retry thread: {e}")))?;
+        Ok(TransactionManager { shared, worker: Some(worker), recovery: RecoveryReport::default() })
+    }
+
+    /// The decision store (embedded log or state server).
+    pub fn store(&self) -> &Arc<dyn DecisionStore> {
+        &self.shared.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TmConfig {
+        &self.shared.config
+    }
+
+    /// What recovery did at start (empty in client/server mode).
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// The factory of the RM named `name`.
+    pub fn factory(&self, name: &str) -> Option<&Arc<dyn RmFactory>> {
+        self.shared.factory(name)
+    }
+
+    /// Transactions and scans waiting in the background (phase two not yet finished).
+    pub fn pending(&self) -> usize {
+        let queue = self.shared.jobs.lock();
+        queue.waiting.len() + queue.running
+    }
+
+    /// Background attempts made so far (each failed or succeeded call batch counts).
+    pub fn retries(&self) -> u64 {
+        self.shared.retries.load(Ordering::Relaxed)
+    }
+
+    /// Waits until no background work is pending or `timeout` passes; true when idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.pending() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Heuristic outcomes found by background phase two since the last call (never
+    /// hidden: they are also logged with `tracing::error!`).
+    pub fn take_heuristics(&self) -> Vec<HeuristicReport> {
+        std::mem::take(&mut *self.shared.heuristics.lock())
+    }
+
+    /// Heuristic reports not kept because `heuristics_max` were already waiting (they
+    /// were still logged).
+    pub fn heuristics_dropped(&self) -> u64 {
+        self.shared.heuristics_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Hands phase two of a stored decision to the background thread (a state server
+    /// finishing the transaction of a client that died after deciding); the decision is
+    /// completed in the store once every branch is committed. False when the retry queue
+    /// is full (the decision then waits for the next recovery).
+    pub fn finish_later(&self, decision: &Decision) -> bool {
+        self.defer(decision.xid.global(), true, decision.branches.clone())
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Hands unfinished phase-two work to the background thread.
+    pub(crate) fn defer(&self, xid: Xid, commit: bool, branches: Vec<BranchRecord>) -> bool {
+        self.shared.push(Job {
+            kind: JobKind::PhaseTwo { xid, commit, branches },
+            due: Instant::now() + self.shared.config.retry_backoff_min,
+            backoff: self.shared.config.retry_backoff_min,
+            attempts: 0,
+        })
+    }
+}
+
+impl Drop for TransactionManager {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        {
+            let _jobs = self.shared.jobs.lock();
+            self.shared.wake.notify_all();
+        }
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+        let left = self.shared.jobs.lock().waiting.len();
+        if left > 0 {
+            tracing::warn!(left, "coordinator stopped with phase-two work pending; recovery will finish it");
+        }
+    }
+}
+
+/// Connections opened during one pass of recovery or retries, one per RM name. An RM
+/// that failed once in a pass is not tried again in that pass, so that a thousand pending
+/// transactions on a down RM cost one connection attempt per backoff period, not a thousand.
+struct Connections<'a> {
+    shared: &'a Shared,
+    open: HashMap<String, Box<dyn ResourceManager>>,
+    down: HashSet<String>,
+}
+
+impl<'a> Connections<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Connections { shared, open: HashMap::new(), down: HashSet::new() }
+    }
+
+    fn get(&mut self, rm: &str) -> Result<&mut Box<dyn ResourceManager>, RmError> {
+        if self.down.contains(rm) {
+            return Err(RmError::Unavailable(format!("{rm:?} failed earlier in this retry pass")));
+        }
+        if !self.open.contains_key(rm) {
+            let factory = self.shared.factory(rm).ok_or_else(|| {
+                RmError::Unavailable(format!("no resource manager named {rm:?} is configured"))
+            })?;
+            let conn = match factory.connect() {
+                Ok(conn) => conn,
+                Err(e) => {
+                    self.down.insert(rm.to_string());
+                    return Err(e);
+                }
+            };
+            self.open.insert(rm.to_string(), conn);
+        }
+        self.open.get_mut(rm).ok_or_else(|| RmError::Unavailable(format!("connection to {rm:?} lost")))
+    }
+
+    /// Drops a connection after a failure; the RM is skipped for the rest of the pass.
+    fn drop_conn(&mut self, rm: &str) {
+        self.down.insert(rm.to_string());
+        if let Some(mut conn) = self.open.remove(rm) {
+            let _ = conn.close();
+        }
+    }
+
+    fn close_all(&mut self) {
+        for (_, mut conn) in self.open.drain() {
+            let _ = conn.close();
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn factory(&self, name: &str) -> Option<&Arc<dyn RmFactory>> {
+        self.factories.iter().find(|f| f.name() == name)
+    }
+
+    fn push(&self, job: Job) -> bool {
+        let mut queue = self.jobs.lock();
+        if queue.waiting.len() + queue.running >= self.config.retry_jobs_max {
+            tracing::error!(
+                job = ?job.kind,
+                jobs_max = self.config.retry_jobs_max,
+                "retry queue full; the decision stays in the log until the next recovery"
+            );
+            return false;
+        }
+        queue.waiting.push(job);
+        self.wake.notify_one();
+        true
+    }
+
+    pub(crate) fn report_heuristic(&self, report: HeuristicReport) {
+        tracing::error!(%report, "heuristic outcome");
+        let mut list = self.heuristics.lock();
+        if list.len() < self.config.heuristics_max {
+            list.push(report);
+        } else {
+            self.heuristics_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs phase two on `branches` through fresh connections; returns those still to do.
+    fn finish_branches(
+        &self,
+        conns: &mut Connections<'_>,
+        xid: &Xid,
+        commit: bool,
+        branches: Vec<BranchRecord>,
+    ) -> Vec<BranchRecord> {
+        let mut left = Vec::new();
+        for b in branches {
+            let bx = xid.branch(b.branch);
+            let result = match conns.get(&b.rm) {
+                Ok(conn) => {
+                    if commit {
+                        conn.commit(&bx, false)
+                    } else {
+                        conn.rollback(&bx)
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match protocol::phase_two_step(&result, commit) {
+                PhaseTwoStep::Done => {}
+                PhaseTwoStep::Retry => {
+                    tracing::warn!(xid = %bx, rm = %b.rm, error = ?result, "phase two failed; will retry");
+                    conns.drop_conn(&b.rm);
+                    left.push(b);
+                }
+                PhaseTwoStep::Heuristic(outcome) => {
+                    if let Ok(conn) = conns.get(&b.rm) {
+                        let _ = conn.forget(&bx);
+                    }
+                    self.report_heuristic(HeuristicReport {
+                        xid: *xid,
+                        rm: b.rm.clone(),
+                        branch: b.branch,
+                        outcome,
+                    });
+                }
+            }
+        }
+        left
+    }
+
+    /// Recovery at start: commit recovered decisions, then scan every RM.
+    fn recover(&self, decisions: Vec<Decision>) -> RecoveryReport {
+        let mut report = RecoveryReport { decisions: decisions.len(), ..Default::default() };
+        let mut conns = Connections::new(self);
+        for d in decisions {
+            for b in &d.branches {
+                if self.factory(&b.rm).is_none() && !report.missing_rms.contains(&b.rm) {
+                    tracing::error!(rm = %b.rm, xid = %d.xid, "a decision names an unconfigured RM");
+                    report.missing_rms.push(b.rm.clone());
+                }
+            }
+            let total = d.branches.len();
+            let left = self.finish_branches(&mut conns, &d.xid, true, d.branches);
+            report.branches_committed += total - left.len();
+            if left.is_empty() {
+                self.complete(&d.xid);
+            } else {
+                report.deferred += 1;
+                self.push(Job {
+                    kind: JobKind::PhaseTwo { xid: d.xid, commit: true, branches: left },
+                    due: Instant::now() + self.config.retry_backoff_min,
+                    backoff: self.config.retry_backoff_min,
+                    attempts: 0,
+                });
+            }
+        }
+        // A failed commit does not mean that listing fails: give every RM a fresh try.
+        conns.down.clear();
+        let names: Vec<String> = self.factories.iter().map(|f| f.name().to_string()).collect();
+        for rm in names {
+            match self.scan(&mut conns, &rm) {
+                Ok((rolled_back, left_alone)) => {
+                    report.branches_rolled_back += rolled_back;
+                    report.branches_left_alone += left_alone;
+                }
+                Err(e) => {
+                    tracing::warn!(rm = %rm, error = %e, "recovery scan failed; retrying in the background");
+                    conns.drop_conn(&rm);
+                    report.deferred += 1;
+                    self.push(Job {
+                        kind: JobKind::Scan { rm },
+                        due: Instant::now() + self.config.retry_backoff_min,
+                        backoff: self.config.retry_backoff_min,
+                        attempts: 0,
+                    });
+                }
+            }
+        }
+        conns.close_all();
+        report
+    }
+
+    /// Lists `rm`'s prepared branches and rolls back ours from dead incarnations that no
+    /// decision names; returns (rolled back, left alone). Branches with a decision are
+    /// committed by the decision's own job, not here.
+    fn scan(&self, conns: &mut Connections<'_>, rm: &str) -> Result<(usize, usize), RmError> {
+        let prepared = conns.get(rm)?.recover()?;
+        let (node, incarnation) = (self.store.node(), self.store.incarnation());
+        let (mut rolled_back, mut left_alone) = (0, 0);
+        for bx in prepared {
+            let decided = self.recovered_decided.contains(&bx.global());
+            match protocol::recovery_step(&bx, node, incarnation, decided) {
+                RecoveryStep::Commit => {}
+                RecoveryStep::LeaveAlone => left_alone += 1,
+                RecoveryStep::RollBack => {
+                    let result = conns.get(rm)?.rollback(&bx);
+                    match protocol::phase_two_step(&result, false) {
+                        PhaseTwoStep::Done => rolled_back += 1,
+                        PhaseTwoStep::Retry => return result.map(|_| (rolled_back, left_alone)),
+                        PhaseTwoStep::Heuristic(outcome) => {
+                            let _ = conns.get(rm)?.forget(&bx);
+                            self.report_heuristic(HeuristicReport {
+                                xid: bx.global(),
+                                rm: rm.to_string(),
+                                branch: bx.branch_number().unwrap_or(0),
+                                outcome,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok((rolled_back, left_alone))
+    }
+
+    fn complete(&self, xid: &Xid) {
+        if let Err(e) = self.store.complete(xid) {
+            tracing::warn!(%xid, error = %e, "completion record not written; recovery will redo phase two");
+        }
+    }
+
+    /// The background thread: runs due jobs, sleeps until the next one is due.
+    fn run(&self) {
+        loop {
+            let due: Vec<Job> = {
+                let mut queue = self.jobs.lock();
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let now = Instant::now();
+                    if queue.waiting.iter().any(|j| j.due <= now) {
+                        break;
+                    }
+                    let next = queue.waiting.iter().map(|j| j.due).min();
+                    match next {
+                        Some(at) => {
+                            self.wake.wait_until(&mut queue, at);
+                        }
+                        None => self.wake.wait(&mut queue),
+                    }
+                }
+                let now = Instant::now();
+                let (ready, waiting): (Vec<Job>, Vec<Job>) =
+                    queue.waiting.drain(..).partition(|j| j.due <= now);
+                queue.waiting = waiting;
+                queue.running = ready.len();
+                ready
+            };
+            let mut conns = Connections::new(self);
+            for job in due {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                let again = self.run_job(&mut conns, job);
+                let mut queue = self.jobs.lock();
+                queue.running -= 1;
+                if let Some(again) = again {
+                    queue.waiting.push(again);
+                }
+            }
+            conns.close_all();
+        }
+    }
+
+    /// Runs one job; returns it (with a later due time) when it must be retried.
+    fn run_job(&self, conns: &mut Connections<'_>, mut job: Job) -> Option<Job> {
+        let done = match &mut job.kind {
+            JobKind::PhaseTwo { xid, commit, branches } => {
+                let commit = *commit;
+                let todo = std::mem::take(branches);
+                let left = self.finish_branches(conns, xid, commit, todo);
+                if left.is_empty() {
+                    if commit {
+                        self.complete(xid);
+                    }
+                    true
+                } else {
+                    *branches = left;
+                    false
+                }
+            }
+            JobKind::Scan { rm } => match self.scan(conns, rm) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(rm = %rm, error = %e, "recovery scan failed again");
+                    let rm = rm.clone();
+                    conns.drop_conn(&rm);
+                    false
+                }
+            },
+        };
+        if done {
+            return None;
+        }
+        job.attempts += 1;
+        job.backoff = (job.backoff * 2).min(self.config.retry_backoff_max);
+        job.due = Instant::now() + job.backoff;
+        Some(job)
+    }
+}
