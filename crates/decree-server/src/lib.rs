@@ -1,1 +1,360 @@
-//! decree-server (to be written).
+//! The decree state server: owns the decision log and serves clients over a Unix socket
+//! and/or TCP with the protocol of `decree-proto`.
+//!
+//! Application processes run the coordinator themselves and send only their decisions
+//! here (see `decree-client`). Each connection is one session; decisions of all sessions
+//! share the log's group commit through `Log::append_with`, whose callback completes the
+//! reply, so no runtime thread ever blocks on the disk. When a connection closes, the
+//! server finishes the phase two of its decided transactions with the configured resource
+//! managers and rolls back prepared branches that have no decision (presumed abort); at
+//! start it does the same for the decisions it finds in the log.
+//!
+//! Entry points: [`run`] / [`run_with`] block until SIGTERM or SIGINT (what `decree serve`
+//! calls); [`start`] returns a [`ServerHandle`] for tests and embedding.
+
+pub mod config;
+mod connection;
+mod metrics;
+mod recovery;
+mod state;
+
+pub use config::{ConfigError, Limits, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
+
+use decree_core::{Decision, RmFactory};
+use state::State;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{watch, Semaphore};
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The log could not be opened or synced.
+    #[error("decision log: {0}")]
+    Log(#[from] decree_log::LogError),
+    /// A listener or the runtime could not be set up; names what and where.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Where a started server listens.
+#[derive(Debug, Clone, Default)]
+struct Bound {
+    unix: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+}
+
+/// A running server; dropping it shuts the server down gracefully.
+pub struct ServerHandle {
+    stop: Arc<watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
+    bound: Bound,
+    node: u32,
+    incarnation: u64,
+}
+
+impl ServerHandle {
+    /// The Unix socket path, when configured.
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.bound.unix.as_deref()
+    }
+    /// The bound TCP address (the real port when the configuration said port 0).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.bound.tcp
+    }
+    /// The bound metrics address.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.bound.metrics
+    }
+    /// The node id clients get in `HelloOk`.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+    /// The incarnation of the log this run opened.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+    /// Stops accepting, finishes in-flight requests, syncs the log and waits for the end.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop_and_join()
+    }
+    /// Blocks until the server stops by itself (a signal, when started by [`run_with`]).
+    pub fn wait(mut self) -> Result<(), ServerError> {
+        self.wait_thread()
+    }
+    fn stop_and_join(&mut self) -> Result<(), ServerError> {
+        let _ = self.stop.send(true);
+        self.wait_thread()
+    }
+    fn wait_thread(&mut self) -> Result<(), ServerError> {
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|_| Err(ServerError::Io("server thread panicked".into()))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_and_join() {
+            tracing::error!(error = %e, "server stopped with an error");
+        }
+    }
+}
+
+/// Runs the server with no resource managers until SIGTERM or SIGINT.
+pub fn run(config: ServerConfig) -> Result<(), ServerError> {
+    run_with(config, Vec::new())
+}
+
+/// Runs the server until SIGTERM or SIGINT; `factories` finish the phase two of dead
+/// sessions and recover prepared branches (one per configured `[[rm]]`, by name).
+pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
+    start_inner(config, factories, true)?.wait()
+}
+
+/// Starts the server on its own threads and returns once it listens.
+pub fn start(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<ServerHandle, ServerError> {
+    start_inner(config, factories, false)
+}
+
+fn start_inner(
+    config: ServerConfig,
+    factories: Vec<Arc<dyn RmFactory>>,
+    stop_on_signals: bool,
+) -> Result<ServerHandle, ServerError> {
+    config.validate()?;
+    for rm in &config.rm {
+        if !factories.iter().any(|f| f.name() == rm.name) {
+            tracing::warn!(rm = %rm.name, "no factory for a configured resource manager");
+        }
+    }
+    let log_config = config.log_config()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = Arc::new(stop_tx);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let stop_inner = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("decree-server".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("decree-server-io")
+                .enable_all()
+                .build()
+                .map_err(|e| ServerError::Io(format!("cannot start the tokio runtime: {e}")))?;
+            let log = decree_log::open(&log_config)?;
+            let state = Arc::new(State::new(log, config.node, config.limits, factories));
+            runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, stop_on_signals))
+        })
+        .map_err(|e| ServerError::Io(format!("cannot start the server thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok((bound, node, incarnation)) => {
+            Ok(ServerHandle { stop, thread: Some(thread), bound, node, incarnation })
+        }
+        Err(_) => {
+            // The thread ended before listening: its result says why.
+            let result =
+                thread.join().unwrap_or_else(|_| Err(ServerError::Io("server thread panicked".into())));
+            Err(result.err().unwrap_or_else(|| ServerError::Io("server stopped before listening".into())))
+        }
+    }
+}
+
+async fn serve(
+    config: ServerConfig,
+    state: Arc<State>,
+    stop: Arc<watch::Sender<bool>>,
+    mut stop_rx: watch::Receiver<bool>,
+    ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
+    stop_on_signals: bool,
+) -> Result<(), ServerError> {
+    let mut recovered = 0;
+    for record in state.log.take_recovered() {
+        match Decision::decode(&record.payload) {
+            Ok(d) => {
+                state.add_orphan(d);
+                recovered += 1;
+            }
+            Err(e) => {
+                tracing::error!(key = record.txn, error = %e, "undecodable record in the log; left as is")
+            }
+        }
+    }
+    let mut bound = Bound::default();
+    let connections = Arc::new(Semaphore::new(state.limits.connections_max as usize));
+    let total = Arc::new(Semaphore::new(state.limits.inflight_total_max as usize));
+    let mut tasks = Vec::new();
+    if let Some(path) = &config.unix {
+        let listener = bind_unix(path)?;
+        bound.unix = Some(path.clone());
+        let (state, connections, total, stop) =
+            (state.clone(), connections.clone(), total.clone(), stop_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let (r, w) = stream.into_split();
+                        accept(r, w, &state, &connections, &total, &stop);
+                    }
+                    Err(e) => accept_failed(e).await,
+                }
+            }
+        }));
+    }
+    if let Some(addr) = config.tcp {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
+        bound.tcp = listener.local_addr().ok();
+        let (state, connections, total, stop) =
+            (state.clone(), connections.clone(), total.clone(), stop_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        let (r, w) = stream.into_split();
+                        accept(r, w, &state, &connections, &total, &stop);
+                    }
+                    Err(e) => accept_failed(e).await,
+                }
+            }
+        }));
+    }
+    if let Some(addr) = config.metrics {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::Io(format!("cannot listen for metrics on {addr}: {e}")))?;
+        bound.metrics = listener.local_addr().ok();
+        tasks.push(tokio::spawn(metrics::serve(listener, state.clone())));
+    }
+    let worker_stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (state, worker_stop) = (state.clone(), worker_stop.clone());
+        std::thread::Builder::new()
+            .name("decree-recovery".into())
+            .spawn(move || recovery::worker(state, worker_stop))
+            .map_err(|e| ServerError::Io(format!("cannot start the recovery thread: {e}")))?
+    };
+    tracing::info!(
+        node = state.node,
+        incarnation = state.incarnation,
+        recovered,
+        unix = ?bound.unix,
+        tcp = ?bound.tcp,
+        "decree server listening"
+    );
+    let _ = ready.send((bound.clone(), state.node, state.incarnation));
+
+    wait_for_stop(&mut stop_rx, stop_on_signals).await;
+    let _ = stop.send(true);
+    for task in &tasks {
+        task.abort();
+    }
+    if let Some(path) = &bound.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    // Every connection holds a permit until its in-flight requests are answered.
+    let _ = connections.acquire_many(state.limits.connections_max).await;
+    worker_stop.store(true, Ordering::SeqCst);
+    state.wake_recovery();
+    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    let synced = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || state.log.sync()
+    })
+    .await
+    .map_err(|e| ServerError::Io(format!("log sync task failed: {e}")))?;
+    tracing::info!("decree server stopped");
+    synced.map_err(ServerError::Log)
+}
+
+/// Starts serving an accepted connection, or refuses it over the connection limit.
+fn accept<R, W>(
+    reader: R,
+    writer: W,
+    state: &Arc<State>,
+    connections: &Arc<Semaphore>,
+    total: &Arc<Semaphore>,
+    stop: &watch::Receiver<bool>,
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(permit) = connections.clone().try_acquire_owned() else {
+        state.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+        let why = format!("the server already has {} connections", state.limits.connections_max);
+        tokio::spawn(connection::refuse(writer, why));
+        return;
+    };
+    let (state, total, stop) = (state.clone(), total.clone(), stop.clone());
+    tokio::spawn(async move {
+        connection::serve(reader, writer, state, total, stop).await;
+        drop(permit);
+    });
+}
+
+/// Keeps an accept loop alive through transient errors (out of file descriptors).
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn wait_for_stop(stop: &mut watch::Receiver<bool>, signals: bool) {
+    if !signals {
+        let _ = stop.wait_for(|s| *s).await;
+        return;
+    }
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+        let _ = stop.wait_for(|s| *s).await;
+        return;
+    };
+    tokio::select! {
+        _ = stop.wait_for(|s| *s) => {}
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Binds the Unix socket with mode 0600: bound under a temporary name, restricted, then
+/// renamed into place, so the final path is never reachable with looser permissions. A
+/// stale socket file (nobody listening) is removed; anything else at the path is an error.
+fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+    let io = |what: &str, e: std::io::Error| ServerError::Io(format!("{what} {}: {e}", path.display()));
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ServerError::Io(format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            )));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServerError::Io(format!("another server is listening on {}", path.display())));
+        }
+        std::fs::remove_file(path).map_err(|e| io("cannot remove the stale socket", e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener =
+        std::os::unix::net::UnixListener::bind(&tmp).map_err(|e| io("cannot bind the socket", e))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io("cannot restrict the socket", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("cannot move the socket into place at", e))?;
+    listener.set_nonblocking(true).map_err(|e| io("cannot configure the socket", e))?;
+    UnixListener::from_std(listener).map_err(|e| io("cannot register the socket", e))
+}

@@ -1,0 +1,266 @@
+//! The state server's configuration: a TOML file, overridable field by field.
+//!
+//! Example (every field but `log_dir` and one listener has a default):
+//!
+//! ```toml
+//! node = 1
+//! log_dir = "/var/lib/decree"
+//! engine = "journal"          # journal, slots-fsync, slots-mmap, file, volatile
+//! rpo_ms = 0                  # 0: acknowledge after fdatasync
+//! unix = "/run/decree/decree.sock"
+//! tcp = "127.0.0.1:7411"
+//! allow_remote = false        # a non-loopback tcp address needs true
+//! metrics = "127.0.0.1:9411"  # Prometheus text at /metrics; off when absent
+//!
+//! [limits]
+//! connections_max = 1024
+//! inflight_per_connection_max = 64
+//! inflight_total_max = 8192
+//! frame_bytes_max = 65536
+//!
+//! [[rm]]
+//! name = "pg-a"
+//! kind = "postgres"
+//! dsn = "host=/run/postgresql dbname=a"
+//! ```
+//!
+//! [`ServerConfig::validate`] refuses configurations that cannot work or that would expose
+//! the server by accident (a non-loopback address without `allow_remote`).
+
+use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The TCP address `decree serve` suggests when none is configured (loopback only).
+pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:7411";
+
+/// Why a configuration was refused; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("server configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// Limits on what clients can make the server hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Open connections at once; more are refused with a `Busy` error frame.
+    pub connections_max: u32,
+    /// Requests one connection may have in flight (the client is told in `HelloOk`).
+    pub inflight_per_connection_max: u32,
+    /// Requests in flight over all connections.
+    pub inflight_total_max: u32,
+    /// Largest frame accepted, header included (at most 64 KiB).
+    pub frame_bytes_max: u32,
+    /// Transactions finished by the server remembered for `Outcome` after completion.
+    pub outcomes_remembered_max: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections_max: 1024,
+            inflight_per_connection_max: 64,
+            inflight_total_max: 8192,
+            frame_bytes_max: decree_proto::FRAME_BYTES_MAX as u32,
+            outcomes_remembered_max: 65536,
+        }
+    }
+}
+
+/// One resource manager the server may have to finish phase two on (kept as data: the
+/// embedding program maps `kind` to an [`decree_core::RmFactory`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RmConfig {
+    /// The name decision records use for this resource.
+    pub name: String,
+    /// What kind of resource (postgres, mariadb, dummy, ...).
+    pub kind: String,
+    /// How to connect to it.
+    #[serde(default)]
+    pub dsn: String,
+}
+
+/// Everything `decree serve` needs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The node id minted into every Xid of this server's sessions.
+    #[serde(default = "default_node")]
+    pub node: u32,
+    /// The log directory (owned and locked while the server runs).
+    pub log_dir: PathBuf,
+    /// The log engine's name (see `decree_log::EngineKind`).
+    #[serde(default = "default_engine")]
+    pub engine: String,
+    /// The sync policy: 0 acknowledges after fdatasync, N after the write (synced within N ms).
+    #[serde(default)]
+    pub rpo_ms: u64,
+    /// Unix socket path (created with mode 0600; a stale file is removed at start).
+    #[serde(default)]
+    pub unix: Option<PathBuf>,
+    /// TCP listen address.
+    #[serde(default)]
+    pub tcp: Option<SocketAddr>,
+    /// Allows a non-loopback TCP address.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// Loopback address of the Prometheus text endpoint; off when absent.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+    /// Limits on connections, requests and frames.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Resource managers for phase two of dead sessions and recovery.
+    #[serde(default)]
+    pub rm: Vec<RmConfig>,
+}
+
+fn default_node() -> u32 {
+    1
+}
+
+fn default_engine() -> String {
+    EngineKind::Journal.name().to_string()
+}
+
+impl ServerConfig {
+    /// A configuration with defaults, listening nowhere yet.
+    pub fn new(log_dir: impl Into<PathBuf>, engine: EngineKind) -> Self {
+        ServerConfig {
+            node: default_node(),
+            log_dir: log_dir.into(),
+            engine: engine.name().to_string(),
+            rpo_ms: 0,
+            unix: None,
+            tcp: None,
+            allow_remote: false,
+            metrics: None,
+            limits: Limits::default(),
+            rm: Vec::new(),
+        }
+    }
+
+    /// Parses TOML text and validates it.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: ServerConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml_str(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// The engine named by `engine`.
+    pub fn engine_kind(&self) -> Result<EngineKind, ConfigError> {
+        self.engine.parse().map_err(|e: String| ConfigError(format!("engine: {e}")))
+    }
+
+    /// The log configuration this server opens.
+    pub fn log_config(&self) -> Result<LogConfig, ConfigError> {
+        let mut config =
+            LogConfig::new(&self.log_dir, self.engine_kind()?, SyncPolicy::from_rpo_ms(self.rpo_ms));
+        config.record_bytes_max = self.limits.frame_bytes_max;
+        Ok(config)
+    }
+
+    /// Checks that the configuration can work; call again after overriding fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.engine_kind()?;
+        if self.unix.is_none() && self.tcp.is_none() {
+            return Err(ConfigError("no listener: set `unix` (a socket path) or `tcp` (an address)".into()));
+        }
+        if let Some(addr) = self.tcp {
+            if !addr.ip().is_loopback() && !self.allow_remote {
+                return Err(ConfigError(format!(
+                    "tcp address {addr} is not a loopback address; set `allow_remote = true` to accept \
+                     connections from other machines"
+                )));
+            }
+        }
+        if let Some(addr) = self.metrics {
+            if !addr.ip().is_loopback() {
+                return Err(ConfigError(format!("metrics address {addr} must be a loopback address")));
+            }
+        }
+        if self.node == 0 {
+            return Err(ConfigError("node must be at least 1 (0 means 'any node' in Hello)".into()));
+        }
+        let l = &self.limits;
+        if l.frame_bytes_max < 1024 || l.frame_bytes_max as usize > decree_proto::FRAME_BYTES_MAX {
+            return Err(ConfigError(format!(
+                "limits.frame_bytes_max = {} must be between 1024 and {}",
+                l.frame_bytes_max,
+                decree_proto::FRAME_BYTES_MAX
+            )));
+        }
+        for (name, v) in [
+            ("connections_max", l.connections_max),
+            ("inflight_per_connection_max", l.inflight_per_connection_max),
+            ("inflight_total_max", l.inflight_total_max),
+        ] {
+            if v == 0 || v > 1 << 20 {
+                return Err(ConfigError(format!("limits.{name} = {v} must be between 1 and {}", 1 << 20)));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for rm in &self.rm {
+            if rm.name.is_empty() || rm.name.len() > 255 {
+                return Err(ConfigError(format!("rm name {:?} must be 1 to 255 bytes", rm.name)));
+            }
+            if !names.insert(&rm.name) {
+                return Err(ConfigError(format!("rm name {:?} appears twice", rm.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_parses_and_defaults_fill_the_rest() {
+        let c = ServerConfig::from_toml_str(
+            r#"
+            node = 7
+            log_dir = "/tmp/x"
+            engine = "volatile"
+            unix = "/tmp/x.sock"
+            [limits]
+            inflight_per_connection_max = 8
+            [[rm]]
+            name = "pg-a"
+            kind = "postgres"
+            dsn = "dbname=a"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.node, 7);
+        assert_eq!(c.engine_kind().unwrap(), EngineKind::Volatile);
+        assert_eq!(c.limits.inflight_per_connection_max, 8);
+        assert_eq!(c.limits.connections_max, Limits::default().connections_max);
+        assert_eq!(c.rm[0].kind, "postgres");
+    }
+
+    #[test]
+    fn remote_addresses_unknown_engines_and_typos_are_refused_by_name() {
+        let e = ServerConfig::from_toml_str("log_dir = \"/x\"\ntcp = \"0.0.0.0:7411\"").unwrap_err();
+        assert!(e.0.contains("allow_remote"), "{e}");
+        let ok = "log_dir = \"/x\"\ntcp = \"0.0.0.0:7411\"\nallow_remote = true";
+        assert!(ServerConfig::from_toml_str(ok).is_ok());
+        let e = ServerConfig::from_toml_str("log_dir = \"/x\"\nunix=\"/s\"\nengine = \"fast\"").unwrap_err();
+        assert!(e.0.contains("unknown log engine"), "{e}");
+        let e = ServerConfig::from_toml_str("log_dir = \"/x\"\nunix=\"/s\"\nrpo = 3").unwrap_err();
+        assert!(e.0.contains("rpo"), "{e}");
+        let e = ServerConfig::from_toml_str("log_dir = \"/x\"").unwrap_err();
+        assert!(e.0.contains("no listener"), "{e}");
+    }
+}

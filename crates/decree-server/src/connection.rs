@@ -1,0 +1,261 @@
+//! One client connection: one session, a reader that handles requests in order and a
+//! writer that sends responses as they become ready (possibly out of order).
+//!
+//! Every response in flight holds a permit of the connection's semaphore (and a decide
+//! one of the server-wide semaphore too), so the response channel can never hold more
+//! than `inflight_per_connection_max` messages and a client that pipelines too much is
+//! simply not read until a permit frees (backpressure, no unbounded queue). The writer
+//! ends only when every sender is gone, including those held by decide callbacks, so once
+//! it has ended no decision of this session can still become durable: only then are the
+//! session's decided transactions handed to the recovery worker.
+
+use crate::state::{SessionTxns, State};
+use decree_core::Decision;
+use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+
+/// Bytes of responses coalesced into one write.
+const WRITE_BATCH_BYTES_MAX: usize = 64 << 10;
+
+/// A response on its way to the writer, with the permits it holds.
+struct Response {
+    request_id: u64,
+    message: Message,
+    /// Close the connection after sending this one.
+    close: bool,
+    _connection_permit: OwnedSemaphorePermit,
+    _total_permit: Option<OwnedSemaphorePermit>,
+}
+
+/// What the reader does after a request.
+enum Next {
+    Continue,
+    Close,
+}
+
+/// The reader's view of its connection.
+struct Conn {
+    state: Arc<State>,
+    total: Arc<Semaphore>,
+    permits: Arc<Semaphore>,
+    responses: mpsc::Sender<Response>,
+    session: Option<(u64, Arc<SessionTxns>)>,
+}
+
+/// Serves one connection until the peer closes it, a protocol error, or shutdown.
+pub(crate) async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    state: Arc<State>,
+    total: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let inflight_max = state.limits.inflight_per_connection_max as usize;
+    let (tx, rx) = mpsc::channel(inflight_max);
+    let writer_task = tokio::spawn(write_responses(writer, rx));
+    let mut conn = Conn {
+        state: state.clone(),
+        total,
+        permits: Arc::new(Semaphore::new(inflight_max)),
+        responses: tx,
+        session: None,
+    };
+    let mut frames = FrameBuffer::new(state.limits.frame_bytes_max as usize);
+    'read: loop {
+        loop {
+            match frames.next_message() {
+                Ok(Some((id, message))) => {
+                    if let Next::Close = conn.handle(id, message).await {
+                        break 'read;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "closing a connection after a bad frame");
+                    conn.fail(0, e.code(), e.to_string()).await;
+                    break 'read;
+                }
+            }
+        }
+        let space = frames.read_space();
+        tokio::select! {
+            read = reader.read(space) => match read {
+                Ok(0) | Err(_) => break 'read,
+                Ok(n) => frames.commit(n),
+            },
+            _ = shutdown.changed() => break 'read,
+        }
+    }
+    let session = conn.session.take();
+    drop(conn); // Drops the reader's sender: the writer ends once in-flight requests settle.
+    let _ = writer_task.await;
+    if let Some((id, txns)) = session {
+        state.close_session(id, &txns);
+    }
+}
+
+impl Conn {
+    /// Handles one request; the response goes to the writer.
+    async fn handle(&mut self, id: u64, message: Message) -> Next {
+        let Some((session, txns)) = self.session.clone() else {
+            return match message {
+                Message::Hello { node_expected, client } => self.hello(id, node_expected, &client).await,
+                other => {
+                    let why = format!("{} before Hello", other.kind().name());
+                    self.fail(id, ErrorCode::Protocol, why).await
+                }
+            };
+        };
+        match message {
+            Message::Decide(decision) => self.decide(id, session, txns, decision).await,
+            Message::Complete(xid) => match self.state.complete(&xid, Some((session, &txns))) {
+                Ok(_) => Next::Continue,
+                Err(e) => self.reply(id, Message::Error { code: ErrorCode::LogFailed, message: e }).await,
+            },
+            Message::Outcome(xid) => self.reply(id, Message::OutcomeIs(self.state.outcome(&xid))).await,
+            Message::Ping => self.reply(id, Message::Pong).await,
+            other => {
+                let why = format!("{} is not a request a client may send here", other.kind().name());
+                self.fail(id, ErrorCode::Protocol, why).await
+            }
+        }
+    }
+
+    async fn hello(&mut self, id: u64, node_expected: u32, client: &str) -> Next {
+        let state = &self.state;
+        if node_expected != 0 && node_expected != state.node {
+            let why = format!("this server is node {}, the client expected node {node_expected}", state.node);
+            return self.fail(id, ErrorCode::NodeMismatch, why).await;
+        }
+        let (session, txns) = state.open_session();
+        tracing::debug!(session, client, "session opened");
+        self.session = Some((session, txns));
+        let hello_ok = Message::HelloOk {
+            node: state.node,
+            incarnation: state.incarnation,
+            session,
+            frame_bytes_max: state.limits.frame_bytes_max,
+            inflight_max: state.limits.inflight_per_connection_max,
+        };
+        self.reply(id, hello_ok).await
+    }
+
+    async fn decide(&mut self, id: u64, session: u64, txns: Arc<SessionTxns>, decision: Decision) -> Next {
+        let origin = decision.xid.origin();
+        let state = &self.state;
+        let Some(origin) = origin
+            .filter(|o| o.node == state.node && o.incarnation == state.incarnation && o.session == session)
+        else {
+            let why = format!(
+                "decision for {} does not belong to session {session} of node {} incarnation {}",
+                decision.xid, state.node, state.incarnation
+            );
+            return self.reply(id, Message::Error { code: ErrorCode::WrongSession, message: why }).await;
+        };
+        let Some(connection_permit) = self.permit().await else { return Next::Close };
+        let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
+        let payload = decision.encode();
+        let key = decision.xid.log_key();
+        let responses = self.responses.clone();
+        let state = state.clone();
+        let started = Instant::now();
+        let log_state = state.clone();
+        log_state.log.append_with(
+            key,
+            &payload,
+            Box::new(move |result| {
+                let message = match result {
+                    Ok(()) => {
+                        // Visible as decided before the client can see DecideOk.
+                        txns.decided.lock().insert(origin.sequence, decision);
+                        state.metrics.decides.fetch_add(1, Ordering::Relaxed);
+                        state.metrics.observe_decide(started.elapsed());
+                        Message::DecideOk
+                    }
+                    Err(e) => {
+                        state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, "decision not durable");
+                        Message::Error { code: ErrorCode::LogFailed, message: e.to_string() }
+                    }
+                };
+                let response = Response {
+                    request_id: id,
+                    message,
+                    close: false,
+                    _connection_permit: connection_permit,
+                    _total_permit: Some(total_permit),
+                };
+                // Never full: every queued response holds one of the channel's permits.
+                let _ = responses.try_send(response);
+            }),
+        );
+        Next::Continue
+    }
+
+    /// Waits for a connection permit (the client pipelines more than it was allowed).
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    async fn reply(&self, id: u64, message: Message) -> Next {
+        self.send(id, message, false).await;
+        Next::Continue
+    }
+
+    /// Sends an error naming the problem, then closes the connection.
+    async fn fail(&self, id: u64, code: ErrorCode, message: String) -> Next {
+        self.state.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        self.send(id, Message::Error { code, message }, true).await;
+        Next::Close
+    }
+
+    async fn send(&self, request_id: u64, message: Message, close: bool) {
+        let Some(permit) = self.permit().await else { return };
+        let response =
+            Response { request_id, message, close, _connection_permit: permit, _total_permit: None };
+        let _ = self.responses.send(response).await;
+    }
+}
+
+/// Writes responses, coalescing those that are ready into one write, until every sender
+/// is gone; after a write error or a closing response, it discards the rest.
+async fn write_responses<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<Response>) {
+    let mut buf = Vec::with_capacity(4096);
+    let mut open = true;
+    while let Some(first) = rx.recv().await {
+        if !open {
+            continue;
+        }
+        buf.clear();
+        let mut close = first.close;
+        encode_frame(&mut buf, first.request_id, &first.message);
+        drop(first);
+        while !close && buf.len() < WRITE_BATCH_BYTES_MAX {
+            let Ok(next) = rx.try_recv() else { break };
+            close = next.close;
+            encode_frame(&mut buf, next.request_id, &next.message);
+        }
+        if writer.write_all(&buf).await.is_err() || (close && writer.shutdown().await.is_err()) {
+            open = false;
+        }
+        if close {
+            open = false;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// Refuses a connection over the limit with a `Busy` error frame.
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut writer: W, why: String) {
+    let mut buf = Vec::new();
+    encode_frame(&mut buf, 0, &Message::Error { code: ErrorCode::Busy, message: why });
+    let _ = writer.write_all(&buf).await;
+    let _ = writer.shutdown().await;
+}

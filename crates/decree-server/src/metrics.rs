@@ -1,0 +1,158 @@
+//! Counters of the state server and the Prometheus text endpoint that shows them.
+//!
+//! The endpoint is a deliberately tiny HTTP/1.0 responder (GET /metrics only, requests
+//! read up to `REQUEST_BYTES_MAX`, one response per connection), bound to a loopback
+//! address and off unless configured: it must not become a second attack surface.
+
+use crate::state::State;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Upper bounds of the decide latency histogram buckets, in microseconds.
+const LATENCY_BUCKETS_US: [u64; 14] =
+    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 1_000_000];
+
+/// Largest HTTP request the endpoint reads.
+const REQUEST_BYTES_MAX: usize = 8192;
+
+/// Totals since the server started.
+#[derive(Default)]
+pub(crate) struct Metrics {
+    pub(crate) decides: AtomicU64,
+    pub(crate) decide_errors: AtomicU64,
+    pub(crate) completes: AtomicU64,
+    pub(crate) sessions_opened: AtomicU64,
+    pub(crate) sessions_closed: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+    pub(crate) phase_two_commits: AtomicU64,
+    pub(crate) recovery_rollbacks: AtomicU64,
+    pub(crate) heuristics: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    latency_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    /// Records the time from receiving a decide to its durability.
+    pub(crate) fn observe_decide(&self, elapsed: Duration) {
+        let us = elapsed.as_micros().min(u64::MAX as u128) as u64;
+        let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
+        self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+}
+
+/// Renders every metric in the Prometheus text format.
+pub(crate) fn render(state: &State) -> String {
+    let m = &state.metrics;
+    let stats = state.log.stats();
+    let mut out = String::with_capacity(4096);
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} counter\ndecree_{name} {v}");
+    };
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    counter("commits_total", "Decisions made durable (commit points).", load(&m.decides));
+    counter("decide_errors_total", "Decide requests that failed.", load(&m.decide_errors));
+    counter("completions_total", "Transactions completed in the log.", load(&m.completes));
+    counter("sessions_opened_total", "Client sessions opened.", load(&m.sessions_opened));
+    counter("sessions_closed_total", "Client sessions closed.", load(&m.sessions_closed));
+    counter(
+        "connections_refused_total",
+        "Connections refused over connections_max.",
+        load(&m.connections_refused),
+    );
+    counter("protocol_errors_total", "Connections closed for a protocol error.", load(&m.protocol_errors));
+    counter("phase_two_commits_total", "Branches committed by the server.", load(&m.phase_two_commits));
+    counter(
+        "aborts_total",
+        "Prepared branches without decision rolled back after their session closed.",
+        load(&m.recovery_rollbacks),
+    );
+    counter(
+        "heuristic_outcomes_total",
+        "Heuristic outcomes reported by resource managers.",
+        load(&m.heuristics),
+    );
+    counter("log_flushes_total", "Durable flushes of the log.", stats.flushes);
+    counter("log_records_total", "Records appended to the log.", stats.records_appended);
+    counter("log_bytes_written_total", "Bytes written by the log.", stats.bytes_written);
+    let batch = if stats.flushes == 0 { 0.0 } else { stats.records_appended as f64 / stats.flushes as f64 };
+    let _ = writeln!(
+        out,
+        "# HELP decree_log_batch_records Mean records per flush since start.\n# TYPE decree_log_batch_records gauge\n\
+         decree_log_batch_records {batch:.3}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP decree_in_doubt Decided transactions whose owner is gone, phase two pending.\n\
+         # TYPE decree_in_doubt gauge\ndecree_in_doubt {}",
+        state.in_doubt()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP decree_sessions_live Connected client sessions.\n# TYPE decree_sessions_live gauge\n\
+         decree_sessions_live {}",
+        state.live_sessions()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP decree_decide_seconds Time from receiving a decide to its durability.\n\
+         # TYPE decree_decide_seconds histogram"
+    );
+    let mut cumulative = 0;
+    for (i, bound) in LATENCY_BUCKETS_US.iter().enumerate() {
+        cumulative += load(&m.latency_buckets[i]);
+        let _ = writeln!(out, "decree_decide_seconds_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+    }
+    cumulative += load(&m.latency_buckets[LATENCY_BUCKETS_US.len()]);
+    let _ = writeln!(out, "decree_decide_seconds_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "decree_decide_seconds_sum {}", load(&m.latency_sum_us) as f64 / 1e6);
+    let _ = writeln!(out, "decree_decide_seconds_count {cumulative}");
+    out
+}
+
+/// Serves `/metrics` on `listener` until the task is dropped.
+pub(crate) async fn serve(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut request = Vec::with_capacity(512);
+            let mut chunk = [0u8; 1024];
+            let read = async {
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < REQUEST_BYTES_MAX {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            request.extend_from_slice(&chunk[..n.min(REQUEST_BYTES_MAX - request.len())])
+                        }
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
+                return;
+            }
+            let response = if request.starts_with(b"GET /metrics ") || request.starts_with(b"GET /metrics\r")
+            {
+                let body = render(&state);
+                format!(
+                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.0 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n"
+                    .to_string()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}

@@ -1,0 +1,55 @@
+//! The real coordinator of decree-core in server mode: `TransactionManager::with_store`
+//! over `RemoteDecisions`, so that switching from embedded to server mode is only a
+//! change of store. Resource managers are decree-core's dummy.
+
+use decree_client::RemoteDecisions;
+use decree_core::dummy::BranchOutcome;
+use decree_core::{
+    CommitKind, DecisionStore, DummyFactory, Outcome, ResourceManager, RmFactory, Session, TmConfig,
+    TransactionManager,
+};
+use decree_log::EngineKind;
+use decree_server::ServerConfig;
+use std::sync::Arc;
+
+#[test]
+fn the_coordinator_commits_through_the_state_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(dir.path().join("log"), EngineKind::Volatile);
+    config.unix = Some(dir.path().join("decree.sock"));
+    let (a, b) = (DummyFactory::named("a", 100_000), DummyFactory::named("b", 100_000));
+    let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];
+    let server = decree_server::start(config, factories.clone()).unwrap();
+    let endpoint = format!("unix:{}", server.unix_path().unwrap().display());
+    let store = Arc::new(RemoteDecisions::connect(&endpoint).unwrap());
+    let tm = TransactionManager::with_store(store.clone(), TmConfig::default(), factories).unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (tm, a, b) = (tm.clone(), a.clone(), b.clone());
+            std::thread::spawn(move || {
+                let rms: Vec<Box<dyn ResourceManager>> =
+                    vec![Box::new(a.connection()), Box::new(b.connection())];
+                let mut session = Session::open(&tm, rms).unwrap();
+                let mut xids = Vec::new();
+                for _ in 0..100 {
+                    let mut tx = session.begin().unwrap();
+                    tx.enlist_all().unwrap();
+                    let report = tx.commit().unwrap();
+                    assert_eq!(report.kind, CommitKind::TwoPhase);
+                    xids.push(report.xid);
+                }
+                session.close().unwrap();
+                xids
+            })
+        })
+        .collect();
+    let xids: Vec<_> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert_eq!(xids.len(), 400);
+    for xid in &xids {
+        assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::Committed), "{xid}");
+        assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::Committed), "{xid}");
+        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    assert_eq!(store.node(), server.node());
+    server.shutdown().unwrap();
+}
