@@ -1,1 +1,27 @@
-//! decree-bench (to be written).
+//! decree's benchmarks: the log engines and the two-phase-commit workload.
+//!
+//! Two benchmarks, both comparative rather than absolute (their numbers are read against
+//! a reference measured on the same machine in the same run, or against the figures of
+//! other transaction managers in the anchors):
+//! - [`log_bench`]: durable appends per second and their latency, per engine, RPO and
+//!   thread count, next to raw `pwrite` + `fdatasync` on the same file system;
+//! - [`tx`]: the LIXA `lixat` workload (open, begin, commit, close with think times), per
+//!   thread count, reporting throughput and the latency the transaction manager adds.
+//!
+//! The transaction benchmark drives a [`client::BenchTarget`], so the embedded mode and
+//! the state-server modes share the workload, the statistics, the reports and the charts.
+//! Nothing here asserts on speed; tests check that the counts add up.
+
+#![warn(missing_docs)]
+
+pub mod chart;
+pub mod client;
+pub mod embedded;
+pub mod error;
+pub mod log_bench;
+pub mod report;
+pub mod stats;
+pub mod think;
+pub mod tx;
+
+pub use error::BenchError;

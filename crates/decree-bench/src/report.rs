@@ -1,0 +1,167 @@
+//! Text and JSON output of both benchmarks.
+//!
+//! JSON is one object per line (JSON Lines), so a run can be piped into other tools while
+//! it goes on; the table formats print each row as soon as its run ends. Neither holds
+//! more than the current line: reports of long sweeps cost no memory.
+
+use crate::log_bench::{LogPoint, RAW_ENGINE};
+use crate::stats::Summary;
+use crate::tx::{BenchPoint, Skipped};
+use std::fmt::Write as _;
+
+/// One JSON line for a log-benchmark result.
+pub fn log_json(point: &LogPoint) -> String {
+    // Serializing a struct of numbers and strings cannot fail.
+    serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// One JSON line for a transaction-benchmark result.
+pub fn bench_json(point: &BenchPoint) -> String {
+    serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// The line that tells an engine was skipped (or failed) and why.
+pub fn skipped_line(skipped: &Skipped) -> String {
+    let what = if skipped.failed { "FAILED" } else { "skipped" };
+    format!(
+        "{what}: engine {} rpo={}ms threads={}: {}",
+        skipped.engine, skipped.rpo_ms, skipped.threads, skipped.reason
+    )
+}
+
+/// The log-benchmark table, printed row by row; remembers the reference for the ratios.
+#[derive(Debug, Default)]
+pub struct LogTable {
+    raw_records_per_sec: Option<f64>,
+}
+
+impl LogTable {
+    /// The header line.
+    pub fn header(&self) -> String {
+        format!(
+            "{:<14} {:>7} {:>6} {:>12} {:>10} {:>10} {:>10} {:>8}",
+            "engine", "threads", "rpo_ms", "records/s", "p50_us", "p99_us", "p99.9_us", "vs_raw"
+        )
+    }
+
+    /// One row; the reference row sets the denominator of later ratios.
+    pub fn row(&mut self, point: &LogPoint) -> String {
+        if point.engine == RAW_ENGINE {
+            self.raw_records_per_sec = Some(point.records_per_sec);
+        }
+        let ratio = match self.raw_records_per_sec {
+            Some(raw) if raw > 0.0 => format!("{:.2}x", point.records_per_sec / raw),
+            _ => "-".into(),
+        };
+        format!(
+            "{:<14} {:>7} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+            point.engine,
+            point.threads,
+            point.rpo_ms,
+            point.records_per_sec,
+            point.p50_us,
+            point.p99_us,
+            point.p999_us,
+            ratio
+        )
+    }
+}
+
+/// The transaction-benchmark table: a header, then one block of five lines per run.
+pub fn bench_header() -> String {
+    format!(
+        "{:<12} {:>6} {:>7} {:>10} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n{}",
+        "engine",
+        "rpo_ms",
+        "threads",
+        "tps",
+        "call",
+        "p25_us",
+        "p50_us",
+        "p75_us",
+        "p95_us",
+        "p99_us",
+        "avg_us",
+        "stddev_us",
+        "-".repeat(118)
+    )
+}
+
+/// The block of one run: open, begin, commit, close and total lines.
+pub fn bench_block(point: &BenchPoint) -> String {
+    let mut out = String::new();
+    let calls: [(&str, &Summary); 5] = [
+        ("open", &point.open),
+        ("begin", &point.begin),
+        ("commit", &point.commit),
+        ("close", &point.close),
+        ("total", &point.total),
+    ];
+    for (i, (call, s)) in calls.iter().enumerate() {
+        let (engine, rpo, threads, tps) = if i == 0 {
+            (
+                point.engine.clone(),
+                point.rpo_ms.to_string(),
+                point.threads.to_string(),
+                format!("{:.1}", point.tps),
+            )
+        } else {
+            (String::new(), String::new(), String::new(), String::new())
+        };
+        let _ = writeln!(
+            out,
+            "{engine:<12} {rpo:>6} {threads:>7} {tps:>10} {call:<7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            s.p25, s.p50, s.p75, s.p95, s.p99, s.avg, s.stddev
+        );
+    }
+    out
+}
+
+/// The characteristic curve as text, one line per run: what LIXA's charts plot (tps
+/// against the p95 of the total latency the TM adds), in milliseconds.
+pub fn bench_summary(points: &[BenchPoint]) -> String {
+    let mut out = format!(
+        "{:<12} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12}\n",
+        "engine", "rpo_ms", "threads", "tps", "total_p50_ms", "total_p95_ms", "total_p99_ms"
+    );
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>7} {:>10.1} {:>12.3} {:>12.3} {:>12.3}",
+            p.engine,
+            p.rpo_ms,
+            p.threads,
+            p.tps,
+            p.total.p50 / 1e3,
+            p.total.p95 / 1e3,
+            p.total.p99 / 1e3
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(engine: &str, records_per_sec: f64) -> LogPoint {
+        LogPoint {
+            engine: engine.into(),
+            threads: 1,
+            rpo_ms: 0,
+            records_per_sec,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            p999_us: 3.0,
+        }
+    }
+
+    #[test]
+    fn log_table_ratios_follow_the_reference() {
+        let mut table = LogTable::default();
+        assert!(table.row(&point("journal", 10.0)).ends_with(" -"), "no reference yet");
+        assert!(table.row(&point(RAW_ENGINE, 4000.0)).ends_with("1.00x"));
+        assert!(table.row(&point("journal", 6000.0)).ends_with("1.50x"));
+        assert_eq!(table.header().split_whitespace().count(), 8);
+    }
+}

@@ -1,0 +1,428 @@
+//! The LIXA-style transaction benchmark (`decree bench`).
+//!
+//! Every thread loops: think t1; open; think t1; begin; think t2; commit; think t1; close.
+//! Each TX call is timed on its own and the four are summed per cycle ("total latency
+//! added by the TM"); think times are never part of a latency. Throughput is the number of
+//! completed cycles divided by the wall time of the run, from the moment all threads are
+//! released together until the last one ends. One run per thread count, each on a fresh
+//! log directory, for every combination of engine and RPO asked for.
+
+use crate::client::{BenchTarget, Mode};
+use crate::embedded::{EmbeddedTarget, RMS_MAX};
+use crate::stats::{Latencies, Summary};
+use crate::think::ThinkRange;
+use crate::BenchError;
+use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use indicatif::ProgressBar;
+use rand::SeedableRng;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// The most threads one run may start.
+pub const THREADS_MAX: usize = 4096;
+
+/// When every thread of a run stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// After this many cycles per thread (LIXA's `-C`).
+    Cycles(u64),
+    /// When this much time has passed since the start (checked before each cycle).
+    Duration(Duration),
+}
+
+/// One run: how many threads, how long, which think times.
+#[derive(Debug, Clone, Copy)]
+pub struct RunSpec {
+    /// Concurrent application threads.
+    pub threads: usize,
+    /// When to stop.
+    pub stop: Stop,
+    /// Application think time before open, begin and close.
+    pub t1: ThinkRange,
+    /// Resource-manager work between begin and commit.
+    pub t2: ThinkRange,
+    /// Seed of the think-time generators (thread i uses seed + i), for repeatable runs.
+    pub seed: u64,
+}
+
+/// Per-call latencies of one run, merged over its threads.
+#[derive(Debug, Clone, Default)]
+pub struct RunLatencies {
+    /// tx_open.
+    pub open: Latencies,
+    /// tx_begin.
+    pub begin: Latencies,
+    /// tx_commit.
+    pub commit: Latencies,
+    /// tx_close.
+    pub close: Latencies,
+    /// open + begin + commit + close of each cycle.
+    pub total: Latencies,
+}
+
+impl RunLatencies {
+    fn merge(&mut self, other: &RunLatencies) {
+        self.open.merge(&other.open);
+        self.begin.merge(&other.begin);
+        self.commit.merge(&other.commit);
+        self.close.merge(&other.close);
+        self.total.merge(&other.total);
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Threads of the run.
+    pub threads: usize,
+    /// Cycles completed by all threads together.
+    pub cycles: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// The latencies.
+    pub latencies: RunLatencies,
+}
+
+impl RunResult {
+    /// Completed cycles per second of wall time.
+    pub fn tps(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs <= 0.0 {
+            return 0.0;
+        }
+        self.cycles as f64 / secs
+    }
+}
+
+fn timed(
+    latencies: &mut Latencies,
+    call: impl FnOnce() -> Result<(), BenchError>,
+) -> Result<Duration, BenchError> {
+    let start = Instant::now();
+    call()?;
+    let elapsed = start.elapsed();
+    latencies.record(elapsed);
+    Ok(elapsed)
+}
+
+fn thread_loop(
+    target: &dyn BenchTarget,
+    index: usize,
+    spec: &RunSpec,
+    start: Instant,
+    failed: &AtomicBool,
+    progress: &ProgressBar,
+) -> Result<(u64, RunLatencies), BenchError> {
+    let mut client = target.client(index)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
+    let mut lat = RunLatencies::default();
+    let mut cycles = 0u64;
+    loop {
+        let more = match spec.stop {
+            Stop::Cycles(n) => cycles < n,
+            Stop::Duration(d) => start.elapsed() < d,
+        };
+        if !more || failed.load(Ordering::Relaxed) {
+            break;
+        }
+        spec.t1.think(&mut rng);
+        let open = timed(&mut lat.open, || client.open())?;
+        spec.t1.think(&mut rng);
+        let begin = timed(&mut lat.begin, || client.begin())?;
+        spec.t2.think(&mut rng);
+        let commit = timed(&mut lat.commit, || client.commit())?;
+        spec.t1.think(&mut rng);
+        let close = timed(&mut lat.close, || client.close())?;
+        lat.total.record(open + begin + commit + close);
+        cycles += 1;
+        progress.inc(1);
+    }
+    Ok((cycles, lat))
+}
+
+/// Runs `spec.threads` threads against `target` and merges what they measured.
+pub fn run(
+    target: &dyn BenchTarget,
+    spec: &RunSpec,
+    progress: &ProgressBar,
+) -> Result<RunResult, BenchError> {
+    if spec.threads == 0 || spec.threads > THREADS_MAX {
+        return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
+    }
+    let barrier = Barrier::new(spec.threads + 1);
+    let failed = AtomicBool::new(false);
+    let (outcomes, start, end) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..spec.threads)
+            .map(|index| {
+                let (barrier, failed) = (&barrier, &failed);
+                scope.spawn(move || {
+                    barrier.wait();
+                    let outcome = thread_loop(target, index, spec, Instant::now(), failed, progress);
+                    if outcome.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    outcome
+                })
+            })
+            .collect();
+        // Taken before the threads are released, so that the wall time covers every
+        // thread's own run and a duration-bound run never reports less than its duration.
+        let start = Instant::now();
+        barrier.wait();
+        let outcomes: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (outcomes, start, Instant::now())
+    });
+    let mut result = RunResult {
+        threads: spec.threads,
+        cycles: 0,
+        elapsed: end.saturating_duration_since(start),
+        latencies: RunLatencies::default(),
+    };
+    for outcome in outcomes {
+        let (cycles, lat) = outcome.map_err(|panic| BenchError::Panicked(panic_message(&panic)))??;
+        result.cycles += cycles;
+        result.latencies.merge(&lat);
+    }
+    target.finish()?;
+    Ok(result)
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".into()
+    }
+}
+
+/// Everything `decree bench` was asked to do.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// Engines to compare (every combination with `rpos_ms` runs).
+    pub engines: Vec<EngineKind>,
+    /// RPO values in milliseconds (0 = sync before acknowledging).
+    pub rpos_ms: Vec<u64>,
+    /// Thread counts, one run each.
+    pub threads: Vec<usize>,
+    /// When each run stops.
+    pub stop: Stop,
+    /// Think time t1.
+    pub t1: ThinkRange,
+    /// Think time t2.
+    pub t2: ThinkRange,
+    /// Dummy resource managers per transaction.
+    pub rms: usize,
+    /// Where the transaction manager runs.
+    pub mode: Mode,
+    /// Parent of the per-run log directories (each is created fresh and removed after).
+    pub dir: PathBuf,
+    /// Seed of the think-time generators.
+    pub seed: u64,
+}
+
+/// One line of the report: one engine, RPO and thread count.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchPoint {
+    /// Log engine.
+    pub engine: String,
+    /// Recovery point objective in milliseconds.
+    pub rpo_ms: u64,
+    /// Where the TM ran.
+    pub mode: String,
+    /// Dummy resource managers per transaction.
+    pub rms: usize,
+    /// Threads of the run.
+    pub threads: usize,
+    /// Cycles completed by all threads.
+    pub cycles: u64,
+    /// Wall time of the run in seconds.
+    pub elapsed_s: f64,
+    /// Completed cycles per second.
+    pub tps: f64,
+    /// tx_open latency.
+    pub open: Summary,
+    /// tx_begin latency.
+    pub begin: Summary,
+    /// tx_commit latency.
+    pub commit: Summary,
+    /// tx_close latency.
+    pub close: Summary,
+    /// Sum of the four per cycle.
+    pub total: Summary,
+}
+
+impl BenchPoint {
+    /// Builds the report line of a run.
+    pub fn new(engine: EngineKind, rpo_ms: u64, mode: Mode, rms: usize, run: &RunResult) -> Self {
+        BenchPoint {
+            engine: engine.name().into(),
+            rpo_ms,
+            mode: mode.name().into(),
+            rms,
+            threads: run.threads,
+            cycles: run.cycles,
+            elapsed_s: run.elapsed.as_secs_f64(),
+            tps: run.tps(),
+            open: run.latencies.open.summary(),
+            begin: run.latencies.begin.summary(),
+            commit: run.latencies.commit.summary(),
+            close: run.latencies.close.summary(),
+            total: run.latencies.total.summary(),
+        }
+    }
+
+    /// The name of the series this point belongs to in charts ("journal rpo=0ms").
+    pub fn series(&self) -> String {
+        format!("{} rpo={}ms", self.engine, self.rpo_ms)
+    }
+}
+
+/// An engine and RPO that could not be measured, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The engine.
+    pub engine: String,
+    /// The RPO in milliseconds.
+    pub rpo_ms: u64,
+    /// The thread count of the run that failed or could not start.
+    pub threads: usize,
+    /// True when a run started and failed (a bug to report), false when the engine could
+    /// not be opened at all (for example, not implemented yet).
+    pub failed: bool,
+    /// Why (the error that stopped it).
+    pub reason: String,
+}
+
+impl Skipped {
+    /// Describes why `engine` at `rpo_ms` stopped at `threads` threads.
+    pub fn new(engine: EngineKind, rpo_ms: u64, threads: usize, error: &BenchError) -> Self {
+        Skipped {
+            engine: engine.name().into(),
+            rpo_ms,
+            threads,
+            failed: !matches!(error, BenchError::EngineUnavailable { .. }),
+            reason: error.to_string(),
+        }
+    }
+}
+
+/// The outcome of one engine/RPO/thread-count step, reported as soon as it is known.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// A run finished.
+    Measured(Box<BenchPoint>),
+    /// The engine could not be opened or a run failed; its remaining thread counts are
+    /// skipped too.
+    Skipped(Skipped),
+}
+
+/// Creates `parent/name` fresh (removing leftovers of an earlier run).
+pub(crate) fn fresh_dir(parent: &Path, name: &str) -> Result<PathBuf, BenchError> {
+    let dir = parent.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| BenchError::io("cannot remove old run directory", &dir, e))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| BenchError::io("cannot create run directory", &dir, e))?;
+    Ok(dir)
+}
+
+/// Rejects a spec that cannot run, before any run starts.
+fn check(spec: &BenchSpec) -> Result<(), BenchError> {
+    if spec.mode != Mode::Embedded {
+        return Err(BenchError::ModeUnavailable(spec.mode.name().into()));
+    }
+    if let Some(t) = spec.threads.iter().find(|&&t| t == 0 || t > THREADS_MAX) {
+        return Err(BenchError::Option(format!("--threads {t}: expected 1 to {THREADS_MAX}")));
+    }
+    if spec.rms == 0 || spec.rms > RMS_MAX {
+        return Err(BenchError::Option(format!("--rms {}: expected 1 to {RMS_MAX}", spec.rms)));
+    }
+    match spec.stop {
+        Stop::Cycles(0) => Err(BenchError::Option("--cycles 0: expected at least 1".into())),
+        Stop::Duration(d) if d.is_zero() => Err(BenchError::Option("--duration must be positive".into())),
+        _ => Ok(()),
+    }
+}
+
+/// Runs every combination of `spec`, calling `report` after each step. An engine that
+/// cannot be opened, or whose run fails, is reported as skipped (with `failed` telling the
+/// two apart) and the other combinations go on; bad options and errors of the harness's
+/// own directories stop everything.
+pub fn run_all(
+    spec: &BenchSpec,
+    progress: &ProgressBar,
+    mut report: impl FnMut(Step),
+) -> Result<(), BenchError> {
+    check(spec)?;
+    for &engine in &spec.engines {
+        for &rpo_ms in &spec.rpos_ms {
+            for &threads in &spec.threads {
+                progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads}"));
+                let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}"))?;
+                let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
+                let run_spec =
+                    RunSpec { threads, stop: spec.stop, t1: spec.t1, t2: spec.t2, seed: spec.seed };
+                // The target (log and coordinator) is dropped before its directory is removed.
+                let outcome = EmbeddedTarget::open(&config, spec.rms)
+                    .and_then(|target| run(&target, &run_spec, progress));
+                let removed = std::fs::remove_dir_all(&dir);
+                match outcome {
+                    Ok(result) => report(Step::Measured(Box::new(BenchPoint::new(
+                        engine, rpo_ms, spec.mode, spec.rms, &result,
+                    )))),
+                    Err(e @ (BenchError::Option(_) | BenchError::Io { .. })) => return Err(e),
+                    Err(e) => {
+                        report(Step::Skipped(Skipped::new(engine, rpo_ms, threads, &e)));
+                        removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
+                        break;
+                    }
+                }
+                removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unavailable_engines_are_skipped_and_broken_runs_failed() {
+        let unavailable = BenchError::EngineUnavailable {
+            engine: "journal".into(),
+            source: decree_log::LogError::Config("engine journal is not implemented yet".into()),
+        };
+        let skipped = Skipped::new(EngineKind::Journal, 0, 4, &unavailable);
+        assert!(!skipped.failed);
+        assert!(skipped.reason.contains("not implemented yet"), "{skipped:?}");
+        let broken = BenchError::Log {
+            context: "commit".into(),
+            source: decree_log::LogError::Full("no slot".into()),
+        };
+        let failed = Skipped::new(EngineKind::SlotsFsync, 10, 16, &broken);
+        assert!(failed.failed);
+        assert_eq!((failed.engine.as_str(), failed.rpo_ms, failed.threads), ("slots-fsync", 10, 16));
+        assert!(crate::report::skipped_line(&failed)
+            .starts_with("FAILED: engine slots-fsync rpo=10ms threads=16"));
+    }
+
+    #[test]
+    fn tps_is_cycles_over_wall_time() {
+        let run = RunResult {
+            threads: 2,
+            cycles: 500,
+            elapsed: Duration::from_millis(250),
+            latencies: RunLatencies::default(),
+        };
+        assert!((run.tps() - 2000.0).abs() < 1e-9);
+        assert_eq!(RunResult { elapsed: Duration::ZERO, ..run }.tps(), 0.0);
+    }
+}

@@ -1,0 +1,256 @@
+//! End-to-end runs of both benchmarks on real logs in temporary directories, small
+//! enough for `cargo test`. They check that the counts add up and that the reports and
+//! charts have the promised shape; they never assert on speed.
+
+use decree_bench::chart;
+use decree_bench::client::Mode;
+use decree_bench::embedded::EmbeddedTarget;
+use decree_bench::log_bench::{self, LogBenchSpec, LogPoint, LogStep, RAW_ENGINE};
+use decree_bench::report;
+use decree_bench::think::ThinkRange;
+use decree_bench::tx::{self, BenchPoint, BenchSpec, RunSpec, Step, Stop};
+use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use indicatif::ProgressBar;
+use std::time::Duration;
+
+fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>) -> BenchSpec {
+    BenchSpec {
+        engines,
+        rpos_ms,
+        threads: vec![2],
+        stop: Stop::Cycles(20),
+        t1: ThinkRange::ZERO,
+        t2: ThinkRange::ZERO,
+        rms: 2,
+        mode: Mode::Embedded,
+        dir: dir.to_path_buf(),
+        seed: 1,
+    }
+}
+
+fn run_bench(spec: &BenchSpec) -> (Vec<BenchPoint>, Vec<String>) {
+    let (mut points, mut skipped) = (Vec::new(), Vec::new());
+    tx::run_all(spec, &ProgressBar::hidden(), |step| match step {
+        Step::Measured(p) => points.push(*p),
+        Step::Skipped(s) => {
+            assert!(!s.failed, "{s:?}");
+            skipped.push(s.reason)
+        }
+    })
+    .expect("benchmark runs");
+    (points, skipped)
+}
+
+fn empty_dir(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false)
+}
+
+#[test]
+fn bench_two_threads_twenty_cycles_counts_add_up() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (points, skipped) = run_bench(&bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]));
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(points.len(), 1);
+    let p = &points[0];
+    assert_eq!((p.threads, p.cycles, p.rms), (2, 40, 2));
+    assert!(p.tps > 0.0 && p.elapsed_s > 0.0);
+    assert_eq!(p.series(), "volatile rpo=0ms");
+    // Every summary is ordered, and the total is at least each of its parts.
+    for s in [&p.open, &p.begin, &p.commit, &p.close, &p.total] {
+        assert!(s.p25 <= s.p50 && s.p50 <= s.p75 && s.p75 <= s.p95 && s.p95 <= s.p99, "{s:?}");
+        assert!(s.avg > 0.0 && s.stddev >= 0.0, "{s:?}");
+    }
+    assert!(p.total.avg >= p.commit.avg * 0.999);
+    assert!(empty_dir(dir.path()), "run directories must be removed");
+}
+
+#[test]
+fn run_records_one_sample_per_call_and_cycle() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let config = LogConfig::new(dir.path().join("log"), EngineKind::Volatile, SyncPolicy::Immediate);
+    let target = EmbeddedTarget::open(&config, 2).unwrap();
+    let spec = RunSpec {
+        threads: 3,
+        stop: Stop::Cycles(7),
+        t1: ThinkRange::from_us(10, 30),
+        t2: ThinkRange::from_us(10, 30),
+        seed: 9,
+    };
+    let result = tx::run(&target, &spec, &ProgressBar::hidden()).unwrap();
+    assert_eq!(result.cycles, 21);
+    let lat = &result.latencies;
+    for count in
+        [lat.open.count(), lat.begin.count(), lat.commit.count(), lat.close.count(), lat.total.count()]
+    {
+        assert_eq!(count, 21);
+    }
+    // Think times are excluded from latencies: the total is the sum of the four calls,
+    // so its mean equals the sum of their means (within histogram rounding).
+    let parts = lat.open.mean_us() + lat.begin.mean_us() + lat.commit.mean_us() + lat.close.mean_us();
+    assert!((lat.total.mean_us() - parts).abs() <= parts * 0.01 + 0.01, "{} vs {parts}", lat.total.mean_us());
+}
+
+#[test]
+fn duration_stop_counts_match() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let config = LogConfig::new(dir.path().join("log"), EngineKind::Volatile, SyncPolicy::Immediate);
+    let target = EmbeddedTarget::open(&config, 3).unwrap();
+    let spec = RunSpec {
+        threads: 2,
+        stop: Stop::Duration(Duration::from_millis(100)),
+        t1: ThinkRange::ZERO,
+        t2: ThinkRange::ZERO,
+        seed: 1,
+    };
+    let result = tx::run(&target, &spec, &ProgressBar::hidden()).unwrap();
+    assert!(result.cycles > 0);
+    assert_eq!(result.latencies.total.count(), result.cycles);
+    assert!(result.elapsed >= Duration::from_millis(100));
+}
+
+#[test]
+fn bad_thread_count_and_rms_are_errors() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let config = LogConfig::new(dir.path().join("log"), EngineKind::Volatile, SyncPolicy::Immediate);
+    assert!(EmbeddedTarget::open(&config, 0).is_err());
+    assert!(EmbeddedTarget::open(&config, 1000).is_err());
+    let target = EmbeddedTarget::open(&config, 2).unwrap();
+    let spec =
+        RunSpec { threads: 0, stop: Stop::Cycles(1), t1: ThinkRange::ZERO, t2: ThinkRange::ZERO, seed: 1 };
+    assert!(tx::run(&target, &spec, &ProgressBar::hidden()).is_err());
+    for broken in [
+        BenchSpec { threads: vec![2, 0], ..bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]) },
+        BenchSpec { rms: 0, ..bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]) },
+        BenchSpec { stop: Stop::Cycles(0), ..bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]) },
+    ] {
+        let mut reported = 0;
+        assert!(tx::run_all(&broken, &ProgressBar::hidden(), |_| reported += 1).is_err());
+        assert_eq!(reported, 0, "a bad spec is rejected before any run");
+    }
+    let mut unix = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]);
+    unix.mode = Mode::Unix;
+    let err = tx::run_all(&unix, &ProgressBar::hidden(), |_| {}).unwrap_err().to_string();
+    assert!(err.contains("not available yet"), "{err}");
+}
+
+#[test]
+fn bench_json_has_the_promised_shape() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (points, _) = run_bench(&bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]));
+    let line = report::bench_json(&points[0]);
+    assert!(!line.contains('\n'));
+    let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(value["threads"].as_u64(), Some(2));
+    assert!(value["tps"].as_f64().is_some_and(|t| t > 0.0));
+    assert_eq!(value["engine"].as_str(), Some("volatile"));
+    assert_eq!(value["rpo_ms"].as_u64(), Some(0));
+    assert_eq!(value["mode"].as_str(), Some("embedded"));
+    for call in ["open", "begin", "commit", "close", "total"] {
+        let summary = value[call].as_object().unwrap_or_else(|| panic!("{call} missing in {line}"));
+        let mut keys: Vec<&str> = summary.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["avg", "p25", "p50", "p75", "p95", "p99", "stddev"], "{call}");
+        assert!(summary.values().all(|v| v.is_f64()), "{call}: {line}");
+    }
+    let summary = report::bench_summary(&points);
+    assert_eq!(summary.lines().count(), 2, "{summary}");
+    assert!(summary.lines().nth(1).unwrap_or("").starts_with("volatile"), "{summary}");
+    let block = report::bench_block(&points[0]);
+    assert_eq!(block.lines().count(), 5);
+    assert!(block.lines().last().unwrap_or("").contains("total"));
+}
+
+#[test]
+fn charts_are_written_with_series_and_axes() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut spec = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0, 10]);
+    spec.threads = vec![1, 2];
+    spec.stop = Stop::Cycles(5);
+    let (points, _) = run_bench(&spec);
+    assert_eq!(points.len(), 4);
+    let path = dir.path().join("curve.svg");
+    let second = chart::write_charts(&path, "test", &points).unwrap();
+    assert_eq!(second, dir.path().join("curve-percentiles.svg"));
+    for (file, expected) in [
+        (
+            &path,
+            vec![
+                "volatile rpo=0ms",
+                "volatile rpo=10ms",
+                "transactions per second",
+                "total latency p95 (ms)",
+            ],
+        ),
+        (&second, vec!["volatile rpo=0ms p25", "volatile rpo=10ms p95", "threads", "total latency (ms)"]),
+    ] {
+        let svg = std::fs::read_to_string(file).unwrap();
+        assert!(svg.trim_start().starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{file:?}");
+        assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+        for text in expected {
+            assert!(svg.contains(text), "{file:?} lacks {text:?}");
+        }
+    }
+    assert!(chart::write_charts(&dir.path().join("empty.svg"), "t", &[]).is_err());
+}
+
+fn log_spec(dir: &std::path::Path, engines: Vec<EngineKind>) -> LogBenchSpec {
+    LogBenchSpec {
+        engines,
+        threads: vec![1],
+        rpos_ms: vec![0],
+        duration: Duration::from_millis(200),
+        record_bytes: 600,
+        dir: dir.to_path_buf(),
+        reference: true,
+        raw_file_bytes: 1 << 20,
+    }
+}
+
+#[test]
+fn bench_log_reference_then_engines() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let spec = log_spec(dir.path(), vec![EngineKind::Journal, EngineKind::Volatile]);
+    assert_eq!(log_bench::run_count(&spec), 3);
+    let (mut points, mut skipped): (Vec<LogPoint>, Vec<String>) = (Vec::new(), Vec::new());
+    log_bench::run_all(&spec, &ProgressBar::hidden(), |step| match step {
+        LogStep::Measured(p) => points.push(p),
+        LogStep::Skipped(s) => {
+            // Only an engine that cannot be opened yet may be skipped; a failed run is a bug.
+            assert!(!s.failed, "{s:?}");
+            skipped.push(format!("{}: {}", s.engine, s.reason))
+        }
+    })
+    .unwrap();
+    assert_eq!(points[0].engine, RAW_ENGINE, "the reference comes first");
+    // The journal is measured once it exists; until then it is skipped with the reason.
+    let journal = points.iter().any(|p| p.engine == "journal");
+    assert!(journal || skipped.iter().any(|s| s.starts_with("journal")), "{points:?} {skipped:?}");
+    assert_eq!(points.len() + skipped.len(), 3, "{points:?} {skipped:?}");
+    assert!(points.iter().any(|p| p.engine == "volatile"));
+    let mut table = report::LogTable::default();
+    for p in &points {
+        assert_eq!((p.threads, p.rpo_ms), (1, 0));
+        assert!(p.records_per_sec > 0.0, "{p:?}");
+        assert!(p.p50_us > 0.0 && p.p50_us <= p.p99_us && p.p99_us <= p.p999_us, "{p:?}");
+        let value: serde_json::Value = serde_json::from_str(&report::log_json(p)).unwrap();
+        let mut keys: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["engine", "p50_us", "p999_us", "p99_us", "records_per_sec", "rpo_ms", "threads"]);
+        assert!(value["engine"].is_string() && value["threads"].is_u64() && value["rpo_ms"].is_u64());
+        assert!(value["records_per_sec"].is_f64() && value["p999_us"].is_f64());
+        let row = table.row(p);
+        assert!(row.ends_with('x'), "ratio column present: {row}");
+    }
+    assert!(empty_dir(dir.path()), "run directories must be removed");
+}
+
+#[test]
+fn bench_log_rejects_bad_specs() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut spec = log_spec(dir.path(), vec![EngineKind::Volatile]);
+    spec.record_bytes = 0;
+    assert!(log_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).is_err());
+    let mut spec = log_spec(dir.path(), vec![EngineKind::Volatile]);
+    spec.threads = vec![0];
+    assert!(log_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).is_err());
+}
