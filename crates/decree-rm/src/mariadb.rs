@@ -1,0 +1,721 @@
+//! MariaDB (and MySQL) as a resource manager, through the XA statements.
+//!
+//! One [`MariaDbRm`] is one connection: the application runs its SQL on
+//! [`MariaDbRm::client`] (or on a [`MariaDbHandle`] while the coordinator owns the
+//! [`MariaDbRm`]) between `start` and `prepare`. The statements, and why:
+//!
+//! - `start` → `XA START X'<gtrid>',X'<bqual>',<formatID>`: hex literals, because decree's
+//!   gtrids are binary (they hold the node id, incarnation and session as integers).
+//! - `end` → `XA END <xid>`: the branch's work is over; `prepare` and `commit(one_phase)`
+//!   send it themselves when the caller did not, in the same round trip.
+//! - `prepare` → `XA PREPARE <xid>`. MariaDB has no read-only vote: the branch always
+//!   votes commit. (A read-only branch prepared and then committed from *another*
+//!   connection answers `XA_RBROLLBACK`, which is the same outcome for a branch that
+//!   changed nothing.)
+//! - `commit(one_phase)` → `XA COMMIT <xid> ONE PHASE`; `commit` → `XA COMMIT <xid>`;
+//!   `rollback` → `XA ROLLBACK <xid>` (after `XA END` when the branch is still active).
+//! - `recover` → `XA RECOVER`: rows of `formatID, gtrid_length, bqual_length, data` where
+//!   `data` is gtrid and bqual concatenated as raw bytes. The list covers the whole server
+//!   (XA ids have no database), includes other transaction managers' branches (callers
+//!   filter by [`Xid::origin`]) and is bounded by the server's own limits.
+//!
+//! A detail the coordinator must know (checked on MariaDB 10.11): a prepared branch stays
+//! attached to the connection that prepared it until that connection commits or rolls it
+//! back, or disconnects. While it is attached, `XA COMMIT` from another connection answers
+//! `XAER_NOTA` ("unknown XID") although `XA RECOVER` lists the branch. A `XAER_NOTA` for a
+//! branch that `XA RECOVER` still lists is therefore reported as [`RmError::Unavailable`]
+//! (retry later), never as [`RmError::UnknownXid`], which would mean "already finished".
+//! Closing the preparing connection (`close`, or dropping the value) detaches the branch,
+//! after which any connection can finish it; a failed `commit` or `rollback` on the
+//! preparing connection closes it for that reason, so that the coordinator's retries on
+//! other connections can succeed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
+use mysql::prelude::Queryable;
+use mysql::{Conn, Opts, OptsBuilder};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+
+use crate::branch::BranchState;
+
+/// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
+const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// `XAER_NOTA`: the server does not know (or will not hand out) this Xid.
+const ER_XAER_NOTA: u16 = 1397;
+
+/// The statement (or step) that failed, for messages and for the error mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XaOp {
+    /// Opening the connection.
+    Connect,
+    /// `XA START`.
+    Start,
+    /// `XA END`.
+    End,
+    /// `XA PREPARE`.
+    Prepare,
+    /// `XA COMMIT ... ONE PHASE`.
+    CommitOnePhase,
+    /// `XA COMMIT`.
+    Commit,
+    /// `XA ROLLBACK`.
+    Rollback,
+    /// `XA RECOVER`.
+    Recover,
+}
+
+impl XaOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            XaOp::Connect => "connect",
+            XaOp::Start => "XA START",
+            XaOp::End => "XA END",
+            XaOp::Prepare => "XA PREPARE",
+            XaOp::CommitOnePhase => "XA COMMIT ONE PHASE",
+            XaOp::Commit => "XA COMMIT",
+            XaOp::Rollback => "XA ROLLBACK",
+            XaOp::Recover => "XA RECOVER",
+        }
+    }
+}
+
+/// Maps a server error (`code` = MySQL error number) or, with `code = None`, a client-side
+/// failure (IO, protocol) to the coordinator's error kinds. Pure, so it is unit-tested.
+pub fn classify_error(rm: &str, op: XaOp, code: Option<u16>, message: &str) -> RmError {
+    let what = op.as_str();
+    let Some(code) = code else {
+        return RmError::Unavailable(format!("{rm}: {what} failed: {message}"));
+    };
+    let text = format!("{rm}: {what} failed: error {code}: {message}");
+    match code {
+        ER_XAER_NOTA => RmError::UnknownXid(text),
+        // XA_RBROLLBACK, XA_RBTIMEOUT, XA_RBDEADLOCK: the branch was rolled back.
+        1402 | 1613 | 1614 => RmError::RolledBack(text),
+        // XAER_INVAL, XAER_RMFAIL (wrong state), XAER_OUTSIDE, XAER_DUPID.
+        1398 | 1399 | 1400 | 1440 => RmError::Protocol(text),
+        // Too many connections, access denied, unknown database, shutdown, killed.
+        1040 | 1045 | 1049 | 1053 | 1927 => RmError::Unavailable(text),
+        _ => match op {
+            // A failed prepare or one-phase commit leaves nothing prepared.
+            XaOp::Prepare | XaOp::CommitOnePhase | XaOp::End => RmError::RolledBack(text),
+            _ => RmError::Unavailable(text),
+        },
+    }
+}
+
+fn map_error(rm: &str, op: XaOp, err: &mysql::Error) -> RmError {
+    match err {
+        mysql::Error::MySqlError(e) => classify_error(rm, op, Some(e.code), &e.message),
+        mysql::Error::UrlError(e) => RmError::Protocol(format!("{rm}: invalid MariaDB DSN: {e}")),
+        mysql::Error::FromValueError(_) | mysql::Error::FromRowError(_) => {
+            RmError::Protocol(format!("{rm}: {}: unexpected result: {err}", op.as_str()))
+        }
+        other => classify_error(rm, op, None, &other.to_string()),
+    }
+}
+
+/// True when the failure says nothing about the server's state but the connection's.
+fn is_connection_error(err: &mysql::Error) -> bool {
+    !matches!(
+        err,
+        mysql::Error::MySqlError(_)
+            | mysql::Error::UrlError(_)
+            | mysql::Error::FromValueError(_)
+            | mysql::Error::FromRowError(_)
+    )
+}
+
+/// Runs one or more statements and reports the first error of any of them.
+///
+/// `Queryable::query_drop` is not enough: it reports only the first statement's error and
+/// drops the later result sets unread, so with `XA END x; XA PREPARE x` a failed
+/// prepare would look like a success.
+fn run_checked(conn: &mut Conn, sql: &str) -> mysql::Result<()> {
+    let mut result = conn.query_iter(sql)?;
+    while let Some(set) = result.iter() {
+        for row in set {
+            row?;
+        }
+    }
+    Ok(())
+}
+
+/// The SQL form of an Xid: `X'<gtrid hex>',X'<bqual hex>',<formatID>`.
+pub fn xid_sql(xid: &Xid) -> Result<String, RmError> {
+    if xid.format_id() < 0 {
+        return Err(RmError::Protocol(format!("{xid}: MariaDB accepts only non-negative XA format ids")));
+    }
+    Ok(format!("X'{}',X'{}',{}", hex::encode(xid.gtrid()), hex::encode(xid.bqual()), xid.format_id()))
+}
+
+/// Builds an Xid from one `XA RECOVER` row.
+pub fn xid_from_recover_row(
+    format_id: i64,
+    gtrid_length: i64,
+    bqual_length: i64,
+    data: &[u8],
+) -> Result<Xid, String> {
+    let format_id = i32::try_from(format_id).map_err(|_| format!("formatID {format_id} out of range"))?;
+    let (Ok(g), Ok(b)) = (usize::try_from(gtrid_length), usize::try_from(bqual_length)) else {
+        return Err(format!("negative lengths {gtrid_length}/{bqual_length}"));
+    };
+    if data.len() != g + b {
+        return Err(format!("data is {} bytes, lengths say {g}+{b}", data.len()));
+    }
+    Xid::new(format_id, &data[..g], &data[g..]).map_err(|e| e.to_string())
+}
+
+fn parse_dsn(rm: &str, dsn: &str) -> Result<Opts, RmError> {
+    let opts =
+        Opts::from_url(dsn).map_err(|e| RmError::Protocol(format!("{rm}: invalid MariaDB DSN: {e}")))?;
+    if opts.get_tcp_connect_timeout().is_some() {
+        return Ok(opts);
+    }
+    Ok(OptsBuilder::from_opts(opts).tcp_connect_timeout(Some(CONNECT_TIMEOUT_DEFAULT)).into())
+}
+
+/// The server address for messages: host, port, database and user, never the password.
+fn describe(opts: &Opts) -> String {
+    match opts.get_socket() {
+        Some(socket) if opts.get_ip_or_hostname() == "localhost" => format!(
+            "MariaDB socket {socket} db={} user={}",
+            opts.get_db_name().unwrap_or("(none)"),
+            opts.get_user().unwrap_or("(default)")
+        ),
+        _ => format!(
+            "MariaDB {}:{} db={} user={}",
+            opts.get_ip_or_hostname(),
+            opts.get_tcp_port(),
+            opts.get_db_name().unwrap_or("(none)"),
+            opts.get_user().unwrap_or("(default)")
+        ),
+    }
+}
+
+fn open_conn(name: &str, address: &str, opts: &Opts) -> Result<Conn, RmError> {
+    Conn::new(opts.clone())
+        .map_err(|e| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}")))
+}
+
+/// The connection and its branch state, shared by a [`MariaDbRm`] and its
+/// [`MariaDbHandle`]s.
+struct XaConnection {
+    name: String,
+    address: String,
+    opts: Opts,
+    conn: Option<Conn>,
+    state: BranchState,
+}
+
+impl XaConnection {
+    fn connect_new(name: String, opts: Opts) -> Result<XaConnection, RmError> {
+        let address = describe(&opts);
+        let conn = open_conn(&name, &address, &opts)?;
+        Ok(XaConnection { name, address, opts, conn: Some(conn), state: BranchState::Idle })
+    }
+
+    /// Connects when needed; fails when the connection was lost while a branch was open,
+    /// because the server has then rolled that work back.
+    fn client_for_application(&mut self) -> Result<&mut Conn, RmError> {
+        if self.conn.is_none() {
+            self.state.lose_open_branch();
+        }
+        if let BranchState::Lost(x) = self.state {
+            // Kept Lost, so that prepare votes no as well.
+            return Err(RmError::RolledBack(format!(
+                "{}: connection to {} lost while branch {x} was open: the server rolled \
+                 its work back",
+                self.name, self.address
+            )));
+        }
+        self.ensure_connected()
+    }
+
+    fn ensure_connected(&mut self) -> Result<&mut Conn, RmError> {
+        if self.conn.is_none() {
+            self.state.lose_open_branch();
+            self.conn = Some(open_conn(&self.name, &self.address, &self.opts)?);
+        }
+        match self.conn.as_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address))),
+        }
+    }
+
+    /// Runs statements (several allowed, one round trip); drops the connection when it
+    /// failed, so that the next call reconnects.
+    fn run(&mut self, op: XaOp, sql: &str) -> Result<(), RmError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(RmError::Unavailable(format!(
+                "{}: {}: connection to {} is closed",
+                self.name,
+                op.as_str(),
+                self.address
+            )));
+        };
+        match run_checked(conn, sql) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if is_connection_error(&e) {
+                    self.conn = None;
+                }
+                Err(map_error(&self.name, op, &e))
+            }
+        }
+    }
+
+    /// Rolls back whatever non-prepared work the connection holds by closing it: the
+    /// server rolls back active and idle XA branches of a closed session.
+    fn drop_connection(&mut self) {
+        self.conn = None;
+    }
+
+    /// Finishes a branch by name (`XA COMMIT`/`XA ROLLBACK`), telling "unknown" from
+    /// "prepared but attached to another live connection".
+    fn finish_by_name(&mut self, op: XaOp, xid: &Xid) -> Result<(), RmError> {
+        let sql = match op {
+            XaOp::Commit => format!("XA COMMIT {}", xid_sql(xid)?),
+            _ => format!("XA ROLLBACK {}", xid_sql(xid)?),
+        };
+        self.ensure_connected()?;
+        let mut result = self.run(op, &sql);
+        if matches!(result, Err(RmError::Unavailable(_))) && self.conn.is_none() {
+            // The connection died while idle (the client notices only on use): the
+            // statement names its branch, so a new connection can run it.
+            self.ensure_connected()?;
+            result = self.run(op, &sql);
+        }
+        match result {
+            Err(RmError::UnknownXid(message)) => {
+                if self.recover()?.contains(xid) {
+                    Err(RmError::Unavailable(format!(
+                        "{}: branch {xid} is prepared but still attached to another open \
+                         connection; MariaDB lets only that connection finish it until it \
+                         disconnects ({message})",
+                        self.name
+                    )))
+                } else {
+                    Err(RmError::UnknownXid(message))
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// After phase two on the preparing connection: on success the branch is gone; on
+    /// failure the connection is closed so that the branch detaches and the coordinator's
+    /// retries, on other connections, can finish it (MariaDB refuses them while it is
+    /// attached). Either way this connection is free for the next branch.
+    fn release_prepared(&mut self, result: &Result<(), RmError>) {
+        if result.is_err() {
+            self.drop_connection();
+        }
+        self.state = BranchState::Idle;
+    }
+
+    fn require_open_branch(&mut self, xid: &Xid, what: &str) -> Result<(), RmError> {
+        self.state.check_open(&self.name, xid, what)
+    }
+
+    fn open_rm(&mut self) -> Result<(), RmError> {
+        self.ensure_connected().map(|_| ())
+    }
+
+    fn close(&mut self) -> Result<(), RmError> {
+        // The server rolls back open branches and detaches prepared ones.
+        self.drop_connection();
+        self.state = BranchState::Idle;
+        Ok(())
+    }
+
+    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.state.check_can_start(&self.name, xid)?;
+        let sql = format!("XA START {}", xid_sql(xid)?);
+        self.ensure_connected()?;
+        self.run(XaOp::Start, &sql)?;
+        self.state = BranchState::Active(*xid);
+        Ok(())
+    }
+
+    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
+        if self.state == BranchState::Ended(*xid) {
+            return Ok(());
+        }
+        self.require_open_branch(xid, "XA END")?;
+        match self.run(XaOp::End, &format!("XA END {}", xid_sql(xid)?)) {
+            Ok(()) => {
+                self.state = BranchState::Ended(*xid);
+                Ok(())
+            }
+            Err(e) => {
+                self.drop_connection();
+                self.state = BranchState::Idle;
+                Err(e)
+            }
+        }
+    }
+
+    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
+        self.require_open_branch(xid, "XA PREPARE")?;
+        let x = xid_sql(xid)?;
+        let sql = match self.state {
+            BranchState::Active(_) => format!("XA END {x}; XA PREPARE {x}"),
+            _ => format!("XA PREPARE {x}"),
+        };
+        match self.run(XaOp::Prepare, &sql) {
+            Ok(()) => {
+                self.state = BranchState::Prepared(*xid);
+                Ok(Vote::Commit)
+            }
+            Err(RmError::Unavailable(m)) if self.conn.is_none() => {
+                self.state = BranchState::InDoubt(*xid);
+                Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")))
+            }
+            Err(e) => {
+                // Nothing is prepared; closing the session rolls the branch back.
+                self.drop_connection();
+                self.state = BranchState::Idle;
+                Err(e)
+            }
+        }
+    }
+
+    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
+        if one_phase {
+            self.require_open_branch(xid, "XA COMMIT ONE PHASE")?;
+            let x = xid_sql(xid)?;
+            let sql = match self.state {
+                BranchState::Active(_) => format!("XA END {x}; XA COMMIT {x} ONE PHASE"),
+                _ => format!("XA COMMIT {x} ONE PHASE"),
+            };
+            let result = self.run(XaOp::CommitOnePhase, &sql);
+            self.state = BranchState::Idle;
+            return match result {
+                Ok(()) => Ok(()),
+                Err(RmError::Unavailable(m)) if self.conn.is_none() => Err(RmError::Unavailable(format!(
+                    "{m} (the outcome of the one-phase commit of {xid} is unknown)"
+                ))),
+                Err(e) => {
+                    self.drop_connection();
+                    Err(e)
+                }
+            };
+        }
+        match self.state {
+            BranchState::Prepared(x) if x == *xid => {
+                let result = self.run(XaOp::Commit, &format!("XA COMMIT {}", xid_sql(xid)?));
+                self.release_prepared(&result);
+                result
+            }
+            BranchState::Active(x) | BranchState::Ended(x) | BranchState::Prepared(x) => {
+                Err(RmError::Protocol(format!(
+                    "{}: XA COMMIT {xid}: this connection holds branch {x}{}",
+                    self.name,
+                    if x == *xid { ", which was never prepared" } else { "" }
+                )))
+            }
+            BranchState::Lost(x) if x == *xid => self.state.check_open(&self.name, xid, "XA COMMIT"),
+            BranchState::Idle | BranchState::InDoubt(_) | BranchState::Lost(_) => {
+                let result = self.finish_by_name(XaOp::Commit, xid);
+                if self.state.xid() == Some(*xid) {
+                    self.state = BranchState::Idle;
+                }
+                result
+            }
+        }
+    }
+
+    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
+        let x = xid_sql(xid)?;
+        match self.state {
+            BranchState::Active(held) | BranchState::Ended(held) if held == *xid => {
+                let sql = match self.state {
+                    BranchState::Active(_) => format!("XA END {x}; XA ROLLBACK {x}"),
+                    _ => format!("XA ROLLBACK {x}"),
+                };
+                if self.run(XaOp::Rollback, &sql).is_err() {
+                    // Not prepared: closing the session is a rollback too (for instance
+                    // after XA_RBDEADLOCK left the branch rollback-only).
+                    self.drop_connection();
+                }
+                self.state = BranchState::Idle;
+                Ok(())
+            }
+            BranchState::Prepared(held) if held == *xid => {
+                let result = self.run(XaOp::Rollback, &format!("XA ROLLBACK {x}"));
+                self.release_prepared(&result);
+                result
+            }
+            BranchState::Active(held) | BranchState::Ended(held) | BranchState::Prepared(held) => {
+                Err(RmError::Protocol(format!(
+                    "{}: XA ROLLBACK {xid}: this connection holds branch {held}",
+                    self.name
+                )))
+            }
+            BranchState::Lost(held) if held == *xid => {
+                // The server rolled it back when the connection died.
+                self.state = BranchState::Idle;
+                Ok(())
+            }
+            BranchState::Idle | BranchState::InDoubt(_) | BranchState::Lost(_) => {
+                let in_doubt = self.state == BranchState::InDoubt(*xid);
+                let result = self.finish_by_name(XaOp::Rollback, xid);
+                if self.state.xid() == Some(*xid) {
+                    self.state = BranchState::Idle;
+                }
+                match result {
+                    // The prepare whose answer was lost did not happen: the branch died
+                    // with its connection, which is a rollback.
+                    Err(RmError::UnknownXid(_)) if in_doubt => Ok(()),
+                    other => other,
+                }
+            }
+        }
+    }
+
+    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+        self.ensure_connected()?;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address)));
+        };
+        let rows: Vec<(i64, i64, i64, Vec<u8>)> = match conn.query("XA RECOVER") {
+            Ok(rows) => rows,
+            Err(e) => {
+                if is_connection_error(&e) {
+                    self.conn = None;
+                }
+                return Err(map_error(&self.name, XaOp::Recover, &e));
+            }
+        };
+        let mut xids = Vec::with_capacity(rows.len());
+        for (format_id, gtrid_length, bqual_length, data) in rows {
+            match xid_from_recover_row(format_id, gtrid_length, bqual_length, &data) {
+                Ok(xid) => xids.push(xid),
+                Err(e) => tracing::warn!(rm = %self.name, "skipping an XA RECOVER row: {e}"),
+            }
+        }
+        Ok(xids)
+    }
+}
+
+/// The application's view of a [`MariaDbRm`]'s connection; derefs to [`mysql::Conn`].
+///
+/// It holds the connection's lock: drop it before calling the coordinator (`commit`,
+/// `rollback`), which then uses the same connection and refuses to wait for it.
+pub type MariaDbClient<'a> = MappedMutexGuard<'a, Conn>;
+
+fn lock<'a>(
+    name: &str,
+    shared: &'a Mutex<XaConnection>,
+    op: &str,
+) -> Result<MutexGuard<'a, XaConnection>, RmError> {
+    shared.try_lock().ok_or_else(|| {
+        RmError::Protocol(format!(
+            "{name}: {op}: the connection is in use (a client guard is still alive or another \
+             thread holds it); drop the client guard before calling the coordinator"
+        ))
+    })
+}
+
+fn lock_client<'a>(name: &str, shared: &'a Mutex<XaConnection>) -> Result<MariaDbClient<'a>, RmError> {
+    let mut guard = lock(name, shared, "client")?;
+    guard.client_for_application()?;
+    MutexGuard::try_map(guard, |c| c.conn.as_mut())
+        .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
+}
+
+/// One MariaDB connection taking part in two-phase commit.
+///
+/// The coordinator owns it (as a `Box<dyn ResourceManager>`); the application keeps a
+/// [`MariaDbHandle`] (from [`MariaDbRm::handle`]) to run its SQL on the same connection.
+pub struct MariaDbRm {
+    name: String,
+    address: String,
+    shared: Arc<Mutex<XaConnection>>,
+}
+
+/// A second owner of a [`MariaDbRm`]'s connection, for the application's SQL while the
+/// coordinator holds the [`MariaDbRm`] itself.
+#[derive(Clone)]
+pub struct MariaDbHandle {
+    name: String,
+    shared: Arc<Mutex<XaConnection>>,
+}
+
+impl MariaDbRm {
+    /// Connects to the server named by `dsn` (`mysql://user:password@host:port/db`).
+    pub fn connect(name: &str, dsn: &str) -> Result<MariaDbRm, RmError> {
+        MariaDbRm::with_opts(name.to_string(), parse_dsn(name, dsn)?)
+    }
+
+    fn with_opts(name: String, opts: Opts) -> Result<MariaDbRm, RmError> {
+        let connection = XaConnection::connect_new(name.clone(), opts)?;
+        let address = connection.address.clone();
+        Ok(MariaDbRm { name, address, shared: Arc::new(Mutex::new(connection)) })
+    }
+
+    /// The connection, for the application's SQL: between `start` and `prepare` its
+    /// statements are the branch's work. Reconnects when no branch is open; fails when the
+    /// connection was lost while a branch was open (the server rolled that work back).
+    pub fn client(&self) -> Result<MariaDbClient<'_>, RmError> {
+        lock_client(&self.name, &self.shared)
+    }
+
+    /// A handle on the same connection, to keep when the RM is handed to the coordinator.
+    pub fn handle(&self) -> MariaDbHandle {
+        MariaDbHandle { name: self.name.clone(), shared: self.shared.clone() }
+    }
+
+    /// The server address, without the password.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn conn(&self, op: &str) -> Result<MutexGuard<'_, XaConnection>, RmError> {
+        lock(&self.name, &self.shared, op)
+    }
+}
+
+impl MariaDbHandle {
+    /// The connection, as [`MariaDbRm::client`].
+    pub fn client(&self) -> Result<MariaDbClient<'_>, RmError> {
+        lock_client(&self.name, &self.shared)
+    }
+}
+
+impl ResourceManager for MariaDbRm {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn open(&mut self) -> Result<(), RmError> {
+        self.conn("open")?.open_rm()
+    }
+    fn close(&mut self) -> Result<(), RmError> {
+        self.conn("close")?.close()
+    }
+    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("start")?.start(xid)
+    }
+    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("end")?.end(xid)
+    }
+    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
+        self.conn("prepare")?.prepare(xid)
+    }
+    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
+        self.conn("commit")?.commit(xid, one_phase)
+    }
+    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("rollback")?.rollback(xid)
+    }
+    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+        self.conn("recover")?.recover()
+    }
+    fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        // MariaDB does not complete prepared branches heuristically: nothing to forget.
+        Ok(())
+    }
+    fn prefers_parallel(&self) -> bool {
+        // Each call waits for a network round trip (and XA PREPARE/COMMIT for a log
+        // flush), so the branches of one transaction are best driven at the same time.
+        true
+    }
+}
+
+/// Opens [`MariaDbRm`] connections to one server, for sessions, recovery and retries.
+#[derive(Clone)]
+pub struct MariaDbFactory {
+    name: String,
+    address: String,
+    opts: Opts,
+}
+
+impl MariaDbFactory {
+    /// Checks the DSN now (no connection yet), so that a typo fails at configuration time.
+    pub fn new(name: &str, dsn: &str) -> Result<MariaDbFactory, RmError> {
+        let opts = parse_dsn(name, dsn)?;
+        Ok(MariaDbFactory { name: name.to_string(), address: describe(&opts), opts })
+    }
+
+    /// The server address, without the password.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// A new connection as the concrete type, for applications that need
+    /// [`MariaDbRm::client`].
+    pub fn connect_mariadb(&self) -> Result<MariaDbRm, RmError> {
+        MariaDbRm::with_opts(self.name.clone(), self.opts.clone())
+    }
+}
+
+impl RmFactory for MariaDbFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn connect(&self) -> Result<Box<dyn ResourceManager>, RmError> {
+        Ok(Box::new(self.connect_mariadb()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xids_print_as_hex_literals_and_recover_rows_parse_back() {
+        let xid = Xid::new(0x6463_7265, &[0, 1, 0xff, b'\''], &[0, 2]).expect("valid xid");
+        assert_eq!(xid_sql(&xid).expect("format id is positive"), "X'0001ff27',X'0002',1684238949");
+        let parsed = xid_from_recover_row(0x6463_7265, 4, 2, &[0, 1, 0xff, b'\'', 0, 2]).expect("row parses");
+        assert_eq!(parsed, xid);
+        assert!(xid_from_recover_row(1, 4, 2, &[0, 1]).is_err(), "short data refused");
+        assert!(xid_from_recover_row(1 << 40, 1, 0, b"a").is_err(), "format id out of range refused");
+        let negative = Xid::new(-1, b"g", b"").expect("valid xid");
+        assert!(matches!(xid_sql(&negative), Err(RmError::Protocol(_))));
+    }
+
+    #[test]
+    fn errors_map_to_the_coordinator_kinds() {
+        let nota = classify_error("m", XaOp::Commit, Some(1397), "XAER_NOTA: Unknown XID");
+        assert!(matches!(nota, RmError::UnknownXid(ref t) if t.starts_with("m: ")), "{nota:?}");
+        for code in [1402, 1613, 1614] {
+            let rb = classify_error("m", XaOp::Commit, Some(code), "XA_RB");
+            assert!(matches!(rb, RmError::RolledBack(_)), "{code}: {rb:?}");
+        }
+        let state = classify_error("m", XaOp::Start, Some(1399), "XAER_RMFAIL");
+        assert!(matches!(state, RmError::Protocol(_)), "{state:?}");
+        let io = classify_error("m", XaOp::Commit, None, "broken pipe");
+        assert!(matches!(io, RmError::Unavailable(_)), "{io:?}");
+        let prepare_failed = classify_error("m", XaOp::Prepare, Some(1401), "XAER_RMERR");
+        assert!(matches!(prepare_failed, RmError::RolledBack(_)), "{prepare_failed:?}");
+    }
+
+    #[test]
+    fn an_error_in_a_later_statement_is_not_lost() {
+        // Needs the server of scripts/test-dbs.sh; tests/mariadb.rs fails in CI without it.
+        let Ok(dsn) = std::env::var("DECREE_TEST_MARIADB") else {
+            eprintln!("skipped: DECREE_TEST_MARIADB is not set (run scripts/test-dbs.sh start)");
+            return;
+        };
+        let mut conn = Conn::new(Opts::from_url(&dsn).expect("valid DSN")).expect("connect");
+        run_checked(&mut conn, "SELECT 1; DO 2").expect("two good statements");
+        let err = run_checked(&mut conn, "SELECT 1; SELECT * FROM decree_no_such_table; DO 3")
+            .expect_err("the second statement fails");
+        assert!(matches!(err, mysql::Error::MySqlError(ref e) if e.code == 1146), "{err:?}");
+        run_checked(&mut conn, "DO 4").expect("the connection is still usable");
+    }
+
+    #[test]
+    fn dsn_errors_name_the_rm_and_addresses_hide_passwords() {
+        let err = MariaDbFactory::new("orders", "postgres://x").err().expect("wrong scheme refused");
+        assert!(matches!(err, RmError::Protocol(ref m) if m.contains("orders")), "{err:?}");
+        let factory =
+            MariaDbFactory::new("orders", "mysql://u:secret@10.1.2.3:3307/shop").expect("valid DSN");
+        assert_eq!(factory.address(), "MariaDB 10.1.2.3:3307 db=shop user=u");
+        assert!(!factory.address().contains("secret"));
+    }
+}

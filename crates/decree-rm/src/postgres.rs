@@ -1,0 +1,643 @@
+//! PostgreSQL as a resource manager, through `PREPARE TRANSACTION`.
+//!
+//! One [`PgRm`] is one connection: the application runs its SQL on [`PgRm::client`] (or on
+//! a [`PgHandle`] while the coordinator owns the [`PgRm`]) between `start` and `prepare`,
+//! so its work is the branch. The statements, and why:
+//!
+//! - `start` → `BEGIN`: PostgreSQL has no XA association, a branch is simply the open
+//!   transaction of this connection. `end` does nothing.
+//! - `prepare` → first `SELECT txid_current_if_assigned() IS NULL`, then either `COMMIT`
+//!   (no transaction id was assigned, so the branch wrote nothing: vote read-only, leave
+//!   phase two) or `PREPARE TRANSACTION '<gid>'`. The SELECT also catches a transaction
+//!   that an earlier statement aborted: PostgreSQL answers `PREPARE TRANSACTION` (and
+//!   `COMMIT`) in an aborted transaction with a silent ROLLBACK, not an error, so without
+//!   this check a failed branch would vote yes.
+//! - `commit(one_phase)` → `SELECT 1; COMMIT` in one round trip, for the same reason: the
+//!   SELECT fails in an aborted transaction, so a silent rollback is reported as one.
+//! - `commit` → `COMMIT PREPARED '<gid>'` and `rollback` of a prepared branch →
+//!   `ROLLBACK PREPARED '<gid>'`: a prepared transaction no longer belongs to the session
+//!   that prepared it, so any connection to the same database may finish it (recovery
+//!   does). `rollback` of a branch still open on this connection → `ROLLBACK`.
+//! - `recover` → `SELECT gid FROM pg_prepared_xacts WHERE database = current_database()`:
+//!   the view lists the whole cluster, so it is filtered to this connection's database,
+//!   and only gids in decree's form (`decree:<format>:<gtrid>:<bqual>`, see
+//!   [`Xid::to_gid`]) are returned; the server bounds the list by
+//!   `max_prepared_transactions`.
+//!
+//! The gid is [`Xid::to_gid`]: at most 200 bytes, hex only, so quoting cannot go wrong.
+//! A server with `max_prepared_transactions = 0` (the default) refuses every prepare; the
+//! error says how to fix it.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::postgres::config::Host;
+use ::postgres::{Client, Config, NoTls, SimpleQueryMessage};
+use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+
+use crate::branch::{sql_literal, BranchState};
+
+/// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
+const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// The statement (or step) that failed, for messages and for the error mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgOp {
+    /// Opening the connection.
+    Connect,
+    /// `BEGIN`.
+    Begin,
+    /// `PREPARE TRANSACTION` and the read-only check before it.
+    Prepare,
+    /// `COMMIT` of the open transaction (one-phase commit or read-only branch).
+    CommitOnePhase,
+    /// `COMMIT PREPARED`.
+    CommitPrepared,
+    /// `ROLLBACK` of the open transaction.
+    Rollback,
+    /// `ROLLBACK PREPARED`.
+    RollbackPrepared,
+    /// The `pg_prepared_xacts` query.
+    Recover,
+}
+
+impl PgOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            PgOp::Connect => "connect",
+            PgOp::Begin => "BEGIN",
+            PgOp::Prepare => "PREPARE TRANSACTION",
+            PgOp::CommitOnePhase => "COMMIT",
+            PgOp::CommitPrepared => "COMMIT PREPARED",
+            PgOp::Rollback => "ROLLBACK",
+            PgOp::RollbackPrepared => "ROLLBACK PREPARED",
+            PgOp::Recover => "recover (pg_prepared_xacts)",
+        }
+    }
+}
+
+/// Maps a PostgreSQL failure to the coordinator's error kinds.
+///
+/// `sqlstate` is `None` when the failure is not the server's answer (IO, closed connection).
+/// Pure, so the mapping is tested without a server in each of its states.
+pub fn classify_error(rm: &str, op: PgOp, sqlstate: Option<&str>, message: &str) -> RmError {
+    let what = op.as_str();
+    let Some(code) = sqlstate else {
+        return RmError::Unavailable(format!("{rm}: {what} failed: {message}"));
+    };
+    let connection_gone = code.starts_with("08") // connection exception
+        || matches!(code, "57P01" | "57P02" | "57P03" | "53300"); // shutdown, starting, too many
+    if connection_gone {
+        return RmError::Unavailable(format!("{rm}: {what} failed: SQLSTATE {code}: {message}"));
+    }
+    if code == "42704" && message.contains("prepared transaction") {
+        return RmError::UnknownXid(format!("{rm}: {message}"));
+    }
+    if code == "55000" && message.contains("prepared transactions are disabled") {
+        return RmError::RolledBack(format!(
+            "{rm}: prepared transactions are disabled on this PostgreSQL server \
+             (max_prepared_transactions = 0): set max_prepared_transactions > 0 in \
+             postgresql.conf and restart"
+        ));
+    }
+    match op {
+        // A failed prepare or commit aborts the open transaction: the branch is rolled back.
+        PgOp::Prepare | PgOp::CommitOnePhase => {
+            RmError::RolledBack(format!("{rm}: {what} failed: SQLSTATE {code}: {message}"))
+        }
+        PgOp::CommitPrepared | PgOp::RollbackPrepared | PgOp::Rollback | PgOp::Begin => {
+            // 25001: inside a transaction block; 42501: prepared by another user.
+            if code == "25001" || code == "42501" {
+                RmError::Protocol(format!("{rm}: {what} failed: SQLSTATE {code}: {message}"))
+            } else {
+                RmError::Unavailable(format!("{rm}: {what} failed: SQLSTATE {code}: {message}"))
+            }
+        }
+        PgOp::Connect | PgOp::Recover => {
+            RmError::Unavailable(format!("{rm}: {what} failed: SQLSTATE {code}: {message}"))
+        }
+    }
+}
+
+fn map_error(rm: &str, op: PgOp, err: &::postgres::Error) -> RmError {
+    match err.as_db_error() {
+        Some(db) => classify_error(rm, op, Some(db.code().code()), db.message()),
+        None => classify_error(rm, op, None, &err.to_string()),
+    }
+}
+
+/// Parses a DSN (`host=... port=... user=... dbname=...` or a `postgresql://` URL).
+fn parse_dsn(rm: &str, dsn: &str) -> Result<Config, RmError> {
+    let mut config =
+        Config::from_str(dsn).map_err(|e| RmError::Protocol(format!("{rm}: invalid PostgreSQL DSN: {e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT_DEFAULT);
+    }
+    Ok(config)
+}
+
+/// The server address for messages: hosts, ports, database and user, never the password.
+fn describe(config: &Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+    format!(
+        "PostgreSQL host={} port={} dbname={} user={}",
+        if hosts.is_empty() { "(default)".to_string() } else { hosts.join(",") },
+        if ports.is_empty() { "5432".to_string() } else { ports.join(",") },
+        config.get_dbname().unwrap_or("(default)"),
+        config.get_user().unwrap_or("(default)"),
+    )
+}
+
+fn open_client(name: &str, address: &str, config: &Config) -> Result<Client, RmError> {
+    config
+        .connect(NoTls)
+        .map_err(|e| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}")))
+}
+
+/// The connection and its branch state, shared by a [`PgRm`] and its [`PgHandle`]s.
+struct PgConnection {
+    name: String,
+    address: String,
+    config: Config,
+    client: Option<Client>,
+    state: BranchState,
+}
+
+impl PgConnection {
+    fn connect_new(name: String, config: Config) -> Result<PgConnection, RmError> {
+        let address = describe(&config);
+        let client = open_client(&name, &address, &config)?;
+        Ok(PgConnection { name, address, config, client: Some(client), state: BranchState::Idle })
+    }
+
+    /// Connects when needed; fails when the connection was lost while a branch was open,
+    /// because the server has then rolled that work back.
+    fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
+        if !self.connected() {
+            self.state.lose_open_branch();
+        }
+        if let BranchState::Lost(x) = self.state {
+            // Kept Lost, so that prepare votes no as well.
+            return Err(RmError::RolledBack(format!(
+                "{}: connection to {} lost while branch {x} was open: the server rolled \
+                 its work back",
+                self.name, self.address
+            )));
+        }
+        self.ensure_connected()
+    }
+
+    fn connected(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| !c.is_closed())
+    }
+
+    fn ensure_connected(&mut self) -> Result<&mut Client, RmError> {
+        if !self.connected() {
+            self.client = None;
+            self.state.lose_open_branch();
+            self.client = Some(open_client(&self.name, &self.address, &self.config)?);
+        }
+        match self.client.as_mut() {
+            Some(client) => Ok(client),
+            None => Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address))),
+        }
+    }
+
+    /// Runs `sql` with the simple query protocol (one round trip, several statements
+    /// allowed). On an IO failure the connection is dropped so the next call reconnects.
+    fn run(&mut self, op: PgOp, sql: &str) -> Result<Vec<SimpleQueryMessage>, RmError> {
+        let client = match self.client.as_mut() {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                self.client = None;
+                return Err(RmError::Unavailable(format!(
+                    "{}: {}: connection to {} is closed",
+                    self.name,
+                    op.as_str(),
+                    self.address
+                )));
+            }
+        };
+        match client.simple_query(sql) {
+            Ok(messages) => Ok(messages),
+            Err(e) => {
+                let mapped = map_error(&self.name, op, &e);
+                if e.as_db_error().is_none() || client.is_closed() {
+                    self.client = None;
+                }
+                Err(mapped)
+            }
+        }
+    }
+
+    /// Runs a statement that names its branch (`COMMIT PREPARED`, `ROLLBACK PREPARED`) or
+    /// none (recover), so any connection will do: when the connection turns out to be
+    /// dead (the server ended it while it sat idle, which the client only notices on
+    /// use), it retries once on a new one.
+    fn run_anywhere(&mut self, op: PgOp, sql: &str) -> Result<Vec<SimpleQueryMessage>, RmError> {
+        self.ensure_connected()?;
+        match self.run(op, sql) {
+            Err(RmError::Unavailable(_)) if self.client.is_none() => {
+                self.ensure_connected()?;
+                self.run(op, sql)
+            }
+            other => other,
+        }
+    }
+
+    /// Ends an aborted transaction after a failed statement; failures are irrelevant since
+    /// a lost connection rolls back too.
+    fn discard_open_transaction(&mut self) {
+        if let Some(client) = self.client.as_mut() {
+            if client.batch_execute("ROLLBACK").is_err() {
+                self.client = None;
+            }
+        }
+    }
+
+    fn require_open_branch(&mut self, xid: &Xid, what: &str) -> Result<(), RmError> {
+        self.state.check_open(&self.name, xid, what)
+    }
+
+    /// Checks that the connection holds no open branch, as `COMMIT PREPARED` and `ROLLBACK
+    /// PREPARED` cannot run inside a transaction block.
+    fn require_no_open_branch(&self, xid: &Xid, what: &str) -> Result<(), RmError> {
+        match self.state {
+            BranchState::Active(x) | BranchState::Ended(x) => Err(RmError::Protocol(format!(
+                "{}: {what} {xid}: branch {x} is open on this connection{}",
+                self.name,
+                if x == *xid { " and was never prepared" } else { "" }
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// True when the read-only check says no transaction id was assigned.
+fn first_value_is_true(messages: &[SimpleQueryMessage]) -> bool {
+    messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t")))
+}
+
+impl PgConnection {
+    fn open_rm(&mut self) -> Result<(), RmError> {
+        self.ensure_connected().map(|_| ())
+    }
+
+    fn close(&mut self) -> Result<(), RmError> {
+        // Dropping the client terminates the session; the server rolls back open work.
+        self.client = None;
+        self.state = BranchState::Idle;
+        Ok(())
+    }
+
+    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.state.check_can_start(&self.name, xid)?;
+        self.ensure_connected()?;
+        self.run(PgOp::Begin, "BEGIN")?;
+        self.state = BranchState::Active(*xid);
+        Ok(())
+    }
+
+    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.require_open_branch(xid, "end")?;
+        self.state = BranchState::Ended(*xid);
+        Ok(())
+    }
+
+    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
+        self.require_open_branch(xid, "prepare")?;
+        let check = self.run(PgOp::Prepare, "SELECT txid_current_if_assigned() IS NULL");
+        let read_only = match check {
+            Ok(messages) => first_value_is_true(&messages),
+            Err(e) => {
+                // PREPARE was not sent: the open transaction cannot be prepared. Close it
+                // (or the connection, which has the same effect) and vote no.
+                self.discard_open_transaction();
+                self.state = BranchState::Idle;
+                return Err(match e {
+                    RmError::Unavailable(m) => RmError::RolledBack(m),
+                    other => other,
+                });
+            }
+        };
+        if read_only {
+            self.commit(xid, true)?;
+            return Ok(Vote::ReadOnly);
+        }
+        let sql = format!("PREPARE TRANSACTION {}", sql_literal(&xid.to_gid()));
+        match self.run(PgOp::Prepare, &sql) {
+            Ok(_) => {
+                // The prepared transaction is detached from this session now.
+                self.state = BranchState::Idle;
+                Ok(Vote::Commit)
+            }
+            Err(RmError::Unavailable(m)) => {
+                // The answer was lost: the branch may be prepared.
+                self.state = BranchState::InDoubt(*xid);
+                Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")))
+            }
+            Err(e) => {
+                self.discard_open_transaction();
+                self.state = BranchState::Idle;
+                Err(e)
+            }
+        }
+    }
+
+    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
+        if one_phase {
+            self.require_open_branch(xid, "one-phase commit")?;
+            let result = self.run(PgOp::CommitOnePhase, "SELECT 1; COMMIT");
+            self.state = BranchState::Idle;
+            return match result {
+                Ok(_) => Ok(()),
+                Err(RmError::Unavailable(m)) => Err(RmError::Unavailable(format!(
+                    "{m} (the outcome of the one-phase commit of {xid} is unknown)"
+                ))),
+                Err(e) => {
+                    self.discard_open_transaction();
+                    Err(e)
+                }
+            };
+        }
+        self.require_no_open_branch(xid, "COMMIT PREPARED")?;
+        let sql = format!("COMMIT PREPARED {}", sql_literal(&xid.to_gid()));
+        self.run_anywhere(PgOp::CommitPrepared, &sql)?;
+        if self.state.xid() == Some(*xid) {
+            self.state = BranchState::Idle;
+        }
+        Ok(())
+    }
+
+    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
+        match self.state {
+            BranchState::Active(x) | BranchState::Ended(x) if x == *xid => {
+                // A lost connection rolls the transaction back as well, so only a server
+                // error here is worth reporting.
+                let result = self.run(PgOp::Rollback, "ROLLBACK");
+                self.state = BranchState::Idle;
+                return match result {
+                    Err(RmError::Unavailable(_)) | Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                };
+            }
+            BranchState::Lost(x) if x == *xid => {
+                // The server rolled it back when the connection died.
+                self.state = BranchState::Idle;
+                return Ok(());
+            }
+            _ => self.require_no_open_branch(xid, "ROLLBACK PREPARED")?,
+        }
+        let in_doubt = self.state == BranchState::InDoubt(*xid);
+        let sql = format!("ROLLBACK PREPARED {}", sql_literal(&xid.to_gid()));
+        let result = self.run_anywhere(PgOp::RollbackPrepared, &sql);
+        if self.state.xid() == Some(*xid) {
+            self.state = BranchState::Idle;
+        }
+        match result {
+            // The prepare whose answer was lost did not happen: the work died with the
+            // connection, which is a rollback.
+            Err(RmError::UnknownXid(_)) if in_doubt => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+        let messages = self.run_anywhere(
+            PgOp::Recover,
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
+             AND gid LIKE 'decree:%' ORDER BY prepared",
+        )?;
+        let mut xids = Vec::new();
+        for message in &messages {
+            if let SimpleQueryMessage::Row(row) = message {
+                let Some(gid) = row.get(0) else { continue };
+                match Xid::from_gid(gid) {
+                    Ok(xid) => xids.push(xid),
+                    Err(e) => tracing::debug!(rm = %self.name, gid, "skipping a prepared gid: {e}"),
+                }
+            }
+        }
+        Ok(xids)
+    }
+}
+
+/// The application's view of a [`PgRm`]'s connection; derefs to [`postgres::Client`].
+///
+/// It holds the connection's lock: drop it before calling the coordinator (`commit`,
+/// `rollback`), which then uses the same connection and refuses to wait for it.
+///
+/// [`postgres::Client`]: ::postgres::Client
+pub type PgClient<'a> = MappedMutexGuard<'a, Client>;
+
+fn lock<'a>(
+    name: &str,
+    shared: &'a Mutex<PgConnection>,
+    op: &str,
+) -> Result<MutexGuard<'a, PgConnection>, RmError> {
+    shared.try_lock().ok_or_else(|| {
+        RmError::Protocol(format!(
+            "{name}: {op}: the connection is in use (a client guard is still alive or another \
+             thread holds it); drop the client guard before calling the coordinator"
+        ))
+    })
+}
+
+fn lock_client<'a>(name: &str, shared: &'a Mutex<PgConnection>) -> Result<PgClient<'a>, RmError> {
+    let mut guard = lock(name, shared, "client")?;
+    guard.client_for_application()?;
+    MutexGuard::try_map(guard, |c| c.client.as_mut())
+        .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
+}
+
+/// One PostgreSQL connection taking part in two-phase commit.
+///
+/// The coordinator owns it (as a `Box<dyn ResourceManager>`); the application keeps a
+/// [`PgHandle`] (from [`PgRm::handle`]) to run its SQL on the same connection.
+pub struct PgRm {
+    name: String,
+    address: String,
+    shared: Arc<Mutex<PgConnection>>,
+}
+
+/// A second owner of a [`PgRm`]'s connection, for the application's SQL while the
+/// coordinator holds the [`PgRm`] itself.
+#[derive(Clone)]
+pub struct PgHandle {
+    name: String,
+    shared: Arc<Mutex<PgConnection>>,
+}
+
+impl PgRm {
+    /// Connects to the database named by `dsn`; `name` identifies the RM in errors.
+    pub fn connect(name: &str, dsn: &str) -> Result<PgRm, RmError> {
+        PgRm::with_config(name.to_string(), parse_dsn(name, dsn)?)
+    }
+
+    fn with_config(name: String, config: Config) -> Result<PgRm, RmError> {
+        let connection = PgConnection::connect_new(name.clone(), config)?;
+        let address = connection.address.clone();
+        Ok(PgRm { name, address, shared: Arc::new(Mutex::new(connection)) })
+    }
+
+    /// The connection, for the application's SQL: between `start` and `prepare` its
+    /// statements are the branch's work. Reconnects when no branch is open; fails when the
+    /// connection was lost while a branch was open (the server rolled that work back).
+    pub fn client(&self) -> Result<PgClient<'_>, RmError> {
+        lock_client(&self.name, &self.shared)
+    }
+
+    /// A handle on the same connection, to keep when the RM is handed to the coordinator.
+    pub fn handle(&self) -> PgHandle {
+        PgHandle { name: self.name.clone(), shared: self.shared.clone() }
+    }
+
+    /// The server address, without the password.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn conn(&self, op: &str) -> Result<MutexGuard<'_, PgConnection>, RmError> {
+        lock(&self.name, &self.shared, op)
+    }
+}
+
+impl PgHandle {
+    /// The connection, as [`PgRm::client`].
+    pub fn client(&self) -> Result<PgClient<'_>, RmError> {
+        lock_client(&self.name, &self.shared)
+    }
+}
+
+impl ResourceManager for PgRm {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn open(&mut self) -> Result<(), RmError> {
+        self.conn("open")?.open_rm()
+    }
+    fn close(&mut self) -> Result<(), RmError> {
+        self.conn("close")?.close()
+    }
+    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("start")?.start(xid)
+    }
+    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("end")?.end(xid)
+    }
+    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
+        self.conn("prepare")?.prepare(xid)
+    }
+    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
+        self.conn("commit")?.commit(xid, one_phase)
+    }
+    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.conn("rollback")?.rollback(xid)
+    }
+    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+        self.conn("recover")?.recover()
+    }
+    fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        // PostgreSQL never completes a prepared transaction on its own: nothing to forget.
+        Ok(())
+    }
+    fn prefers_parallel(&self) -> bool {
+        // Each call waits for a network round trip (and PREPARE/COMMIT PREPARED for a WAL
+        // flush), so the branches of one transaction are best driven at the same time.
+        true
+    }
+}
+
+/// Opens [`PgRm`] connections to one database, for sessions, recovery and retries.
+#[derive(Clone)]
+pub struct PgFactory {
+    name: String,
+    address: String,
+    config: Config,
+}
+
+impl PgFactory {
+    /// Checks the DSN now (no connection yet), so that a typo fails at configuration time.
+    pub fn new(name: &str, dsn: &str) -> Result<PgFactory, RmError> {
+        let config = parse_dsn(name, dsn)?;
+        Ok(PgFactory { name: name.to_string(), address: describe(&config), config })
+    }
+
+    /// The server address, without the password.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// A new connection as the concrete type, for applications that need
+    /// [`PgRm::client`].
+    pub fn connect_pg(&self) -> Result<PgRm, RmError> {
+        PgRm::with_config(self.name.clone(), self.config.clone())
+    }
+}
+
+impl RmFactory for PgFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn connect(&self) -> Result<Box<dyn ResourceManager>, RmError> {
+        Ok(Box::new(self.connect_pg()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabled_prepared_transactions_say_how_to_fix_it() {
+        let err = classify_error("pg-a", PgOp::Prepare, Some("55000"), "prepared transactions are disabled");
+        let RmError::RolledBack(message) = err else { panic!("expected RolledBack, got {err:?}") };
+        assert!(message.contains("pg-a"), "{message}");
+        assert!(
+            message.contains("set max_prepared_transactions > 0 in postgresql.conf and restart"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn errors_map_to_the_coordinator_kinds() {
+        let unknown = classify_error(
+            "a",
+            PgOp::CommitPrepared,
+            Some("42704"),
+            "prepared transaction with identifier \"decree:1::\" does not exist",
+        );
+        assert!(matches!(unknown, RmError::UnknownXid(_)), "{unknown:?}");
+        let io = classify_error("a", PgOp::CommitPrepared, None, "connection closed");
+        assert!(matches!(io, RmError::Unavailable(ref m) if m.starts_with("a: ")), "{io:?}");
+        let shutdown = classify_error("a", PgOp::Prepare, Some("57P01"), "terminating connection");
+        assert!(matches!(shutdown, RmError::Unavailable(_)), "{shutdown:?}");
+        let serialization = classify_error("a", PgOp::CommitOnePhase, Some("40001"), "could not serialize");
+        assert!(matches!(serialization, RmError::RolledBack(_)), "{serialization:?}");
+        let in_block = classify_error("a", PgOp::CommitPrepared, Some("25001"), "inside a block");
+        assert!(matches!(in_block, RmError::Protocol(_)), "{in_block:?}");
+        let busy = classify_error("a", PgOp::CommitPrepared, Some("55006"), "is busy");
+        assert!(matches!(busy, RmError::Unavailable(_)), "{busy:?}");
+    }
+
+    #[test]
+    fn dsn_errors_name_the_rm_and_addresses_hide_passwords() {
+        let err = PgFactory::new("ledger", "host=127.0.0.1 port=notaport").err().expect("bad port refused");
+        assert!(matches!(err, RmError::Protocol(ref m) if m.contains("ledger")), "{err:?}");
+        let factory = PgFactory::new("ledger", "host=10.1.2.3 port=6000 user=u password=secret dbname=d")
+            .expect("valid DSN");
+        assert_eq!(factory.address(), "PostgreSQL host=10.1.2.3 port=6000 dbname=d user=u");
+        assert!(!factory.address().contains("secret"));
+    }
+}
