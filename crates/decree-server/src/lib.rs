@@ -12,6 +12,7 @@
 //! Entry points: [`run`] / [`run_with`] block until SIGTERM or SIGINT (what `decree serve`
 //! calls); [`start`] returns a [`ServerHandle`] for tests and embedding.
 
+pub mod admin;
 pub mod config;
 mod connection;
 mod metrics;
