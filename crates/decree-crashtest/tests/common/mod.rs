@@ -1,0 +1,48 @@
+//! What the crash tests share: the test databases' DSNs and the CI rule for missing ones.
+//!
+//! Without DECREE_TEST_* the tests print "skipped" and pass, so that `cargo test` works on
+//! a laptop without databases; with CI=true a missing database is a failure, so that CI
+//! can never pass by skipping the crash proof.
+
+#![allow(dead_code)]
+
+use decree_crashtest::{BankConfig, PairKind};
+use rand::{Rng, SeedableRng};
+
+/// The databases of one pair, or None (after printing why) when the test must skip.
+pub fn bank_config(kind: PairKind, prefix: &str, accounts: u32) -> Option<BankConfig> {
+    let b_var = match kind {
+        PairKind::PgPg => "DECREE_TEST_PG_B",
+        PairKind::PgMariaDb => "DECREE_TEST_MARIADB",
+    };
+    let (a, b) = (std::env::var("DECREE_TEST_PG_A"), std::env::var(b_var));
+    match (a, b) {
+        (Ok(dsn_a), Ok(dsn_b)) => {
+            Some(BankConfig { kind, dsn_a, dsn_b, prefix: prefix.to_string(), accounts, balance_start: 1000 })
+        }
+        _ => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(
+                !ci,
+                "CI=true but DECREE_TEST_PG_A or {b_var} is not set: run scripts/test-dbs.sh start \
+                 and eval \"$(scripts/test-dbs.sh env)\""
+            );
+            eprintln!("skipped: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\"");
+            None
+        }
+    }
+}
+
+/// A seeded random source; the seed comes from `var` or the clock and is printed, so a
+/// failing run can be repeated.
+pub fn seeded_rng(var: &str) -> (u64, rand::rngs::StdRng) {
+    let seed =
+        std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| rand::thread_rng().gen());
+    eprintln!("seed {seed} (repeat with {var}={seed})");
+    (seed, rand::rngs::StdRng::seed_from_u64(seed))
+}
+
+/// A count from the environment, or `default`.
+pub fn env_count(var: &str, default: u64) -> u64 {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
