@@ -37,9 +37,9 @@ pub trait BenchTarget: Send + Sync {
 pub enum Mode {
     /// The coordinator and its log live in the benchmark process.
     Embedded,
-    /// A state server on a Unix socket (not wired yet).
+    /// A state server on a Unix socket.
     Unix,
-    /// A state server over TCP (not wired yet).
+    /// A state server over TCP.
     Tcp,
 }
 

@@ -2,9 +2,10 @@
 //!
 //! One [`TransactionManager`] over a fresh log per run, with `rms` dummy resource
 //! managers that answer at once, as in the LIXA benchmark. Each benchmark thread is one
-//! TX context: `open` connects to every dummy RM (tx_open), `begin` starts a global
-//! transaction on all of them, `commit` runs the two-phase commit (prepare both, append the
-//! decision durably, commit both, complete lazily), `close` disconnects. With two or more
+//! TX context ([`TmClient`], shared with the state-server modes): `open` opens every dummy
+//! RM (tx_open), `begin` starts a global transaction on all of them, `commit` runs the
+//! two-phase commit (prepare both, append the decision durably, commit both, complete
+//! lazily), `close` closes the RMs (tx_close). With two or more
 //! RMs every commit writes exactly one decision record, which [`BenchTarget::finish`]
 //! checks against the log's counters.
 
@@ -53,12 +54,7 @@ impl EmbeddedTarget {
 
 impl BenchTarget for EmbeddedTarget {
     fn client(&self, _thread: usize) -> Result<Box<dyn BenchClient>, BenchError> {
-        Ok(Box::new(EmbeddedClient {
-            tm: self.tm.clone(),
-            factories: self.factories.clone(),
-            context: None,
-            committed: self.committed.clone(),
-        }))
+        Ok(Box::new(TmClient::new(self.tm.clone(), self.factories.clone(), self.committed.clone())))
     }
 
     fn finish(&self) -> Result<(), BenchError> {
@@ -86,31 +82,62 @@ impl BenchTarget for EmbeddedTarget {
     }
 }
 
-struct EmbeddedClient {
+/// The TX calls over a coordinator: the client of the embedded and state-server modes.
+///
+/// The first `open` opens a [`TxContext`] (a coordinator session: one state-server
+/// connection in the remote modes); later cycles close and reopen only the resource
+/// managers ([`TxContext::close_keep_session`], [`TxContext::reopen`]), so xa_open and
+/// xa_close still run every cycle as in LIXA's workload, but nothing is allocated and no
+/// connection is made per cycle. Commits are counted locally and added to the target's
+/// total when the client is dropped (no shared cache line on the hot path).
+pub(crate) struct TmClient {
     tm: Arc<TransactionManager>,
     factories: Vec<DummyFactory>,
     context: Option<TxContext>,
+    open: bool,
+    committed_here: u64,
     committed: Arc<AtomicU64>,
+}
+
+impl TmClient {
+    /// A client of `tm` with one connection to each of `factories`, counting into `committed`.
+    pub(crate) fn new(
+        tm: Arc<TransactionManager>,
+        factories: Vec<DummyFactory>,
+        committed: Arc<AtomicU64>,
+    ) -> Self {
+        TmClient { tm, factories, context: None, open: false, committed_here: 0, committed }
+    }
+
+    fn context(&mut self, call: &str) -> Result<&mut TxContext, BenchError> {
+        match self.context.as_mut() {
+            Some(context) if self.open => Ok(context),
+            _ => Err(tm_error(call, "the TX context is not open")),
+        }
+    }
 }
 
 fn tm_error(call: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Client { context: call.into(), message: e.to_string() }
 }
 
-impl EmbeddedClient {
-    fn context(&mut self, call: &str) -> Result<&mut TxContext, BenchError> {
-        self.context.as_mut().ok_or_else(|| tm_error(call, "the TX context is not open"))
-    }
-}
-
-impl BenchClient for EmbeddedClient {
+impl BenchClient for TmClient {
     fn open(&mut self) -> Result<(), BenchError> {
-        if self.context.is_some() {
+        if self.open {
             return Err(tm_error("tx_open", "already open"));
         }
-        let rms: Vec<Box<dyn ResourceManager>> =
-            self.factories.iter().map(|f| Box::new(f.connection()) as Box<dyn ResourceManager>).collect();
-        self.context = Some(TxContext::open(&self.tm, rms).map_err(|e| tm_error("tx_open", e))?);
+        match self.context.as_mut() {
+            Some(context) => context.reopen().map_err(|e| tm_error("tx_open", e))?,
+            None => {
+                let rms: Vec<Box<dyn ResourceManager>> = self
+                    .factories
+                    .iter()
+                    .map(|f| Box::new(f.connection()) as Box<dyn ResourceManager>)
+                    .collect();
+                self.context = Some(TxContext::open(&self.tm, rms).map_err(|e| tm_error("tx_open", e))?);
+            }
+        }
+        self.open = true;
         Ok(())
     }
 
@@ -121,13 +148,26 @@ impl BenchClient for EmbeddedClient {
 
     fn commit(&mut self) -> Result<(), BenchError> {
         self.context("tx_commit")?.commit().map_err(|e| tm_error("tx_commit", e))?;
-        self.committed.fetch_add(1, Ordering::Relaxed);
+        self.committed_here += 1;
         Ok(())
     }
 
     fn close(&mut self) -> Result<(), BenchError> {
-        let mut context =
-            self.context.take().ok_or_else(|| tm_error("tx_close", "the TX context is not open"))?;
-        context.close().map_err(|e| tm_error("tx_close", e))
+        self.context("tx_close")?.close_keep_session().map_err(|e| tm_error("tx_close", e))?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for TmClient {
+    fn drop(&mut self) {
+        self.committed.fetch_add(self.committed_here, Ordering::Relaxed);
+        if let Some(mut context) = self.context.take() {
+            if self.open {
+                let _ = context.close_keep_session();
+            }
+            // Ends the coordinator session (the state-server connection) now, not later.
+            let _ = context.close();
+        }
     }
 }

@@ -43,9 +43,6 @@ pub enum BenchError {
         /// What the transaction manager said.
         message: String,
     },
-    /// The requested client mode is not wired yet.
-    #[error("mode {0} is not available yet: only --mode embedded is implemented (the state-server client lands later)")]
-    ModeUnavailable(String),
     /// Writing a chart failed.
     #[error("cannot draw chart {path}: {message}")]
     Chart {

@@ -9,7 +9,8 @@
 //!   thread count, reporting throughput and the latency the transaction manager adds.
 //!
 //! The transaction benchmark drives a [`client::BenchTarget`], so the embedded mode and
-//! the state-server modes share the workload, the statistics, the reports and the charts.
+//! the state-server modes ([`remote`]) share the workload, the statistics, the reports and
+//! the charts; [`rate`] is the fixed-rate variant of the workload.
 //! Nothing here asserts on speed; tests check that the counts add up.
 
 #![warn(missing_docs)]
@@ -19,6 +20,8 @@ pub mod client;
 pub mod embedded;
 pub mod error;
 pub mod log_bench;
+pub mod rate;
+pub mod remote;
 pub mod report;
 pub mod stats;
 pub mod think;

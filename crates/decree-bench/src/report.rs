@@ -140,6 +140,44 @@ pub fn bench_summary(points: &[BenchPoint]) -> String {
     out
 }
 
+/// The fixed-rate table, one line per run: target and achieved rate, commit latency from
+/// the scheduled time and the service time of tx_commit, in microseconds.
+pub fn rate_summary(points: &[BenchPoint]) -> String {
+    let mut out = format!(
+        "{:<12} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>10} {:>11} {:>11} {:>12}\n",
+        "engine",
+        "rpo_ms",
+        "threads",
+        "rate",
+        "achieved",
+        "p50_us",
+        "p99_us",
+        "p99.9_us",
+        "svc_p50_us",
+        "svc_p99_us",
+        "svc_p99.9_us"
+    );
+    for p in points {
+        let Some(r) = &p.rate else { continue };
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            p.engine,
+            p.rpo_ms,
+            p.threads,
+            r.rate_target,
+            r.rate_achieved,
+            r.commit_p50_us,
+            r.commit_p99_us,
+            r.commit_p999_us,
+            r.commit_service_p50_us,
+            r.commit_service_p99_us,
+            r.commit_service_p999_us
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

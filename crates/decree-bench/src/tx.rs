@@ -9,6 +9,8 @@
 
 use crate::client::{BenchTarget, Mode};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
+use crate::rate::Schedule;
+use crate::remote::{RemoteSpec, RemoteTarget};
 use crate::stats::{Latencies, Summary};
 use crate::think::ThinkRange;
 use crate::BenchError;
@@ -46,6 +48,9 @@ pub struct RunSpec {
     pub t2: ThinkRange,
     /// Seed of the think-time generators (thread i uses seed + i), for repeatable runs.
     pub seed: u64,
+    /// Fixed-rate mode: transactions per second over all threads (see [`crate::rate`]);
+    /// `None` runs every thread as fast as it can (saturation or think times).
+    pub rate: Option<f64>,
 }
 
 /// Per-call latencies of one run, merged over its threads.
@@ -61,6 +66,9 @@ pub struct RunLatencies {
     pub close: Latencies,
     /// open + begin + commit + close of each cycle.
     pub total: Latencies,
+    /// Fixed-rate mode only: from each commit's scheduled time to its end (includes the
+    /// time spent behind schedule, so coordinated omission does not hide stalls).
+    pub commit_scheduled: Latencies,
 }
 
 impl RunLatencies {
@@ -70,6 +78,7 @@ impl RunLatencies {
         self.commit.merge(&other.commit);
         self.close.merge(&other.close);
         self.total.merge(&other.total);
+        self.commit_scheduled.merge(&other.commit_scheduled);
     }
 }
 
@@ -97,15 +106,31 @@ impl RunResult {
     }
 }
 
+/// Cycles between two updates of the progress bar (it reads the clock on each update).
+const PROGRESS_EVERY: u64 = 256;
+
+/// Runs `call` and records its latency; returns the time it ended. The caller passes the
+/// time the call starts, usually the end of the previous call, so that a cycle without
+/// think times reads the clock five times, not eight.
 fn timed(
     latencies: &mut Latencies,
+    start: Instant,
     call: impl FnOnce() -> Result<(), BenchError>,
-) -> Result<Duration, BenchError> {
-    let start = Instant::now();
+) -> Result<(Duration, Instant), BenchError> {
     call()?;
-    let elapsed = start.elapsed();
+    let end = Instant::now();
+    let elapsed = end.saturating_duration_since(start);
     latencies.record(elapsed);
-    Ok(elapsed)
+    Ok((elapsed, end))
+}
+
+/// Thinks for a time drawn from `range`, then returns the time to start the next call from.
+fn think(range: &ThinkRange, rng: &mut rand::rngs::StdRng, now: Instant) -> Instant {
+    if range.is_zero() {
+        return now;
+    }
+    range.think(rng);
+    Instant::now()
 }
 
 fn thread_loop(
@@ -119,27 +144,45 @@ fn thread_loop(
     let mut client = target.client(index)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
     let mut lat = RunLatencies::default();
+    let mut schedule = match spec.rate {
+        Some(rate) => Some(Schedule::new(rate, spec.threads, index, start)?),
+        None => None,
+    };
     let mut cycles = 0u64;
+    let mut now = start;
     loop {
         let more = match spec.stop {
             Stop::Cycles(n) => cycles < n,
-            Stop::Duration(d) => start.elapsed() < d,
+            Stop::Duration(d) => now.saturating_duration_since(start) < d,
         };
         if !more || failed.load(Ordering::Relaxed) {
             break;
         }
-        spec.t1.think(&mut rng);
-        let open = timed(&mut lat.open, || client.open())?;
-        spec.t1.think(&mut rng);
-        let begin = timed(&mut lat.begin, || client.begin())?;
-        spec.t2.think(&mut rng);
-        let commit = timed(&mut lat.commit, || client.commit())?;
-        spec.t1.think(&mut rng);
-        let close = timed(&mut lat.close, || client.close())?;
+        now = think(&spec.t1, &mut rng, now);
+        let (open, now_open) = timed(&mut lat.open, now, || client.open())?;
+        now = think(&spec.t1, &mut rng, now_open);
+        let (begin, now_begin) = timed(&mut lat.begin, now, || client.begin())?;
+        now = think(&spec.t2, &mut rng, now_begin);
+        // In fixed-rate mode the commit is the scheduled event: it starts at its slot, or
+        // at once when the thread is behind; its latency is counted from the slot.
+        let scheduled = schedule.as_mut().map(|s| s.wait_next());
+        if scheduled.is_some() {
+            now = Instant::now();
+        }
+        let (commit, now_commit) = timed(&mut lat.commit, now, || client.commit())?;
+        if let Some(slot) = scheduled {
+            lat.commit_scheduled.record(now_commit.saturating_duration_since(slot));
+        }
+        now = think(&spec.t1, &mut rng, now_commit);
+        let (close, now_close) = timed(&mut lat.close, now, || client.close())?;
+        now = now_close;
         lat.total.record(open + begin + commit + close);
         cycles += 1;
-        progress.inc(1);
+        if cycles.is_multiple_of(PROGRESS_EVERY) {
+            progress.inc(PROGRESS_EVERY);
+        }
     }
+    progress.inc(cycles % PROGRESS_EVERY);
     Ok((cycles, lat))
 }
 
@@ -223,6 +266,49 @@ pub struct BenchSpec {
     pub dir: PathBuf,
     /// Seed of the think-time generators.
     pub seed: u64,
+    /// A running state server (`unix:/path` or `tcp:host:port`) for the unix and tcp
+    /// modes, instead of starting one per run.
+    pub connect: Option<String>,
+    /// Fixed-rate mode: transactions per second over all threads (no think times).
+    pub rate: Option<f64>,
+}
+
+/// The fixed-rate figures of a run (see [`crate::rate`] for the two latencies).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RatePoint {
+    /// The rate asked for, transactions per second.
+    pub rate_target: f64,
+    /// The rate achieved: completed cycles per second of wall time.
+    pub rate_achieved: f64,
+    /// Median commit latency from its scheduled time (coordinated-omission aware), in us.
+    pub commit_p50_us: f64,
+    /// 99th percentile of the same, in us.
+    pub commit_p99_us: f64,
+    /// 99.9th percentile of the same, in us.
+    pub commit_p999_us: f64,
+    /// Median service time of tx_commit (from the call's own start), in us.
+    pub commit_service_p50_us: f64,
+    /// 99th percentile of the service time, in us.
+    pub commit_service_p99_us: f64,
+    /// 99.9th percentile of the service time, in us.
+    pub commit_service_p999_us: f64,
+}
+
+impl RatePoint {
+    /// The fixed-rate figures of `run` at target `rate`.
+    pub fn new(rate: f64, run: &RunResult) -> Self {
+        let (scheduled, service) = (&run.latencies.commit_scheduled, &run.latencies.commit);
+        RatePoint {
+            rate_target: rate,
+            rate_achieved: run.tps(),
+            commit_p50_us: scheduled.quantile_us(0.50),
+            commit_p99_us: scheduled.quantile_us(0.99),
+            commit_p999_us: scheduled.quantile_us(0.999),
+            commit_service_p50_us: service.quantile_us(0.50),
+            commit_service_p99_us: service.quantile_us(0.99),
+            commit_service_p999_us: service.quantile_us(0.999),
+        }
+    }
 }
 
 /// One line of the report: one engine, RPO and thread count.
@@ -254,6 +340,9 @@ pub struct BenchPoint {
     pub close: Summary,
     /// Sum of the four per cycle.
     pub total: Summary,
+    /// Fixed-rate mode only.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RatePoint>,
 }
 
 impl BenchPoint {
@@ -273,6 +362,7 @@ impl BenchPoint {
             commit: run.latencies.commit.summary(),
             close: run.latencies.close.summary(),
             total: run.latencies.total.summary(),
+            rate: None,
         }
     }
 
@@ -334,8 +424,16 @@ pub(crate) fn fresh_dir(parent: &Path, name: &str) -> Result<PathBuf, BenchError
 
 /// Rejects a spec that cannot run, before any run starts.
 fn check(spec: &BenchSpec) -> Result<(), BenchError> {
-    if spec.mode != Mode::Embedded {
-        return Err(BenchError::ModeUnavailable(spec.mode.name().into()));
+    if spec.connect.is_some() && spec.mode == Mode::Embedded {
+        return Err(BenchError::Option("--connect needs --mode unix or --mode tcp".into()));
+    }
+    if let Some(rate) = spec.rate {
+        if !(rate.is_finite() && rate > 0.0 && rate <= crate::rate::RATE_MAX) {
+            return Err(BenchError::Option(format!(
+                "--rate {rate}: expected more than 0 and at most {}",
+                crate::rate::RATE_MAX
+            )));
+        }
     }
     if let Some(t) = spec.threads.iter().find(|&&t| t == 0 || t > THREADS_MAX) {
         return Err(BenchError::Option(format!("--threads {t}: expected 1 to {THREADS_MAX}")));
@@ -366,16 +464,21 @@ pub fn run_all(
                 progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads}"));
                 let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}"))?;
                 let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
-                let run_spec =
-                    RunSpec { threads, stop: spec.stop, t1: spec.t1, t2: spec.t2, seed: spec.seed };
-                // The target (log and coordinator) is dropped before its directory is removed.
-                let outcome = EmbeddedTarget::open(&config, spec.rms)
-                    .and_then(|target| run(&target, &run_spec, progress));
+                let (t1, t2) = match spec.rate {
+                    Some(_) => (ThinkRange::ZERO, ThinkRange::ZERO),
+                    None => (spec.t1, spec.t2),
+                };
+                let run_spec = RunSpec { threads, stop: spec.stop, t1, t2, seed: spec.seed, rate: spec.rate };
+                // The target (log, server and coordinator) is dropped before its directory
+                // is removed.
+                let outcome = run_target(spec, &config, &run_spec, progress);
                 let removed = std::fs::remove_dir_all(&dir);
                 match outcome {
-                    Ok(result) => report(Step::Measured(Box::new(BenchPoint::new(
-                        engine, rpo_ms, spec.mode, spec.rms, &result,
-                    )))),
+                    Ok(result) => {
+                        let mut point = BenchPoint::new(engine, rpo_ms, spec.mode, spec.rms, &result);
+                        point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
+                        report(Step::Measured(Box::new(point)))
+                    }
                     Err(e @ (BenchError::Option(_) | BenchError::Io { .. })) => return Err(e),
                     Err(e) => {
                         report(Step::Skipped(Skipped::new(engine, rpo_ms, threads, &e)));
@@ -388,6 +491,32 @@ pub fn run_all(
         }
     }
     Ok(())
+}
+
+/// Opens the target of `spec.mode` on the log `config` describes and runs one run on it.
+fn run_target(
+    spec: &BenchSpec,
+    config: &LogConfig,
+    run_spec: &RunSpec,
+    progress: &ProgressBar,
+) -> Result<RunResult, BenchError> {
+    match spec.mode {
+        Mode::Embedded => {
+            EmbeddedTarget::open(config, spec.rms).and_then(|target| run(&target, run_spec, progress))
+        }
+        Mode::Unix | Mode::Tcp => {
+            let remote = RemoteSpec {
+                mode: spec.mode,
+                connect: spec.connect.clone(),
+                rms: spec.rms,
+                threads: run_spec.threads,
+            };
+            let target = RemoteTarget::open(config, &remote)?;
+            let result = run(&target, run_spec, progress)?;
+            target.shutdown()?;
+            Ok(result)
+        }
+    }
 }
 
 #[cfg(test)]

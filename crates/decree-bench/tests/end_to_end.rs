@@ -25,6 +25,8 @@ fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>
         mode: Mode::Embedded,
         dir: dir.to_path_buf(),
         seed: 1,
+        connect: None,
+        rate: None,
     }
 }
 
@@ -75,6 +77,7 @@ fn run_records_one_sample_per_call_and_cycle() {
         t1: ThinkRange::from_us(10, 30),
         t2: ThinkRange::from_us(10, 30),
         seed: 9,
+        rate: None,
     };
     let result = tx::run(&target, &spec, &ProgressBar::hidden()).unwrap();
     assert_eq!(result.cycles, 21);
@@ -101,6 +104,7 @@ fn duration_stop_counts_match() {
         t1: ThinkRange::ZERO,
         t2: ThinkRange::ZERO,
         seed: 1,
+        rate: None,
     };
     let result = tx::run(&target, &spec, &ProgressBar::hidden()).unwrap();
     assert!(result.cycles > 0);
@@ -115,8 +119,14 @@ fn bad_thread_count_and_rms_are_errors() {
     assert!(EmbeddedTarget::open(&config, 0).is_err());
     assert!(EmbeddedTarget::open(&config, 1000).is_err());
     let target = EmbeddedTarget::open(&config, 2).unwrap();
-    let spec =
-        RunSpec { threads: 0, stop: Stop::Cycles(1), t1: ThinkRange::ZERO, t2: ThinkRange::ZERO, seed: 1 };
+    let spec = RunSpec {
+        threads: 0,
+        stop: Stop::Cycles(1),
+        t1: ThinkRange::ZERO,
+        t2: ThinkRange::ZERO,
+        seed: 1,
+        rate: None,
+    };
     assert!(tx::run(&target, &spec, &ProgressBar::hidden()).is_err());
     for broken in [
         BenchSpec { threads: vec![2, 0], ..bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]) },
@@ -127,10 +137,14 @@ fn bad_thread_count_and_rms_are_errors() {
         assert!(tx::run_all(&broken, &ProgressBar::hidden(), |_| reported += 1).is_err());
         assert_eq!(reported, 0, "a bad spec is rejected before any run");
     }
-    let mut unix = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]);
-    unix.mode = Mode::Unix;
-    let err = tx::run_all(&unix, &ProgressBar::hidden(), |_| {}).unwrap_err().to_string();
-    assert!(err.contains("not available yet"), "{err}");
+    let mut embedded_connect = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]);
+    embedded_connect.connect = Some("unix:/nonexistent.sock".into());
+    let err = tx::run_all(&embedded_connect, &ProgressBar::hidden(), |_| {}).unwrap_err().to_string();
+    assert!(err.contains("--connect needs --mode unix"), "{err}");
+    let mut negative_rate = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]);
+    negative_rate.rate = Some(-5.0);
+    let err = tx::run_all(&negative_rate, &ProgressBar::hidden(), |_| {}).unwrap_err().to_string();
+    assert!(err.contains("--rate -5"), "{err}");
 }
 
 #[test]
@@ -253,4 +267,45 @@ fn bench_log_rejects_bad_specs() {
     let mut spec = log_spec(dir.path(), vec![EngineKind::Volatile]);
     spec.threads = vec![0];
     assert!(log_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).is_err());
+}
+
+#[test]
+fn state_server_modes_count_every_commit_on_the_server() {
+    // run_all fails the run (a `failed` skip, which run_bench refuses) when the server's
+    // metrics do not show exactly one decision and one completion per commit.
+    let dir = tempfile::tempdir_in(".").unwrap();
+    for mode in [Mode::Unix, Mode::Tcp] {
+        let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
+        spec.mode = mode;
+        spec.stop = Stop::Cycles(10);
+        let (points, skipped) = run_bench(&spec);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(points.len(), 1);
+        assert_eq!((points[0].cycles, points[0].mode.as_str()), (20, mode.name()));
+    }
+}
+
+#[test]
+fn fixed_rate_counts_a_scheduled_latency_per_commit() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let config = LogConfig::new(dir.path().join("log"), EngineKind::Volatile, SyncPolicy::Immediate);
+    let target = EmbeddedTarget::open(&config, 2).unwrap();
+    let spec = RunSpec {
+        threads: 2,
+        stop: Stop::Duration(Duration::from_millis(500)),
+        t1: ThinkRange::ZERO,
+        t2: ThinkRange::ZERO,
+        seed: 1,
+        rate: Some(200.0),
+    };
+    let result = tx::run(&target, &spec, &ProgressBar::hidden()).unwrap();
+    // About 100 commits; loose bounds, the machine may be loaded.
+    assert!((10..=200).contains(&result.cycles), "{}", result.cycles);
+    assert!(result.tps() > 50.0, "{}", result.tps());
+    let lat = &result.latencies;
+    assert_eq!(lat.commit_scheduled.count(), result.cycles);
+    assert_eq!(lat.commit.count(), result.cycles);
+    let point = decree_bench::tx::RatePoint::new(200.0, &result);
+    assert!(point.commit_p50_us <= point.commit_p99_us && point.commit_p99_us <= point.commit_p999_us);
+    assert!(point.commit_p50_us >= point.commit_service_p50_us * 0.99, "{point:?}");
 }

@@ -49,9 +49,18 @@ pub struct Args {
     /// Recovery point objectives in milliseconds, comma-separated (0: sync before acking).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub rpo: Vec<u64>,
-    /// Where the transaction manager runs (only embedded is available so far).
+    /// Where the transaction manager's log lives: in-process (embedded), or a state server
+    /// over a Unix socket or TCP (started for each run unless --connect is given).
     #[arg(long, default_value = "embedded", value_parser = parse_mode)]
     pub mode: Mode,
+    /// A running state server for --mode unix|tcp (unix:/path or tcp:host:port); the
+    /// engine and RPO are then the server's own, whatever --engine and --rpo say.
+    #[arg(long)]
+    pub connect: Option<String>,
+    /// Fixed-rate mode: transactions per second over all threads, no think times; reports
+    /// commit latency percentiles from each commit's scheduled time and its service time.
+    #[arg(long, conflicts_with_all = ["t1", "t2", "workload"])]
+    pub rate: Option<f64>,
     /// Output format on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -91,15 +100,14 @@ impl Args {
             mode: self.mode,
             dir,
             seed: self.seed,
+            connect: self.connect.clone(),
+            rate: self.rate,
         }
     }
 }
 
 /// Runs the benchmark, printing each run as it ends, then draws the charts if asked.
 pub fn run(args: Args) -> CliResult {
-    if args.mode != Mode::Embedded {
-        return Err(decree_bench::BenchError::ModeUnavailable(args.mode.name().into()).into());
-    }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
     let combinations = (spec.engines.len() * spec.rpos_ms.len()) as u64;
@@ -108,15 +116,21 @@ pub fn run(args: Args) -> CliResult {
         Stop::Duration(d) => format!("{:.1} s per run", d.as_secs_f64()),
     };
     if args.format == Format::Table {
-        println!(
-            "decree bench: mode={} rms={} workload={} t1={} t2={} {}; latencies in microseconds",
-            spec.mode,
-            spec.rms,
-            args.workload.name(),
-            spec.t1,
-            spec.t2,
-            stop_text
-        );
+        match spec.rate {
+            Some(rate) => println!(
+                "decree bench: mode={} rms={} fixed rate {rate}/s over all threads, no think times, {};                  latencies in microseconds",
+                spec.mode, spec.rms, stop_text
+            ),
+            None => println!(
+                "decree bench: mode={} rms={} workload={} t1={} t2={} {}; latencies in microseconds",
+                spec.mode,
+                spec.rms,
+                args.workload.name(),
+                spec.t1,
+                spec.t2,
+                stop_text
+            ),
+        }
         println!("{}", report::bench_header());
     }
     let progress = progress_bar(match spec.stop {
@@ -154,6 +168,10 @@ pub fn run(args: Args) -> CliResult {
     if args.format == Format::Table {
         println!("\nsummary: throughput and total latency added by the TM");
         print!("{}", report::bench_summary(&points));
+        if spec.rate.is_some() {
+            println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
+            print!("{}", report::rate_summary(&points));
+        }
     }
     if let Some(path) = &args.chart {
         let title = format!("decree {} workload, {} mode, {} RMs", args.workload.name(), spec.mode, spec.rms);
@@ -217,9 +235,12 @@ mod tests {
         assert_eq!(spec.mode, Mode::Unix);
         assert_eq!(spec.rms, 3);
         assert_eq!(args.chart, Some(PathBuf::from("c.svg")));
-        // Not wired yet: a clear error, not a silent fallback.
-        let message = run(args).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(message.contains("not available yet"), "{message}");
+        assert_eq!(spec.connect, None);
+        assert_eq!(spec.rate, None);
+        let spec =
+            parse("decree bench --mode tcp --connect tcp:127.0.0.1:7411 --rate 10000").spec(PathBuf::new());
+        assert_eq!(spec.connect.as_deref(), Some("tcp:127.0.0.1:7411"));
+        assert_eq!(spec.rate, Some(10_000.0));
     }
 
     #[test]
@@ -230,6 +251,8 @@ mod tests {
             "decree bench --t2 9-1ms",
             "decree bench --mode pipe",
             "decree bench --cycles 10 --duration 2",
+            "decree bench --rate 100 --t1 0",
+            "decree bench --rate 100 --workload high",
         ] {
             assert!(Cli::try_parse_from(line.split_whitespace()).is_err(), "{line} should fail");
         }

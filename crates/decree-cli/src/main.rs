@@ -8,6 +8,8 @@
 mod bench;
 mod bench_log;
 mod common;
+mod recover;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -26,6 +28,10 @@ enum Command {
     Bench(bench::Args),
     /// Measure the log engines' durable appends against raw pwrite + fdatasync.
     BenchLog(bench_log::Args),
+    /// Run the state server (owns the decision log; clients connect over a Unix socket or TCP).
+    Serve(serve::Args),
+    /// Inspect and resolve in-doubt transactions by hand (the log's owner must be stopped).
+    Recover(recover::Args),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +39,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::BenchLog(args) => bench_log::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Recover(args) => recover::run(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

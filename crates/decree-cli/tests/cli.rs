@@ -59,12 +59,62 @@ fn bench_table_and_charts() {
 }
 
 #[test]
-fn unavailable_mode_and_bad_options_fail_clearly() {
+fn bad_options_fail_clearly() {
     let dir = tempfile::tempdir_in(".").unwrap();
-    let (ok, _, stderr) = decree(&["bench", "--mode", "tcp"], dir.path());
+    let (ok, _, stderr) = decree(&["bench", "--connect", "unix:/nonexistent/d.sock"], dir.path());
     assert!(!ok);
-    assert!(stderr.contains("mode tcp is not available yet"), "{stderr}");
+    assert!(stderr.contains("--connect needs --mode unix or --mode tcp"), "{stderr}");
     let (ok, _, stderr) = decree(&["bench", "--t1", "1000"], dir.path());
     assert!(!ok);
     assert!(stderr.contains("needs a unit"), "{stderr}");
+    let (ok, _, stderr) = decree(&["bench", "--rate", "0", "--cycles", "1"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("--rate 0"), "{stderr}");
+}
+
+/// Runs a tiny bench in `mode` and returns its one JSON line.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let args =
+        [&["bench", "--engine", "journal", "--rpo", "0", "--threads", "2", "--format", "json"][..], extra]
+            .concat();
+    let (ok, stdout, stderr) = decree(&args, dir.path());
+    assert!(ok, "decree {args:?} failed: {stderr}");
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "work directory left behind");
+    lines.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn bench_through_a_state_server_on_unix_and_tcp() {
+    // The bench checks itself, after each run, that the server made exactly one decision
+    // durable and completed exactly one transaction per commit (its metrics), and fails
+    // otherwise; here we check that the counts of the report add up.
+    for mode in ["unix", "tcp"] {
+        let line = bench_json(&["--mode", mode, "--cycles", "10", "--t1", "0", "--t2", "0"]);
+        assert_eq!(line["mode"], mode);
+        assert_eq!(line["cycles"].as_u64(), Some(20), "{line}");
+        assert!(line["tps"].as_f64().unwrap_or(0.0) > 0.0, "{line}");
+        assert!(line.get("commit_p50_us").is_none(), "no rate fields without --rate: {line}");
+    }
+}
+
+#[test]
+fn bench_at_a_fixed_rate() {
+    let line = bench_json(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
+    let cycles = line["cycles"].as_u64().unwrap_or(0);
+    // 200/s for 0.5 s is about 100; only a loose bound, the machine may be loaded.
+    assert!((10..=200).contains(&cycles), "{line}");
+    assert_eq!(line["rate_target"].as_f64(), Some(200.0));
+    assert!(line["rate_achieved"].as_f64().unwrap_or(0.0) > 50.0, "{line}");
+    let (p50, p99, p999) = (
+        line["commit_p50_us"].as_f64().unwrap_or(0.0),
+        line["commit_p99_us"].as_f64().unwrap_or(0.0),
+        line["commit_p999_us"].as_f64().unwrap_or(0.0),
+    );
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{line}");
+    // Counted from the scheduled time, a commit's latency is at least its service time.
+    assert!(p50 >= line["commit_service_p50_us"].as_f64().unwrap_or(f64::MAX) * 0.99, "{line}");
 }

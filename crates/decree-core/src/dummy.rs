@@ -229,7 +229,11 @@ struct Shared {
     prepared: Vec<Mutex<BranchTable>>,
     rules: Mutex<Arc<Vec<RuleState>>>,
     rules_version: AtomicU64,
+    /// Counters of the live connections; a connection folds its own into `retired` and
+    /// leaves this list when it is dropped, so the list follows the live connections.
     counters: Mutex<Vec<Arc<ConnCounters>>>,
+    /// Calls of connections already dropped (changed under the `counters` lock only).
+    retired: [AtomicU64; 9],
     connections: AtomicU64,
     history_max: usize,
     history: Mutex<HashMap<Xid, BranchOutcome>>,
@@ -278,6 +282,7 @@ impl DummyFactory {
             rules: Mutex::new(Arc::new(Vec::new())),
             rules_version: AtomicU64::new(0),
             counters: Mutex::new(Vec::new()),
+            retired: Default::default(),
             connections: AtomicU64::new(0),
             history_max: config.history_max,
             history: Mutex::new(HashMap::new()),
@@ -334,7 +339,11 @@ impl DummyFactory {
     /// Calls made so far, summed over all connections.
     pub fn counts(&self) -> CallCounts {
         let mut total = CallCounts::default();
-        for c in self.shared.counters.lock().iter() {
+        let live = self.shared.counters.lock();
+        for (t, v) in total.calls.iter_mut().zip(self.shared.retired.iter()) {
+            *t += v.load(Ordering::Relaxed);
+        }
+        for c in live.iter() {
             for (t, v) in total.calls.iter_mut().zip(c.calls.iter()) {
                 *t += v.load(Ordering::Relaxed);
             }
@@ -368,6 +377,19 @@ pub struct DummyRm {
     rng: StdRng,
     counters: Arc<ConnCounters>,
     broken: bool,
+}
+
+impl Drop for DummyRm {
+    fn drop(&mut self) {
+        // Under the lock, so that `counts` sees these calls exactly once.
+        let mut live = self.shared.counters.lock();
+        for (t, v) in self.shared.retired.iter().zip(self.counters.calls.iter()) {
+            t.fetch_add(v.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if let Some(i) = live.iter().position(|c| Arc::ptr_eq(c, &self.counters)) {
+            live.swap_remove(i);
+        }
+    }
 }
 
 /// What a call should do after the dice.
@@ -573,6 +595,24 @@ mod tests {
         assert!(matches!(a.commit(&xid(1), false), Err(RmError::UnknownXid(_))));
         assert_eq!(f.outcome(&xid(1)), Some(BranchOutcome::Committed));
         assert_eq!(f.counts().get(Call::Commit), 2);
+    }
+
+    #[test]
+    fn dropped_connections_keep_their_counts_and_leave_the_live_list() {
+        let f = DummyFactory::named("d", 0);
+        for n in 0..100 {
+            let mut c = f.connection();
+            c.open().unwrap();
+            c.prepare(&xid(n)).unwrap();
+            c.commit(&xid(n), false).unwrap();
+        }
+        let live = f.connection();
+        assert_eq!(f.shared.counters.lock().len(), 1, "only the live connection is listed");
+        let counts = f.counts();
+        assert_eq!((counts.get(Call::Open), counts.get(Call::Commit)), (100, 100));
+        drop(live);
+        assert_eq!(f.counts(), counts);
+        assert!(f.shared.counters.lock().is_empty());
     }
 
     #[test]

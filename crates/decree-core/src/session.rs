@@ -69,6 +69,8 @@ pub struct Session {
     acks: Vec<Option<Result<(), RmError>>>,
     decision: Decision,
     open: bool,
+    /// The connections were closed by `close_rms` while the session stays open.
+    rms_closed: bool,
 }
 
 impl Session {
@@ -123,6 +125,7 @@ impl Session {
                 branches: Vec::new(),
             },
             open: true,
+            rms_closed: false,
         })
     }
 
@@ -146,6 +149,11 @@ impl Session {
         self.open
     }
 
+    /// Whether the session is open but its connections were closed by [`Session::close_rms`].
+    pub fn rms_closed(&self) -> bool {
+        self.open && self.rms_closed
+    }
+
     /// Number of connections.
     pub fn rm_count(&self) -> usize {
         self.rms.len()
@@ -164,7 +172,7 @@ impl Session {
 
     /// Mints the next Xid; nothing durable is written (presumed abort).
     pub(crate) fn begin_xid(&mut self) -> Result<Xid, TmError> {
-        if !self.open {
+        if !self.open || self.rms_closed {
             return Err(TmError::Closed { call: "begin" });
         }
         if let Some(xid) = self.current {
@@ -478,7 +486,7 @@ impl Session {
     /// Replaces connection `index` by a new one from its factory (after the RM restarted
     /// or the connection broke); refused while a transaction is active.
     pub fn reconnect(&mut self, index: usize) -> Result<(), TmError> {
-        if !self.open {
+        if !self.open || self.rms_closed {
             return Err(TmError::Closed { call: "reconnect" });
         }
         if let Some(xid) = self.current {
@@ -519,6 +527,55 @@ impl Session {
             return Err(TmError::TransactionOpen { xid: Box::new(xid) });
         }
         self.open = false;
+        let first = if self.rms_closed { None } else { self.close_each_rm() };
+        self.rms_closed = false;
+        self.tm.store().close_session(self.id);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Closes every connection (XA xa_close) but keeps the session, its store session and
+    /// its buffers, so that [`Session::reopen_rms`] opens them again without allocating:
+    /// TX's tx_close followed by tx_open on the same thread, as in LIXA's benchmark loop.
+    /// Nothing can begin until the connections are reopened.
+    pub fn close_rms(&mut self) -> Result<(), TmError> {
+        if !self.open || self.rms_closed {
+            return Err(TmError::Closed { call: "close" });
+        }
+        if let Some(xid) = self.current {
+            return Err(TmError::TransactionOpen { xid: Box::new(xid) });
+        }
+        self.rms_closed = true;
+        self.close_each_rm().map_or(Ok(()), Err)
+    }
+
+    /// Opens again (XA xa_open) the connections closed by [`Session::close_rms`]; when one
+    /// fails, those already opened are closed again and the connections stay closed.
+    pub fn reopen_rms(&mut self) -> Result<(), TmError> {
+        if !self.open {
+            return Err(TmError::Closed { call: "open" });
+        }
+        if !self.rms_closed {
+            return Err(TmError::Config("the connections of this session are already open".into()));
+        }
+        for i in 0..self.rms.len() {
+            if let Err(cause) = self.rms[i].open() {
+                for rm in &mut self.rms[..i] {
+                    let _ = rm.close();
+                }
+                return Err(TmError::Rm {
+                    rm: self.rms[i].name().to_string(),
+                    call: "open",
+                    xid: None,
+                    cause,
+                });
+            }
+        }
+        self.rms_closed = false;
+        Ok(())
+    }
+
+    /// xa_close on every connection; the first error, if any.
+    fn close_each_rm(&mut self) -> Option<TmError> {
         let mut first = None;
         for rm in &mut self.rms {
             if let Err(cause) = rm.close() {
@@ -530,8 +587,7 @@ impl Session {
                 });
             }
         }
-        self.tm.store().close_session(self.id);
-        first.map_or(Ok(()), Err)
+        first
     }
 }
 

@@ -21,7 +21,7 @@ pub enum TxState {
     Idle,
     /// A transaction is begun.
     Active,
-    /// Closed: only `info` is allowed.
+    /// Closed: only `info` is allowed (and `reopen` after [`TxContext::close_keep_session`]).
     Closed,
 }
 
@@ -82,9 +82,23 @@ impl TxContext {
         self.session.close()
     }
 
+    /// tx_close that keeps the context for a later [`TxContext::reopen`]: every resource
+    /// manager is closed (xa_close), but the session, its store session (one state-server
+    /// connection) and its buffers stay, so a thread that loops on tx_open/tx_close
+    /// allocates nothing and opens no new connection to the coordinator per cycle.
+    pub fn close_keep_session(&mut self) -> Result<(), TmError> {
+        self.session.close_rms()
+    }
+
+    /// tx_open again after [`TxContext::close_keep_session`]: opens every resource manager
+    /// (xa_open) of the same session.
+    pub fn reopen(&mut self) -> Result<(), TmError> {
+        self.session.reopen_rms()
+    }
+
     /// The current transaction and state (tx_info).
     pub fn info(&self) -> TxInfo {
-        let state = match (self.session.is_open(), self.session.current()) {
+        let state = match (self.session.is_open() && !self.session.rms_closed(), self.session.current()) {
             (false, _) => TxState::Closed,
             (true, Some(_)) => TxState::Active,
             (true, None) => TxState::Idle,
@@ -106,5 +120,51 @@ impl TxContext {
     /// The session underneath (object API on the same connections).
     pub fn session_mut(&mut self) -> &mut Session {
         &mut self.session
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dummy::{Call, DummyFactory};
+    use crate::rm::RmFactory;
+    use crate::tm::TmConfig;
+    use crate::TmError;
+
+    #[test]
+    fn close_keep_session_closes_the_rms_and_reopen_opens_them_in_the_same_session() {
+        let (a, b) = (DummyFactory::named("a", 0), DummyFactory::named("b", 0));
+        let log: Arc<dyn decree_log::Log> = Arc::new(decree_log::engine::volatile::VolatileLog::new());
+        let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];
+        let tm = TransactionManager::embedded(log.clone(), TmConfig::default(), factories).unwrap();
+        let rms: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+        let mut tx = TxContext::open(&tm, rms).unwrap();
+        let session = tx.info().session;
+        tx.begin().unwrap();
+        assert!(matches!(tx.close_keep_session(), Err(TmError::TransactionOpen { .. })));
+        tx.commit().unwrap();
+        // Recovery at start may have opened and closed a connection of its own.
+        let (close0, open0) = (a.counts().get(Call::Close), a.counts().get(Call::Open));
+        for cycle in 1..=3u64 {
+            tx.close_keep_session().unwrap();
+            assert_eq!(tx.info().state, TxState::Closed);
+            assert!(matches!(tx.begin(), Err(TmError::Closed { call: "begin" })));
+            assert!(tx.close_keep_session().is_err(), "closing twice is refused");
+            tx.reopen().unwrap();
+            assert!(tx.reopen().is_err(), "opening twice is refused");
+            assert_eq!(tx.info(), TxInfo { xid: None, state: TxState::Idle, session });
+            let xid = tx.begin().unwrap();
+            assert_eq!(xid.origin().map(|o| o.session), Some(session));
+            tx.commit().unwrap();
+            assert_eq!(
+                (a.counts().get(Call::Close), a.counts().get(Call::Open)),
+                (close0 + cycle, open0 + cycle)
+            );
+        }
+        tx.close_keep_session().unwrap();
+        tx.close().unwrap();
+        // The final close does not close the RMs a second time.
+        assert_eq!(a.counts().get(Call::Close), close0 + 4);
+        assert_eq!(log.stats().records_appended, 4);
     }
 }
