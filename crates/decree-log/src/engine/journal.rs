@@ -15,8 +15,13 @@
 //! kill) and a syncer thread calls `fdatasync` every `d / 2`. On real files it writes by a
 //! memory copy into a shared mapping of the current segment: measured, one `pwrite` per
 //! append was the whole cost of a single appender (the ext4 buffered-write path), and
-//! `fdatasync` flushes pages dirtied through the mapping just the same. `complete` only frames a
-//! Completion record; it goes out with the next flush. A failed sync or write stops the
+//! `fdatasync` flushes pages dirtied through the mapping just the same. There,
+//! `append_with` leads the flush itself when no flush is in flight and the batch fits in
+//! the current segment (a memory copy, no disk IO), and calls its callback in the caller's
+//! thread: a hand-off to the flusher thread cost more than the write. When a rotation is
+//! due (it syncs), or the segment is not mapped, it falls back to the flusher. Under
+//! `Immediate` the flusher is woken once per request, not once per record. `complete`
+//! only frames a Completion record; it goes out with the next flush. A failed sync or write stops the
 //! log (fail-stop): the failing batch and every later call get the error, and syncs are
 //! never retried, because after a failed `fdatasync` the kernel may have dropped the data.
 //!
@@ -28,7 +33,11 @@
 //! checkpointed first: their transactions are copied into the new segment as a
 //! Completion followed by all their records, which keeps per-transaction order. Files
 //! are reused under new sequence numbers, so the directory holds the live range plus a
-//! few spare files. The on-disk layout is described in `journal/format.rs`, recovery
+//! few spare files. A spare-file thread keeps one free file ready (created, zero-filled,
+//! synced, directory entry synced) whenever none is free, so that a rotation only writes
+//! and syncs the new header instead of allocating 8 MiB on the commit path; at most one
+//! file more than before exists (two free files when a segment was freed during the
+//! preparation). The on-disk layout is described in `journal/format.rs`, recovery
 //! in `journal/recovery.rs`.
 
 mod format;
@@ -59,6 +68,8 @@ const PENDING_BYTES_MAX_CAP: usize = 1 << 20;
 const OVERFLOW_BATCHES_MAX: usize = 16;
 /// Buffered completions that make the flusher write them out without waiting for appends.
 const COMPLETION_FLUSH_BYTES: usize = 64 << 10;
+/// Pause before the spare-file thread tries again after failing to prepare a file.
+const SPARE_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// Where one record lives on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +159,8 @@ struct Writer {
     marker_scratch: Vec<u8>,
     /// Write batches through a shared mapping when the storage has real files (`Window`).
     use_map: bool,
+    /// Set at shutdown: the spare-file thread stops.
+    closing: bool,
 }
 
 fn write_error(path: &std::path::Path, err: std::io::Error) -> LogError {
@@ -414,23 +427,37 @@ impl Writer {
         }
     }
 
-    /// A file for the next segment: a free one, or a new pre-allocated one.
+    /// A file for the next segment: a free one (normally the spare the spare-file thread
+    /// keeps ready), or, when that thread fell behind, a new one prepared here.
     fn take_file(&mut self) -> Result<(PathBuf, Arc<dyn StorageFile>, u64), LogError> {
         if let Some(free) = self.free.pop() {
             return Ok((free.path, free.file, free.capacity));
         }
-        let path = self.dir.join(format::file_name(self.next_file_id));
+        let file_id = self.next_file_id;
         self.next_file_id += 1;
-        let file = self.storage.open(&path, true).map_err(|e| write_error(&path, e))?;
-        if let Err(e) = file.preallocate(self.segment_bytes) {
-            // A half-allocated file holds no header, so recovery would treat it as free;
-            // removing it gives the space back now.
-            let _ = self.storage.remove(&path);
-            return Err(write_error(&path, e));
-        }
-        self.storage.sync_dir(&self.dir).map_err(|e| sync_error(&self.dir, e))?;
-        Ok((path, file, self.segment_bytes))
+        let free = prepare_file(&*self.storage, &self.dir, file_id, self.segment_bytes)?;
+        Ok((free.path, free.file, free.capacity))
     }
+}
+
+/// Creates segment file `file_id`: pre-allocated, zero-filled and synced, its directory
+/// entry synced, so that a rotation into it only writes and syncs the new header.
+fn prepare_file(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    file_id: u64,
+    segment_bytes: u64,
+) -> Result<FreeFile, LogError> {
+    let path = dir.join(format::file_name(file_id));
+    let file = storage.open(&path, true).map_err(|e| write_error(&path, e))?;
+    if let Err(e) = file.preallocate(segment_bytes) {
+        // A half-allocated file holds no header, so recovery would treat it as free;
+        // removing it gives the space back now.
+        let _ = storage.remove(&path);
+        return Err(write_error(&path, e));
+    }
+    storage.sync_dir(dir).map_err(|e| sync_error(dir, e))?;
+    Ok(FreeFile { path, file, capacity: segment_bytes })
 }
 
 /// The shared state every caller locks briefly.
@@ -472,6 +499,8 @@ struct Shared {
     space_cv: Condvar,
     flusher_cv: Condvar,
     syncer_cv: Condvar,
+    /// Wakes the spare-file thread when a rotation took the last free file (waits on `writer`).
+    spare_cv: Condvar,
     writer: Mutex<Writer>,
     immediate: bool,
     pending_bytes_max: usize,
@@ -559,7 +588,12 @@ impl Shared {
             if buf.is_empty() && !sync {
                 return Ok(None);
             }
-            self.writer.lock().write_batch(&mut buf, &entries, hint, sync, &self.stats).map(Some)
+            let mut writer = self.writer.lock();
+            let written = writer.write_batch(&mut buf, &entries, hint, sync, &self.stats);
+            if writer.free.is_empty() {
+                self.spare_cv.notify_one();
+            }
+            written.map(Some)
         });
         let ok = result.is_ok();
         match result {
@@ -657,6 +691,15 @@ impl Shared {
         }
     }
 
+    /// Asks the flusher thread for a flush; it is woken once per request, not per record
+    /// (a flush in flight or an earlier request will pick the records up).
+    fn want_flusher(&self, st: &mut MutexGuard<'_, State>) {
+        if !st.flush_in_flight && !st.flusher_wanted {
+            st.flusher_wanted = true;
+            self.flusher_cv.notify_one();
+        }
+    }
+
     /// Blocks until `lsn` is acknowledged (or durable), leading flushes when none runs.
     fn wait_for(&self, st: &mut MutexGuard<'_, State>, lsn: u64, durable: bool) -> Result<(), LogError> {
         let batch = st.batch_no;
@@ -677,6 +720,52 @@ impl Shared {
         }
     }
 
+    /// Keeps one spare segment file ready, so that a rotation never creates, zero-fills
+    /// and syncs a file on the commit path. It only adds a file when none is free, so the
+    /// directory holds at most one file more than the segments in use and their recycled
+    /// files. Allocation failures (a full disk) are retried, rotation then prepares inline
+    /// and reports the error to the batch that needed the file.
+    fn spare_loop(&self) {
+        let mut writer = self.writer.lock();
+        loop {
+            if writer.closing {
+                return;
+            }
+            if !writer.free.is_empty() {
+                self.spare_cv.wait(&mut writer);
+                continue;
+            }
+            let file_id = writer.next_file_id;
+            writer.next_file_id += 1;
+            let (storage, dir, segment_bytes) =
+                (writer.storage.clone(), writer.dir.clone(), writer.segment_bytes);
+            let prepared =
+                MutexGuard::unlocked(&mut writer, || prepare_file(&*storage, &dir, file_id, segment_bytes));
+            match prepared {
+                Ok(file) => writer.free.push(file),
+                Err(err) => {
+                    tracing::warn!(%err, "journal: cannot prepare a spare segment file, retrying");
+                    self.spare_cv.wait_for(&mut writer, SPARE_RETRY_DELAY);
+                }
+            }
+        }
+    }
+
+    /// Whether the pending batch plus a frame of `frame` bytes can be written right now
+    /// without disk IO: no rotation needed, and the segment is mapped (a memory copy) or
+    /// simulated. Caller holds the state lock with no flush in flight, so no leader can
+    /// move the write position until it leads itself.
+    fn fits_without_io(&self, st: &State, frame: usize) -> bool {
+        let Some(writer) = self.writer.try_lock() else {
+            return false;
+        };
+        let need = (st.pending.len() + frame + if st.pending.is_empty() { MARKER_BYTES } else { 0 }) as u64;
+        writer.segments.back().is_some_and(|current| {
+            (current.map.is_some() || current.file.raw_fd().is_none())
+                && writer.pos + need <= current.capacity
+        })
+    }
+
     fn flusher_loop(&self) {
         let mut st = self.state.lock();
         loop {
@@ -690,6 +779,10 @@ impl Shared {
             if st.shutdown {
                 return;
             }
+            // A request seen during someone else's flush is that leader's to hand off: its
+            // `hand_off` wakes this thread again if records remain. Clearing it here keeps
+            // the flag meaning "a wake-up is on its way", which `want_flusher` relies on.
+            st.flusher_wanted = false;
             self.flusher_cv.wait(&mut st);
         }
     }
@@ -792,6 +885,7 @@ impl JournalLog {
             scratch: Vec::new(),
             marker_scratch: Vec::with_capacity(MARKER_BYTES),
             use_map: config.sync != SyncPolicy::Immediate,
+            closing: false,
         };
         for segment in recovery.segments {
             writer.segments.push_back(Segment {
@@ -850,6 +944,7 @@ impl JournalLog {
             space_cv: Condvar::new(),
             flusher_cv: Condvar::new(),
             syncer_cv: Condvar::new(),
+            spare_cv: Condvar::new(),
             writer: Mutex::new(writer),
             immediate,
             pending_bytes_max,
@@ -864,6 +959,13 @@ impl JournalLog {
             std::thread::Builder::new()
                 .name("decree-journal-flush".into())
                 .spawn(move || shared.flusher_loop())
+                .map_err(spawn_error)?,
+        );
+        let shared = log.shared.clone();
+        log.threads.push(
+            std::thread::Builder::new()
+                .name("decree-journal-spare".into())
+                .spawn(move || shared.spare_loop())
                 .map_err(spawn_error)?,
         );
         if let SyncPolicy::Window(window) = config.sync {
@@ -922,6 +1024,36 @@ impl Log for JournalLog {
         let shared = &*self.shared;
         let mut st = shared.state.lock();
         let frame = record::frame_len(payload.len()) + MARKER_BYTES;
+        if !shared.immediate
+            && st.stopped.is_none()
+            && !st.flush_in_flight
+            && st.overflow.is_empty()
+            && st.sync_wanted_lsn <= st.durable_lsn
+            && st.pending.len() + frame <= shared.pending_bytes_max
+            && shared.fits_without_io(&st, frame - MARKER_BYTES)
+        {
+            // Under a window the acknowledgement needs only the write, a memory copy here:
+            // lead the flush in this thread and call back, without a hand-off.
+            match shared.enqueue(
+                &mut st,
+                RecordKind::Data,
+                txn,
+                payload,
+                shared.pending_bytes_max,
+                WhenFull::Fail,
+            ) {
+                Ok(_) => {
+                    shared.stats.appended.fetch_add(1, Ordering::Relaxed);
+                    st.callbacks.push(done);
+                    shared.lead(&mut st, false);
+                }
+                Err(err) => {
+                    drop(st);
+                    done(Err(err));
+                }
+            }
+            return;
+        }
         if st.stopped.is_none()
             && (!st.overflow.is_empty() || st.pending.len() + frame > shared.pending_bytes_max)
         {
@@ -936,10 +1068,7 @@ impl Log for JournalLog {
             st.overflow_bytes += payload.len();
             st.overflow.push_back((txn, payload.to_vec(), done));
             shared.stats.appended.fetch_add(1, Ordering::Relaxed);
-            if !st.flush_in_flight {
-                st.flusher_wanted = true;
-                shared.flusher_cv.notify_one();
-            }
+            shared.want_flusher(&mut st);
             return;
         }
         match shared.enqueue(
@@ -953,10 +1082,7 @@ impl Log for JournalLog {
             Ok(_) => {
                 shared.stats.appended.fetch_add(1, Ordering::Relaxed);
                 st.callbacks.push(done);
-                if !st.flush_in_flight {
-                    st.flusher_wanted = true;
-                    shared.flusher_cv.notify_one();
-                }
+                shared.want_flusher(&mut st);
             }
             Err(err) => {
                 drop(st);
@@ -1023,6 +1149,11 @@ impl Drop for JournalLog {
             st.shutdown = true;
             self.shared.flusher_cv.notify_all();
             self.shared.syncer_cv.notify_all();
+        }
+        {
+            let mut writer = self.shared.writer.lock();
+            writer.closing = true;
+            self.shared.spare_cv.notify_all();
         }
         for thread in self.threads.drain(..) {
             let _ = thread.join();
