@@ -6,6 +6,7 @@ use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
 use decree_bench::client::Mode;
 use decree_bench::report;
+use decree_bench::rm_bench::{self, RmBenchSpec, RmStep};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_log::EngineKind;
@@ -22,13 +23,14 @@ close. Presets: t1 = 500-1500us always; t2 = 500-1500us (extreme), 5-15ms (high)
 subdirectory of --dir, removed afterwards; without --dir a temporary directory is made in the CURRENT \
 directory (not /tmp, often a tmpfs) and removed at the end.")]
 pub struct Args {
-    /// Thread counts, comma-separated; one run each.
-    #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
-    pub threads: Vec<usize>,
-    /// Cycles per thread (LIXA's lixat -C; its report used 1000).
-    #[arg(long, default_value_t = 500, conflicts_with = "duration")]
-    pub cycles: u64,
-    /// Run each thread count for this many seconds instead of a number of cycles.
+    /// Thread counts, comma-separated; one run each [default: 4,8,16,32; 1,4,16 with --rm postgres].
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
+    /// Cycles per thread (LIXA's lixat -C; its report used 1000) [default: 500].
+    #[arg(long, conflicts_with = "duration")]
+    pub cycles: Option<u64>,
+    /// Run each thread count for this many seconds instead of a number of cycles
+    /// [default with --rm postgres: 3].
     #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<Duration>,
     /// Think-time preset.
@@ -73,7 +75,34 @@ pub struct Args {
     /// Seed of the think-time generators.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Resource managers: dummy (the LIXA workload), or real databases given by two --dsn:
+    /// then each run compares decree 2PC against two independent local commits.
+    #[arg(long, value_enum, default_value_t = RmChoice::Dummy)]
+    pub rm: RmChoice,
+    /// Database DSN for --rm postgres|mariadb; give it twice (A, then B).
+    #[arg(long)]
+    pub dsn: Vec<String>,
 }
+
+/// Which resource managers `decree bench` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RmChoice {
+    /// Dummy RMs that answer at once (the LIXA workload).
+    Dummy,
+    /// Two PostgreSQL databases.
+    Postgres,
+    /// Two MariaDB databases (not implemented yet).
+    Mariadb,
+}
+
+/// Thread counts when --threads is not given, in the dummy mode.
+const THREADS_DEFAULT: [usize; 4] = [4, 8, 16, 32];
+/// Thread counts when --threads is not given, with real databases.
+const RM_THREADS_DEFAULT: [usize; 3] = [1, 4, 16];
+/// Cycles per thread when neither --cycles nor --duration is given (dummy mode).
+const CYCLES_DEFAULT: u64 = 500;
+/// Seconds per run when neither --cycles nor --duration is given, with real databases.
+const RM_DURATION_DEFAULT: Duration = Duration::from_secs(3);
 
 fn parse_workload(text: &str) -> Result<Workload, String> {
     text.parse().map_err(|e: decree_bench::BenchError| e.to_string())
@@ -89,10 +118,10 @@ impl Args {
         BenchSpec {
             engines: self.engine.clone(),
             rpos_ms: self.rpo.clone(),
-            threads: self.threads.clone(),
+            threads: self.threads.clone().unwrap_or_else(|| THREADS_DEFAULT.to_vec()),
             stop: match self.duration {
                 Some(d) => Stop::Duration(d),
-                None => Stop::Cycles(self.cycles),
+                None => Stop::Cycles(self.cycles.unwrap_or(CYCLES_DEFAULT)),
             },
             t1: self.t1.unwrap_or_else(|| self.workload.t1()),
             t2: self.t2.unwrap_or_else(|| self.workload.t2()),
@@ -104,10 +133,90 @@ impl Args {
             rate: self.rate,
         }
     }
+
+    /// The real-database benchmark these arguments describe, with its logs under `dir`;
+    /// options that only the dummy workload understands are refused.
+    pub fn rm_spec(&self, dir: PathBuf) -> Result<RmBenchSpec, String> {
+        if self.rm == RmChoice::Mariadb {
+            return Err("--rm mariadb is not implemented yet; use --rm postgres or --rm dummy".into());
+        }
+        let [dsn_a, dsn_b] = <[String; 2]>::try_from(self.dsn.clone()).map_err(|dsns| {
+            format!("--rm postgres needs exactly two --dsn (database A, then B), got {}", dsns.len())
+        })?;
+        if self.mode != Mode::Embedded || self.connect.is_some() {
+            return Err("--rm postgres runs the coordinator embedded: drop --mode and --connect".into());
+        }
+        if self.rate.is_some() || self.chart.is_some() {
+            return Err("--rate and --chart are not supported with --rm postgres".into());
+        }
+        let [engine] = self.engine[..] else {
+            return Err("--rm postgres takes one --engine".into());
+        };
+        let [rpo_ms] = self.rpo[..] else {
+            return Err("--rm postgres takes one --rpo".into());
+        };
+        Ok(RmBenchSpec {
+            dsn_a,
+            dsn_b,
+            table: rm_bench::TABLE_DEFAULT.into(),
+            accounts: rm_bench::ACCOUNTS_DEFAULT,
+            threads: self.threads.clone().unwrap_or_else(|| RM_THREADS_DEFAULT.to_vec()),
+            stop: match (self.duration, self.cycles) {
+                (Some(d), _) => Stop::Duration(d),
+                (None, Some(n)) => Stop::Cycles(n),
+                (None, None) => Stop::Duration(RM_DURATION_DEFAULT),
+            },
+            engine,
+            rpo_ms,
+            dir,
+            seed: self.seed,
+            node: rm_bench::node_id(),
+        })
+    }
+}
+
+/// The real-database benchmark: per thread count, independent commits, then decree 2PC,
+/// then their ratio; each printed as soon as it is known.
+fn run_rm(args: Args) -> CliResult {
+    let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
+    let spec = args.rm_spec(work.path())?;
+    if args.format == Format::Table {
+        let stop = match spec.stop {
+            Stop::Cycles(n) => format!("{n} transfers per thread"),
+            Stop::Duration(d) => format!("{:.1} s per run", d.as_secs_f64()),
+        };
+        println!(
+            "decree bench --rm postgres: table {} ({} accounts per database), engine={} rpo={}ms, {stop}; \
+             commit latency (p50/p95/p99) and whole transfer (xfer) in microseconds",
+            spec.table, spec.accounts, spec.engine, spec.rpo_ms
+        );
+        println!("{}", rm_bench::table_header());
+    }
+    let progress = progress_bar(None);
+    let outcome = rm_bench::run_all(&spec, &progress, |step| {
+        progress.suspend(|| match (step, args.format) {
+            (RmStep::Measured(p), Format::Table) => println!("{}", rm_bench::table_row(&p)),
+            (RmStep::Measured(p), Format::Json) => println!("{}", rm_bench::point_json(&p)),
+            (RmStep::Ratio(r), Format::Table) => println!("{}", rm_bench::ratio_line(&r)),
+            (RmStep::Ratio(r), Format::Json) => println!("{}", rm_bench::ratio_json(&r)),
+        })
+    });
+    progress.finish_and_clear();
+    outcome?;
+    if args.format == Format::Table {
+        println!("no decree branch left prepared in either database");
+    }
+    Ok(())
 }
 
 /// Runs the benchmark, printing each run as it ends, then draws the charts if asked.
 pub fn run(args: Args) -> CliResult {
+    if args.rm != RmChoice::Dummy {
+        return run_rm(args);
+    }
+    if !args.dsn.is_empty() {
+        return Err("--dsn needs --rm postgres".into());
+    }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
     let combinations = (spec.engines.len() * spec.rpos_ms.len()) as u64;
@@ -241,6 +350,32 @@ mod tests {
             parse("decree bench --mode tcp --connect tcp:127.0.0.1:7411 --rate 10000").spec(PathBuf::new());
         assert_eq!(spec.connect.as_deref(), Some("tcp:127.0.0.1:7411"));
         assert_eq!(spec.rate, Some(10_000.0));
+    }
+
+    #[test]
+    fn rm_postgres_defaults_and_refusals() {
+        let spec = parse("decree bench --rm postgres --dsn host=a --dsn host=b")
+            .rm_spec(PathBuf::from("d"))
+            .expect("valid");
+        assert_eq!((spec.dsn_a.as_str(), spec.dsn_b.as_str()), ("host=a", "host=b"));
+        assert_eq!(spec.threads, vec![1, 4, 16]);
+        assert_eq!(spec.stop, Stop::Duration(Duration::from_secs(3)));
+        assert_eq!((spec.engine, spec.rpo_ms), (EngineKind::Journal, 0));
+        let spec = parse("decree bench --rm postgres --dsn a --dsn b --threads 2 --cycles 20 --rpo 5")
+            .rm_spec(PathBuf::new())
+            .expect("valid");
+        assert_eq!((spec.threads, spec.stop, spec.rpo_ms), (vec![2], Stop::Cycles(20), 5));
+        for (line, says) in [
+            ("decree bench --rm postgres --dsn a", "exactly two --dsn"),
+            ("decree bench --rm postgres --dsn a --dsn b --dsn c", "exactly two --dsn"),
+            ("decree bench --rm mariadb --dsn a --dsn b", "not implemented yet"),
+            ("decree bench --rm postgres --dsn a --dsn b --mode unix", "embedded"),
+            ("decree bench --rm postgres --dsn a --dsn b --rpo 0,10", "one --rpo"),
+        ] {
+            let err = parse(line).rm_spec(PathBuf::new()).expect_err(line);
+            assert!(err.contains(says), "{line}: {err}");
+        }
+        assert!(Cli::try_parse_from("decree bench --rm oracle".split_whitespace()).is_err());
     }
 
     #[test]
