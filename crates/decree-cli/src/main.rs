@@ -35,6 +35,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Printing to a closed pipe (`decree bench | head`) should end the program quietly, as
+    // other command-line tools do, rather than panic inside `println!`.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(args),
