@@ -118,3 +118,43 @@ fn bench_at_a_fixed_rate() {
     // Counted from the scheduled time, a commit's latency is at least its service time.
     assert!(p50 >= line["commit_service_p50_us"].as_f64().unwrap_or(f64::MAX) * 0.99, "{line}");
 }
+
+/// `decree recover` is wired to the admin library: an empty log lists nothing, a string that
+/// is not a decree Xid is refused naming it, and a log whose owner is running is refused with
+/// the message that says to stop it first (the bug guarded against: an operator resolving
+/// transactions behind the back of a live coordinator).
+#[test]
+fn recover_lists_refuses_bad_xids_and_live_owners() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    let config = dir.path().join("decree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node = 3\nlog_dir = {:?}\nengine = \"journal\"\nrpo_ms = 0\nunix = {:?}\n",
+            log_dir.display().to_string(),
+            dir.path().join("decree.sock").display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+
+    let (ok, stdout, stderr) = decree(&["recover", "--config", &config, "list"], dir.path());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("no in-doubt transactions"), "{stdout}");
+
+    let (ok, _, stderr) = decree(&["recover", "--config", &config, "commit", "not-an-xid"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("not-an-xid") && stderr.contains("not a decree Xid"), "{stderr}");
+
+    let owner = decree_log::open(&decree_log::LogConfig::new(
+        &log_dir,
+        decree_log::EngineKind::Journal,
+        decree_log::SyncPolicy::Immediate,
+    ))
+    .expect("the test takes the log as a running owner would");
+    let (ok, _, stderr) = decree(&["recover", "--config", &config, "list"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("in use by a running decree process"), "{stderr}");
+    drop(owner);
+}
