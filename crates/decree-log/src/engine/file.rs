@@ -18,8 +18,8 @@
 //! (so each transaction keeps its append order) and new sequence numbers continue after the
 //! largest name found, so a name is never reused. A failed sync stops the log (fail-stop).
 
-use crate::engine::owner;
 use crate::engine::slots::worker::{FailStop, Flusher, WritePool};
+use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
 use crate::record::{self, Decoded, RecordKind};
 use crate::{DurableCallback, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey};
@@ -67,10 +67,7 @@ struct Inner {
     /// Paths of files written but not yet synced (rpo=N only), at most `PENDING_MAX`; paths
     /// rather than open handles, so that a burst of appends cannot exhaust descriptors.
     pending: Mutex<Vec<PathBuf>>,
-    appended: AtomicU64,
-    completed: AtomicU64,
-    flushes: AtomicU64,
-    bytes_written: AtomicU64,
+    stats: StatCounters,
     /// Creations and removals so far, and the count the last directory sync covered.
     changes: AtomicU64,
     synced_changes: AtomicU64,
@@ -193,10 +190,7 @@ impl FileLog {
             recovered: Mutex::new(Some(recovered)),
             incarnation,
             pending: Mutex::new(Vec::new()),
-            appended: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
+            stats: StatCounters::default(),
             changes: AtomicU64::new(0),
             synced_changes: AtomicU64::new(0),
         });
@@ -252,11 +246,11 @@ impl Inner {
                 return Err(LogError::io(&path, e));
             }
         };
-        self.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::AcqRel);
         // Registered only once written, so a concurrent complete() removes whole files.
         self.live[live_shard(txn)].lock().entry(txn).or_default().push(sequence);
-        self.appended.fetch_add(1, Ordering::Relaxed);
+        self.stats.appended.fetch_add(1, Ordering::Relaxed);
         Ok((path, file))
     }
 
@@ -265,10 +259,10 @@ impl Inner {
         let changes = self.changes.load(Ordering::Acquire);
         for file in files {
             file.sync_data().map_err(|e| self.sync_failed(&self.dir, e))?;
-            self.flushes.fetch_add(1, Ordering::Relaxed);
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         }
         self.storage.sync_dir(&self.dir).map_err(|e| self.sync_failed(&self.dir, e))?;
-        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         // Another thread's failed sync may have consumed the error our pages caused.
         self.fail.check()?;
         self.synced_changes.fetch_max(changes, Ordering::AcqRel);
@@ -386,7 +380,7 @@ impl Log for FileLog {
             }
             inner.changes.fetch_add(1, Ordering::AcqRel);
         }
-        inner.completed.fetch_add(1, Ordering::Relaxed);
+        inner.stats.completions.fetch_add(1, Ordering::Relaxed);
         result
     }
 
@@ -403,13 +397,7 @@ impl Log for FileLog {
     }
 
     fn stats(&self) -> LogStats {
-        let inner = &*self.inner;
-        LogStats {
-            records_appended: inner.appended.load(Ordering::Relaxed),
-            completions: inner.completed.load(Ordering::Relaxed),
-            flushes: inner.flushes.load(Ordering::Relaxed),
-            bytes_written: inner.bytes_written.load(Ordering::Relaxed),
-        }
+        self.inner.stats.snapshot()
     }
 }
 

@@ -43,7 +43,7 @@
 mod format;
 mod recovery;
 
-use crate::engine::owner;
+use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
 use crate::record::{self, Decoded, RecordKind, HEADER_BYTES};
 use crate::{DurableCallback, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey};
@@ -53,7 +53,7 @@ use recovery::FreeFile;
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -120,14 +120,6 @@ struct Segment {
     capacity: u64,
     live_records: u64,
     live_bytes: u64,
-}
-
-#[derive(Default)]
-struct Stats {
-    appended: AtomicU64,
-    completions: AtomicU64,
-    flushes: AtomicU64,
-    bytes_written: AtomicU64,
 }
 
 /// What a flush did, for the state the syncer and later batches read.
@@ -214,7 +206,7 @@ impl Writer {
         entries: &[Entry],
         synced_hint: (u64, u64),
         sync: bool,
-        stats: &Stats,
+        stats: &StatCounters,
     ) -> Result<Written, LogError> {
         let mut earlier_durable = false;
         if let Some(current) = self.segments.back() {
@@ -282,7 +274,7 @@ impl Writer {
 
     /// Closes the current segment (synced in full) and starts the next one, dropping old
     /// segments without live records and checkpointing those with few.
-    fn rotate(&mut self, need: u64, stats: &Stats) -> Result<(), LogError> {
+    fn rotate(&mut self, need: u64, stats: &StatCounters) -> Result<(), LogError> {
         if let Some(current) = self.segments.back() {
             if self.synced < self.pos {
                 current.file.sync_data().map_err(|e| sync_error(&current.path, e))?;
@@ -505,7 +497,7 @@ struct Shared {
     immediate: bool,
     pending_bytes_max: usize,
     record_bytes_max: usize,
-    stats: Stats,
+    stats: StatCounters,
 }
 
 /// What an appender does when the pending buffer is full.
@@ -905,7 +897,7 @@ impl JournalLog {
                 recovered.push(LiveRecord { txn: txn.txn, payload });
             }
         }
-        let stats = Stats::default();
+        let stats = StatCounters::default();
         writer.rotate(0, &stats)?;
         assert!(writer.pos >= SEGMENT_HEADER_BYTES as u64);
         let current = writer.segments.back().expect("open starts a segment");
@@ -1132,13 +1124,7 @@ impl Log for JournalLog {
     }
 
     fn stats(&self) -> LogStats {
-        let stats = &self.shared.stats;
-        LogStats {
-            records_appended: stats.appended.load(Ordering::Relaxed),
-            completions: stats.completions.load(Ordering::Relaxed),
-            flushes: stats.flushes.load(Ordering::Relaxed),
-            bytes_written: stats.bytes_written.load(Ordering::Relaxed),
-        }
+        self.shared.stats.snapshot()
     }
 }
 

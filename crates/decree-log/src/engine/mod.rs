@@ -8,7 +8,30 @@ pub mod volatile;
 
 use crate::io::{StdStorage, Storage};
 use crate::{EngineKind, Log, LogConfig, LogError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// The totals behind [`Log::stats`], kept the same way by every engine (relaxed atomics:
+/// they are reports, not synchronisation).
+#[derive(Debug, Default)]
+pub(crate) struct StatCounters {
+    pub(crate) appended: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+}
+
+impl StatCounters {
+    /// The totals as [`crate::LogStats`].
+    pub(crate) fn snapshot(&self) -> crate::LogStats {
+        crate::LogStats {
+            records_appended: self.appended.load(Ordering::Relaxed),
+            completions: self.completions.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// Opens the engine named in `config` on the real file system, holding the directory lock
 /// for as long as the returned log lives.

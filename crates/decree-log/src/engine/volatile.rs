@@ -3,6 +3,7 @@
 //! It is the upper bound of every benchmark (no disk at all) and a fast log for tests of
 //! the layers above. Nothing survives the process, so `take_recovered` is always empty.
 
+use crate::engine::StatCounters;
 use crate::{DurableCallback, LiveRecord, Log, LogError, LogStats, TxnKey};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,8 +16,7 @@ const SHARDS: usize = 64;
 pub struct VolatileLog {
     shards: Vec<Mutex<HashMap<TxnKey, Vec<Vec<u8>>>>>,
     incarnation: u64,
-    appended: AtomicU64,
-    completed: AtomicU64,
+    stats: StatCounters,
 }
 
 impl Default for VolatileLog {
@@ -35,8 +35,7 @@ impl VolatileLog {
         VolatileLog {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             incarnation,
-            appended: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
+            stats: StatCounters::default(),
         }
     }
 
@@ -53,7 +52,7 @@ impl VolatileLog {
 impl Log for VolatileLog {
     fn append(&self, txn: TxnKey, payload: &[u8]) -> Result<(), LogError> {
         self.shard(txn).lock().entry(txn).or_default().push(payload.to_vec());
-        self.appended.fetch_add(1, Ordering::Relaxed);
+        self.stats.appended.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn append_with(&self, txn: TxnKey, payload: &[u8], done: DurableCallback) {
@@ -61,7 +60,7 @@ impl Log for VolatileLog {
     }
     fn complete(&self, txn: TxnKey) -> Result<(), LogError> {
         self.shard(txn).lock().remove(&txn);
-        self.completed.fetch_add(1, Ordering::Relaxed);
+        self.stats.completions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn take_recovered(&self) -> Vec<LiveRecord> {
@@ -74,11 +73,6 @@ impl Log for VolatileLog {
         Ok(())
     }
     fn stats(&self) -> LogStats {
-        LogStats {
-            records_appended: self.appended.load(Ordering::Relaxed),
-            completions: self.completed.load(Ordering::Relaxed),
-            flushes: 0,
-            bytes_written: 0,
-        }
+        self.stats.snapshot()
     }
 }

@@ -47,7 +47,7 @@ pub(crate) mod worker;
 use self::allocator::FreeSlots;
 use self::layout::{SlotContent, HEADER_AREA_BYTES, SLOTS_FILE, SLOT_OVERHEAD_BYTES};
 use self::worker::{FailStop, Flusher, WritePool};
-use crate::engine::owner;
+use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
 use crate::{
     DurableCallback, EngineKind, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey,
@@ -119,10 +119,7 @@ struct Inner {
     fail: FailStop,
     recovered: Mutex<Option<Vec<LiveRecord>>>,
     incarnation: u64,
-    appended: AtomicU64,
-    completed: AtomicU64,
-    flushes: AtomicU64,
-    bytes_written: AtomicU64,
+    stats: StatCounters,
     /// Writes (records and completions) so far; `synced_changes` is the count a finished
     /// whole-file sync covered, so the rpo=N flusher skips syncs when nothing changed.
     changes: AtomicU64,
@@ -298,10 +295,7 @@ impl SlotsLog {
             fail: FailStop::default(),
             recovered: Mutex::new(Some(recovered)),
             incarnation,
-            appended: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
+            stats: StatCounters::default(),
             changes: AtomicU64::new(0),
             synced_changes: AtomicU64::new(0),
         });
@@ -421,7 +415,7 @@ impl Inner {
             }
             None => self.file.write_all_at(bytes, offset),
         }?;
-        self.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -462,7 +456,7 @@ impl Inner {
         let entry = shard.entry(txn).or_insert(TxnSlots { head, slots: Vec::new() });
         entry.slots.push((slot, head == sequence));
         drop(shard);
-        self.appended.fetch_add(1, Ordering::Relaxed);
+        self.stats.appended.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -474,7 +468,7 @@ impl Inner {
         for &slot in slots {
             let offset = self.slot_offset(slot) as usize;
             map.flush_range(offset, self.slot_bytes).map_err(|e| self.fail.fail(&self.path, &e))?;
-            self.flushes.fetch_add(1, Ordering::Relaxed);
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         }
         // A concurrent sync may have failed and consumed the kernel's error report for pages
         // this sync also needed (fsyncgate): trust the latch over our own success.
@@ -504,7 +498,7 @@ impl Inner {
             None => self.file.sync_data(),
         }
         .map_err(|e| self.fail.fail(&self.path, &e))?;
-        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         self.fail.check()?;
         self.durable_mark.fetch_max(ticket + 1, Ordering::SeqCst);
         self.synced_changes.fetch_max(changes, Ordering::SeqCst);
@@ -638,7 +632,7 @@ impl Log for SlotsLog {
                 }
             }
         }
-        inner.completed.fetch_add(1, Ordering::Relaxed);
+        inner.stats.completions.fetch_add(1, Ordering::Relaxed);
         result
     }
 
@@ -655,13 +649,7 @@ impl Log for SlotsLog {
     }
 
     fn stats(&self) -> LogStats {
-        let inner = &*self.inner;
-        LogStats {
-            records_appended: inner.appended.load(Ordering::Relaxed),
-            completions: inner.completed.load(Ordering::Relaxed),
-            flushes: inner.flushes.load(Ordering::Relaxed),
-            bytes_written: inner.bytes_written.load(Ordering::Relaxed),
-        }
+        self.inner.stats.snapshot()
     }
 }
 
