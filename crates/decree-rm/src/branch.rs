@@ -7,6 +7,24 @@
 //! from any connection). Invariant: at most one branch per connection, as in XA.
 
 use decree_core::{RmError, Xid};
+use parking_lot::{Mutex, MutexGuard};
+
+/// Takes a connection shared by the RM value and the application's handle without waiting:
+/// the coordinator and the application take turns on one connection, so a held lock means a
+/// client guard was kept across a coordinator call, which is a usage error to report, not
+/// something to wait for (waiting would deadlock the thread that holds the guard).
+pub(crate) fn lock_connection<'a, C>(
+    name: &str,
+    shared: &'a Mutex<C>,
+    op: &str,
+) -> Result<MutexGuard<'a, C>, RmError> {
+    shared.try_lock().ok_or_else(|| {
+        RmError::Protocol(format!(
+            "{name}: {op}: the connection is in use (a client guard is still alive or another \
+             thread holds it); drop the client guard before calling the coordinator"
+        ))
+    })
+}
 
 /// The branch a connection is associated with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,7 +38,7 @@ use mysql::prelude::Queryable;
 use mysql::{Conn, Opts, OptsBuilder};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
-use crate::branch::BranchState;
+use crate::branch::{lock_connection, BranchState};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -507,21 +507,8 @@ impl XaConnection {
 /// `rollback`), which then uses the same connection and refuses to wait for it.
 pub type MariaDbClient<'a> = MappedMutexGuard<'a, Conn>;
 
-fn lock<'a>(
-    name: &str,
-    shared: &'a Mutex<XaConnection>,
-    op: &str,
-) -> Result<MutexGuard<'a, XaConnection>, RmError> {
-    shared.try_lock().ok_or_else(|| {
-        RmError::Protocol(format!(
-            "{name}: {op}: the connection is in use (a client guard is still alive or another \
-             thread holds it); drop the client guard before calling the coordinator"
-        ))
-    })
-}
-
 fn lock_client<'a>(name: &str, shared: &'a Mutex<XaConnection>) -> Result<MariaDbClient<'a>, RmError> {
-    let mut guard = lock(name, shared, "client")?;
+    let mut guard = lock_connection(name, shared, "client")?;
     guard.client_for_application()?;
     MutexGuard::try_map(guard, |c| c.conn.as_mut())
         .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
@@ -575,7 +562,7 @@ impl MariaDbRm {
     }
 
     fn conn(&self, op: &str) -> Result<MutexGuard<'_, XaConnection>, RmError> {
-        lock(&self.name, &self.shared, op)
+        lock_connection(&self.name, &self.shared, op)
     }
 }
 

@@ -37,7 +37,7 @@ use ::postgres::{Client, Config, NoTls, SimpleQueryMessage};
 use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
-use crate::branch::{sql_literal, BranchState};
+use crate::branch::{lock_connection, sql_literal, BranchState};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -440,21 +440,8 @@ impl PgConnection {
 /// [`postgres::Client`]: ::postgres::Client
 pub type PgClient<'a> = MappedMutexGuard<'a, Client>;
 
-fn lock<'a>(
-    name: &str,
-    shared: &'a Mutex<PgConnection>,
-    op: &str,
-) -> Result<MutexGuard<'a, PgConnection>, RmError> {
-    shared.try_lock().ok_or_else(|| {
-        RmError::Protocol(format!(
-            "{name}: {op}: the connection is in use (a client guard is still alive or another \
-             thread holds it); drop the client guard before calling the coordinator"
-        ))
-    })
-}
-
 fn lock_client<'a>(name: &str, shared: &'a Mutex<PgConnection>) -> Result<PgClient<'a>, RmError> {
-    let mut guard = lock(name, shared, "client")?;
+    let mut guard = lock_connection(name, shared, "client")?;
     guard.client_for_application()?;
     MutexGuard::try_map(guard, |c| c.client.as_mut())
         .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
@@ -508,7 +495,7 @@ impl PgRm {
     }
 
     fn conn(&self, op: &str) -> Result<MutexGuard<'_, PgConnection>, RmError> {
-        lock(&self.name, &self.shared, op)
+        lock_connection(&self.name, &self.shared, op)
     }
 }
 
