@@ -11,12 +11,11 @@
 //! info (start, stop, recovery), `-vv` for debug; `RUST_LOG` overrides both.
 
 use crate::common::CliResult;
-use decree_core::{DummyFactory, RmFactory};
+
 use decree_log::EngineKind;
 use decree_server::ServerConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Arguments of `decree serve`.
 #[derive(Debug, clap::Args)]
@@ -103,33 +102,6 @@ fn read_config(path: &PathBuf) -> Result<ServerConfig, Box<dyn std::error::Error
     Ok(config)
 }
 
-/// One factory per `[[rm]]` entry: postgres and mariadb through `decree-rm`, `dummy` in memory.
-pub fn factories(config: &ServerConfig) -> Result<Vec<Arc<dyn RmFactory>>, Box<dyn std::error::Error>> {
-    let mut factories: Vec<Arc<dyn RmFactory>> = Vec::with_capacity(config.rm.len());
-    for rm in &config.rm {
-        let factory: Arc<dyn RmFactory> = match rm.kind.as_str() {
-            "dummy" => DummyFactory::named(&rm.name, 0).arc(),
-            kind => {
-                let kind = match kind {
-                    "postgres" | "postgresql" | "pg" => decree_rm::RmKind::Postgres,
-                    "mariadb" | "mysql" => decree_rm::RmKind::Mariadb,
-                    other => {
-                        return Err(format!(
-                            "rm {:?}: unknown kind {other:?}; expected postgres, mariadb or dummy",
-                            rm.name
-                        )
-                        .into())
-                    }
-                };
-                let entry = decree_rm::RmConfig { name: rm.name.clone(), kind, dsn: rm.dsn.clone() };
-                decree_rm::factory_from_config(&entry).map_err(|e| format!("rm {:?}: {e}", rm.name))?
-            }
-        };
-        factories.push(factory);
-    }
-    Ok(factories)
-}
-
 /// Installs the stderr logger: warnings by default, more with `-v`, `RUST_LOG` first.
 fn init_tracing(verbose: u8) {
     let default = match verbose {
@@ -147,7 +119,7 @@ fn init_tracing(verbose: u8) {
 pub fn run(args: Args) -> CliResult {
     init_tracing(args.verbose);
     let config = args.config()?;
-    let factories = factories(&config)?;
+    let factories = config.rm_factories()?;
     decree_server::run_with(config, factories)?;
     Ok(())
 }
@@ -187,7 +159,8 @@ mod tests {
         assert_eq!(config.unix, Some(PathBuf::from("/tmp/x.sock")));
         assert_eq!((config.engine.as_str(), config.rpo_ms, config.node), ("volatile", 0, 3));
         assert_eq!(config.log_dir, PathBuf::from("/d"));
-        let names: Vec<String> = factories(&config).unwrap().iter().map(|f| f.name().to_string()).collect();
+        let names: Vec<String> =
+            config.rm_factories().unwrap().iter().map(|f| f.name().to_string()).collect();
         assert_eq!(names, ["d"]);
     }
 
@@ -213,7 +186,7 @@ mod tests {
             kind: "oracle".into(),
             dsn: String::new(),
         });
-        let message = factories(&config).err().map(|e| e.to_string()).unwrap_or_default();
+        let message = config.rm_factories().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(message.contains("unknown kind \"oracle\""), "{message}");
     }
 }

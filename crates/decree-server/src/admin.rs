@@ -898,24 +898,10 @@ pub fn parse_xid(text: &str) -> Result<Xid, AdminError> {
     })
 }
 
-/// The factories of `config`'s `[[rm]]` entries (kinds postgres and mariadb), for callers
-/// that have no other mapping from kind to factory.
+/// The factories of `config`'s `[[rm]]` entries ([`ServerConfig::rm_factories`]), with the
+/// error as this module reports it.
 pub fn factories_for(config: &ServerConfig) -> Result<Vec<Arc<dyn RmFactory>>, AdminError> {
-    let mut entries = Vec::with_capacity(config.rm.len());
-    for rm in &config.rm {
-        let kind = match rm.kind.to_ascii_lowercase().as_str() {
-            "postgres" | "postgresql" | "pg" => decree_rm::RmKind::Postgres,
-            "mariadb" | "mysql" => decree_rm::RmKind::Mariadb,
-            other => {
-                return Err(AdminError::Config(format!(
-                    "rm {}: kind {other:?} is not supported by decree recover (expected postgres or mariadb)",
-                    rm.name
-                )))
-            }
-        };
-        entries.push(decree_rm::RmConfig { name: rm.name.clone(), kind, dsn: rm.dsn.clone() });
-    }
-    decree_rm::factories_from_config(&entries).map_err(|e| AdminError::Config(e.to_string()))
+    config.rm_factories().map_err(|e| AdminError::Config(e.to_string()))
 }
 
 #[cfg(test)]

@@ -27,10 +27,12 @@
 //! [`ServerConfig::validate`] refuses configurations that cannot work or that would expose
 //! the server by accident (a non-loopback address without `allow_remote`).
 
+use decree_core::{DummyFactory, RmFactory};
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The TCP address `decree serve` suggests when none is configured (loopback only).
 pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:7411";
@@ -126,6 +128,34 @@ fn default_engine() -> String {
 }
 
 impl ServerConfig {
+    /// One connection factory per `[[rm]]` entry, the single place where a kind name
+    /// becomes a resource manager (`decree serve` and `decree recover` both use it):
+    /// postgres and mariadb through `decree-rm`, `dummy` in memory for benchmarks.
+    pub fn rm_factories(&self) -> Result<Vec<Arc<dyn RmFactory>>, ConfigError> {
+        let mut factories: Vec<Arc<dyn RmFactory>> = Vec::with_capacity(self.rm.len());
+        for rm in &self.rm {
+            let kind = match rm.kind.to_ascii_lowercase().as_str() {
+                "dummy" => {
+                    factories.push(DummyFactory::named(&rm.name, 0).arc());
+                    continue;
+                }
+                "postgres" | "postgresql" | "pg" => decree_rm::RmKind::Postgres,
+                "mariadb" | "mysql" => decree_rm::RmKind::Mariadb,
+                other => {
+                    return Err(ConfigError(format!(
+                        "rm {:?}: unknown kind {other:?}; expected postgres, mariadb or dummy",
+                        rm.name
+                    )))
+                }
+            };
+            let entry = decree_rm::RmConfig { name: rm.name.clone(), kind, dsn: rm.dsn.clone() };
+            let factory = decree_rm::factory_from_config(&entry)
+                .map_err(|e| ConfigError(format!("rm {:?}: {e}", rm.name)))?;
+            factories.push(factory);
+        }
+        Ok(factories)
+    }
+
     /// A configuration with defaults, listening nowhere yet.
     pub fn new(log_dir: impl Into<PathBuf>, engine: EngineKind) -> Self {
         ServerConfig {
