@@ -18,7 +18,7 @@
 //! (so each transaction keeps its append order) and new sequence numbers continue after the
 //! largest name found, so a name is never reused. A failed sync stops the log (fail-stop).
 
-use crate::engine::slots::worker::{FailStop, Flusher, WritePool};
+use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
 use crate::record::{self, Decoded, RecordKind};

@@ -5,6 +5,7 @@ pub mod journal;
 pub mod owner;
 pub mod slots;
 pub mod volatile;
+pub(crate) mod worker;
 
 use crate::io::{StdStorage, Storage};
 use crate::{EngineKind, Log, LogConfig, LogError};

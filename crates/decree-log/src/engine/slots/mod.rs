@@ -42,11 +42,10 @@
 
 mod allocator;
 pub mod layout;
-pub(crate) mod worker;
 
 use self::allocator::FreeSlots;
 use self::layout::{SlotContent, HEADER_AREA_BYTES, SLOTS_FILE, SLOT_OVERHEAD_BYTES};
-use self::worker::{FailStop, Flusher, WritePool};
+use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
 use crate::{
