@@ -43,6 +43,7 @@
 pub mod dummy;
 pub mod embedded;
 pub mod error;
+mod fanout;
 pub mod protocol;
 pub mod rm;
 pub mod session;

@@ -14,6 +14,7 @@
 //! RM name strings) are kept in the session and reused.
 
 use crate::error::{HeuristicReport, TmError};
+use crate::fanout::{Call, Fanout};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
 use crate::rm::{ResourceManager, RmError, Vote};
 use crate::store::{BranchRecord, Decision};
@@ -65,6 +66,8 @@ pub struct Session {
     enlisted: u16,
     current: Option<Xid>,
     parallel: Vec<bool>,
+    /// Helper threads for the branches driven in parallel.
+    fanout: Fanout,
     votes: Vec<Option<Result<Vote, RmError>>>,
     acks: Vec<Option<Result<(), RmError>>>,
     decision: Decision,
@@ -118,6 +121,7 @@ impl Session {
             enlisted: 0,
             current: None,
             parallel,
+            fanout: Fanout::default(),
             votes: vec![None; n],
             acks: vec![None; n],
             decision: Decision {
@@ -297,14 +301,22 @@ impl Session {
     fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
         // Phase one.
         let parallel = self.use_parallel();
-        run_branches(
-            &mut self.rms,
-            &self.branch_of,
-            &self.branch_xids,
-            &mut self.votes,
-            parallel,
-            |rm, bx| rm.prepare(bx),
-        );
+        if parallel {
+            let (branch_of, votes) = (&self.branch_of, &mut self.votes);
+            votes.iter_mut().for_each(|v| *v = None);
+            self.fanout.run(
+                &mut self.rms,
+                &self.branch_xids,
+                |i| branch_of[i] != NOT_ENLISTED,
+                Call::Prepare,
+                |i, answer| votes[i] = answer.into_vote(),
+            );
+        } else {
+            for i in 0..self.rms.len() {
+                self.votes[i] =
+                    (self.branch_of[i] != NOT_ENLISTED).then(|| self.rms[i].prepare(&self.branch_xids[i]));
+            }
+        }
         let verdict = protocol::tally(self.enlisted_votes());
         let voters = match verdict {
             Verdict::Abort { position } => {
@@ -335,7 +347,23 @@ impl Session {
             return Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() });
         }
         // Phase two on the branches that voted commit.
-        run_committers(&mut self.rms, &self.branch_xids, &self.votes, &mut self.acks, parallel);
+        let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
+        if parallel {
+            let (votes, acks) = (&self.votes, &mut self.acks);
+            acks.iter_mut().for_each(|a| *a = None);
+            self.fanout.run(
+                &mut self.rms,
+                &self.branch_xids,
+                |i| voted_commit(&votes[i]),
+                Call::Commit,
+                |i, answer| acks[i] = answer.into_ack(),
+            );
+        } else {
+            for i in 0..self.rms.len() {
+                self.acks[i] =
+                    voted_commit(&self.votes[i]).then(|| self.rms[i].commit(&self.branch_xids[i], false));
+            }
+        }
         let mut retry: Vec<BranchRecord> = Vec::new();
         let mut heuristics = Vec::new();
         for i in 0..self.rms.len() {
@@ -600,62 +628,6 @@ impl Drop for Session {
             let _ = self.close();
         }
     }
-}
-
-/// Runs `call` on every enlisted connection, in parallel threads when asked.
-fn run_branches<T: Send>(
-    rms: &mut [Box<dyn ResourceManager>],
-    branch_of: &[u16],
-    branch_xids: &[Xid],
-    out: &mut [Option<Result<T, RmError>>],
-    parallel: bool,
-    call: impl Fn(&mut dyn ResourceManager, &Xid) -> Result<T, RmError> + Sync,
-) {
-    let items = rms.iter_mut().zip(branch_of).zip(branch_xids).zip(out.iter_mut());
-    if !parallel {
-        for (((rm, &b), bx), slot) in items {
-            *slot = (b != NOT_ENLISTED).then(|| call(rm.as_mut(), bx));
-        }
-        return;
-    }
-    let call = &call;
-    std::thread::scope(|scope| {
-        for (((rm, &b), bx), slot) in items {
-            if b == NOT_ENLISTED {
-                *slot = None;
-                continue;
-            }
-            scope.spawn(move || *slot = Some(call(rm.as_mut(), bx)));
-        }
-    });
-}
-
-/// Runs phase-two commit on every connection that voted commit (connections that are not
-/// enlisted have no vote, so they are skipped).
-fn run_committers(
-    rms: &mut [Box<dyn ResourceManager>],
-    branch_xids: &[Xid],
-    votes: &[Option<Result<Vote, RmError>>],
-    acks: &mut [Option<Result<(), RmError>>],
-    parallel: bool,
-) {
-    let items = rms.iter_mut().zip(branch_xids).zip(votes).zip(acks.iter_mut());
-    let go = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
-    if !parallel {
-        for (((rm, bx), v), slot) in items {
-            *slot = go(v).then(|| rm.commit(bx, false));
-        }
-        return;
-    }
-    std::thread::scope(|scope| {
-        for (((rm, bx), v), slot) in items {
-            if !go(v) {
-                *slot = None;
-                continue;
-            }
-            scope.spawn(move || *slot = Some(rm.commit(bx, false)));
-        }
-    });
 }
 
 /// One transaction of a [`Session`] (object API); rolled back if dropped unfinished.

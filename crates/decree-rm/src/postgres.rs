@@ -6,12 +6,15 @@
 //!
 //! - `start` → `BEGIN`: PostgreSQL has no XA association, a branch is simply the open
 //!   transaction of this connection. `end` does nothing.
-//! - `prepare` → first `SELECT txid_current_if_assigned() IS NULL`, then either `COMMIT`
-//!   (no transaction id was assigned, so the branch wrote nothing: vote read-only, leave
-//!   phase two) or `PREPARE TRANSACTION '<gid>'`. The SELECT also catches a transaction
-//!   that an earlier statement aborted: PostgreSQL answers `PREPARE TRANSACTION` (and
-//!   `COMMIT`) in an aborted transaction with a silent ROLLBACK, not an error, so without
-//!   this check a failed branch would vote yes.
+//! - `prepare` → `SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION '<gid>'`
+//!   in one round trip. The SELECT catches a transaction that an earlier statement
+//!   aborted: PostgreSQL answers `PREPARE TRANSACTION` (and `COMMIT`) in an aborted
+//!   transaction with a silent ROLLBACK, not an error, so without it a failed branch would
+//!   vote yes; when the SELECT fails the server skips the PREPARE. When it says no
+//!   transaction id was assigned, the branch wrote nothing: the empty prepared transaction
+//!   is committed at once (`COMMIT PREPARED`) and the vote is read-only (leave phase two).
+//!   A lost answer leaves the branch in doubt (it may be prepared): rolling it back then
+//!   means `ROLLBACK PREPARED`, where "does not exist" is success.
 //! - `commit(one_phase)` → `SELECT 1; COMMIT` in one round trip, for the same reason: the
 //!   SELECT fails in an aborted transaction, so a silent rollback is reported as one.
 //! - `commit` → `COMMIT PREPARED '<gid>'` and `rollback` of a prepared branch →
@@ -316,42 +319,39 @@ impl PgConnection {
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
         self.require_open_branch(xid, "prepare")?;
-        let check = self.run(PgOp::Prepare, "SELECT txid_current_if_assigned() IS NULL");
-        let read_only = match check {
+        // One round trip: the check, then the prepare, which the server skips when the
+        // check fails (an aborted transaction fails every statement but ROLLBACK).
+        let gid = sql_literal(&xid.to_gid());
+        let sql = format!("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION {gid}");
+        let read_only = match self.run(PgOp::Prepare, &sql) {
             Ok(messages) => first_value_is_true(&messages),
-            Err(e) => {
-                // PREPARE was not sent: the open transaction cannot be prepared. Close it
-                // (or the connection, which has the same effect) and vote no.
-                self.discard_open_transaction();
-                self.state = BranchState::Idle;
-                return Err(match e {
-                    RmError::Unavailable(m) => RmError::RolledBack(m),
-                    other => other,
-                });
-            }
-        };
-        if read_only {
-            self.commit(xid, true)?;
-            return Ok(Vote::ReadOnly);
-        }
-        let sql = format!("PREPARE TRANSACTION {}", sql_literal(&xid.to_gid()));
-        match self.run(PgOp::Prepare, &sql) {
-            Ok(_) => {
-                // The prepared transaction is detached from this session now.
-                self.state = BranchState::Idle;
-                Ok(Vote::Commit)
-            }
             Err(RmError::Unavailable(m)) => {
                 // The answer was lost: the branch may be prepared.
                 self.state = BranchState::InDoubt(*xid);
-                Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")))
+                return Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")));
             }
             Err(e) => {
                 self.discard_open_transaction();
                 self.state = BranchState::Idle;
-                Err(e)
+                return Err(e);
             }
+        };
+        // The prepared transaction is detached from this session now.
+        self.state = BranchState::Idle;
+        if read_only {
+            // Nothing was written: finish the empty prepared transaction at once and leave
+            // phase two. Should that fail, vote commit instead so that phase two (with its
+            // retries) finishes it like any other branch.
+            let sql = format!("COMMIT PREPARED {gid}");
+            return match self.run_anywhere(PgOp::CommitPrepared, &sql) {
+                Ok(_) => Ok(Vote::ReadOnly),
+                Err(e) => {
+                    tracing::debug!(rm = %self.name, %xid, "empty branch stays prepared: {e}");
+                    Ok(Vote::Commit)
+                }
+            };
         }
+        Ok(Vote::Commit)
     }
 
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {

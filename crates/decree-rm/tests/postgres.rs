@@ -264,9 +264,13 @@ fn lost_connections_roll_back_open_work_and_reconnect_for_phase_two() {
         .execute(&format!("INSERT INTO {table} VALUES (1, 'x')"), &[])
         .expect("insert");
     terminate(&killer, backend_pid(&rm));
+    // The check and the PREPARE travel together, so a dead connection cannot tell whether
+    // the PREPARE ran: either a "no" vote or an in-doubt error; rolling back must end it.
     let err = rm.prepare(&open).unwrap_err();
-    assert!(matches!(err, RmError::RolledBack(_)), "{err:?}");
+    assert!(matches!(err, RmError::RolledBack(_) | RmError::Unavailable(_)), "{err:?}");
+    rm.rollback(&open).expect("rollback of the lost branch");
     assert_eq!(count(&mut killer, &table, 1), 0);
+    assert!(!rm.recover().expect("recover").contains(&open), "nothing of the lost branch is left prepared");
 
     // Lost after prepare: the same value reconnects and commits the prepared branch.
     let prepared = common::fresh_xid();

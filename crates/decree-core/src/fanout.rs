@@ -1,0 +1,385 @@
+//! Helper threads that let one session drive several branches at the same time.
+//!
+//! Network resource managers spend each prepare and phase-two commit waiting for a round
+//! trip (and a WAL flush on the database side), so a session with two such branches runs
+//! their calls at once. Spawning a thread per call costs more than the call itself when
+//! the machine is busy (stack mmap/munmap serialises on the process's address-space lock),
+//! so each session keeps its helpers for its whole life: the calling thread runs the first
+//! branch itself and hands each other one to a helper, then waits for their answers.
+//!
+//! A connection is lent to its helper by moving its `Box<dyn ResourceManager>` through a
+//! channel and back (the slot holds a zero-sized [`Lent`] stand-in meanwhile, which does
+//! not allocate), so no reference crosses threads and no `unsafe` is needed. Invariants:
+//! every lent connection is back in its slot when [`Fanout::run`] returns; a panic inside
+//! a resource manager is resumed on the calling thread after the connection is put back,
+//! as `std::thread::scope` would; when a helper cannot be started the branch runs on the
+//! calling thread instead. Helpers exit when the session drops its [`Fanout`].
+
+use crate::rm::{ResourceManager, RmError, Vote};
+use crate::xid::Xid;
+use std::any::Any;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+/// The calls a session runs on several branches at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// Phase one.
+    Prepare,
+    /// Phase two of a prepared branch.
+    Commit,
+}
+
+/// A branch's answer to a [`Call`].
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The answer to [`Call::Prepare`].
+    Vote(Result<Vote, RmError>),
+    /// The answer to [`Call::Commit`].
+    Ack(Result<(), RmError>),
+}
+
+impl Answer {
+    /// The vote, for the votes vector (`None` would mean "not asked", so a mismatched
+    /// answer becomes a protocol error instead).
+    pub(crate) fn into_vote(self) -> Option<Result<Vote, RmError>> {
+        Some(match self {
+            Answer::Vote(v) => v,
+            Answer::Ack(_) => Err(RmError::Protocol("a commit answer where a vote was expected".into())),
+        })
+    }
+
+    /// The phase-two acknowledgement, for the acks vector.
+    pub(crate) fn into_ack(self) -> Option<Result<(), RmError>> {
+        Some(match self {
+            Answer::Ack(a) => a,
+            Answer::Vote(_) => Err(RmError::Protocol("a vote where a commit answer was expected".into())),
+        })
+    }
+}
+
+impl Call {
+    fn on(self, rm: &mut dyn ResourceManager, xid: &Xid) -> Answer {
+        match self {
+            Call::Prepare => Answer::Vote(rm.prepare(xid)),
+            Call::Commit => Answer::Ack(rm.commit(xid, false)),
+        }
+    }
+}
+
+/// A connection on its way to a helper, with what to do on it.
+struct Job {
+    rm: Box<dyn ResourceManager>,
+    xid: Xid,
+    call: Call,
+}
+
+/// A connection on its way back, with the answer or the panic that interrupted the call.
+struct Reply {
+    rm: Box<dyn ResourceManager>,
+    answer: Result<Answer, Box<dyn Any + Send>>,
+}
+
+/// One helper thread and its two channels.
+struct Helper {
+    jobs: Option<SyncSender<Job>>,
+    replies: Receiver<Reply>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Helper {
+    fn spawn() -> std::io::Result<Helper> {
+        // One job at a time per helper: the session waits for every reply before it sends
+        // the next job, so a buffer of one never blocks.
+        let (jobs, inbox) = mpsc::sync_channel::<Job>(1);
+        let (outbox, replies) = mpsc::sync_channel::<Reply>(1);
+        let thread = std::thread::Builder::new().name("decree-branch".into()).spawn(move || {
+            for mut job in inbox {
+                let answer = panic::catch_unwind(AssertUnwindSafe(|| job.call.on(job.rm.as_mut(), &job.xid)));
+                if outbox.send(Reply { rm: job.rm, answer }).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Helper { jobs: Some(jobs), replies, thread: Some(thread) })
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        // Closing the job channel ends the helper's loop; it is idle between runs.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Stands in for a connection while a helper holds it; never called.
+struct Lent;
+
+impl Lent {
+    fn refuse() -> RmError {
+        RmError::Protocol("the connection is lent to a branch helper thread".into())
+    }
+}
+
+impl ResourceManager for Lent {
+    fn name(&self) -> &str {
+        "(lent)"
+    }
+    fn open(&mut self) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn close(&mut self) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn start(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn end(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn prepare(&mut self, _xid: &Xid) -> Result<Vote, RmError> {
+        Err(Lent::refuse())
+    }
+    fn commit(&mut self, _xid: &Xid, _one_phase: bool) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn rollback(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+        Err(Lent::refuse())
+    }
+    fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
+        Err(Lent::refuse())
+    }
+}
+
+/// A session's helper threads, started on first use and kept until the session ends.
+#[derive(Default)]
+pub(crate) struct Fanout {
+    helpers: Vec<Helper>,
+    /// Slot of the connection each busy helper holds, in helper order.
+    lent: Vec<usize>,
+}
+
+impl Fanout {
+    /// Runs `call` on every connection `i` for which `selected(i)` holds, at the same time,
+    /// and hands each answer to `deliver(i, answer)` (in slot order).
+    pub(crate) fn run(
+        &mut self,
+        rms: &mut [Box<dyn ResourceManager>],
+        xids: &[Xid],
+        selected: impl Fn(usize) -> bool,
+        call: Call,
+        mut deliver: impl FnMut(usize, Answer),
+    ) {
+        let mut chosen = (0..rms.len()).filter(|&i| selected(i));
+        let Some(own) = chosen.next() else { return };
+        self.lent.clear();
+        let mut inline = Vec::new();
+        for i in chosen {
+            if self.lend(rms, xids, i, call) {
+                self.lent.push(i);
+            } else {
+                inline.push(i);
+            }
+        }
+        deliver(own, call.on(rms[own].as_mut(), &xids[own]));
+        for i in inline {
+            deliver(i, call.on(rms[i].as_mut(), &xids[i]));
+        }
+        let mut panicked = None;
+        for (h, &i) in self.lent.iter().enumerate() {
+            match self.helpers[h].replies.recv() {
+                Ok(reply) => {
+                    rms[i] = reply.rm;
+                    match reply.answer {
+                        Ok(answer) => deliver(i, answer),
+                        Err(payload) => panicked = panicked.or(Some(payload)),
+                    }
+                }
+                // Unreachable while the helper loop catches panics; the connection is
+                // lost with the helper, and the slot keeps refusing every call.
+                Err(_) => deliver(i, call.lost()),
+            }
+        }
+        if let Some(payload) = panicked {
+            panic::resume_unwind(payload);
+        }
+    }
+
+    /// Sends connection `i` to the next free helper, starting one if needed; false when no
+    /// helper could take it (the caller then runs it itself).
+    fn lend(&mut self, rms: &mut [Box<dyn ResourceManager>], xids: &[Xid], i: usize, call: Call) -> bool {
+        let h = self.lent.len();
+        if h == self.helpers.len() {
+            match Helper::spawn() {
+                Ok(helper) => self.helpers.push(helper),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a branch helper thread; running in sequence");
+                    return false;
+                }
+            }
+        }
+        let Some(jobs) = self.helpers[h].jobs.as_ref() else { return false };
+        let rm = std::mem::replace(&mut rms[i], Box::new(Lent));
+        match jobs.send(Job { rm, xid: xids[i], call }) {
+            Ok(()) => true,
+            Err(mpsc::SendError(job)) => {
+                // The helper is gone: take the connection back and drop the helper.
+                rms[i] = job.rm;
+                self.helpers.truncate(h);
+                false
+            }
+        }
+    }
+}
+
+impl Call {
+    fn lost(self) -> Answer {
+        let e = RmError::Protocol("the branch helper thread died holding the connection".into());
+        match self {
+            Call::Prepare => Answer::Vote(Err(e)),
+            Call::Commit => Answer::Ack(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dummy::{DummyConfig, DummyFactory};
+    use crate::xid::Origin;
+    use std::sync::{Arc, Barrier};
+
+    fn xid(seq: u64) -> Xid {
+        Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: seq })
+    }
+
+    /// Waits at a shared barrier in prepare, so the run finishes only if every branch's
+    /// call is in flight at the same time.
+    struct Rendezvous {
+        barrier: Arc<Barrier>,
+        threads: Arc<parking_lot::Mutex<Vec<std::thread::ThreadId>>>,
+    }
+
+    impl ResourceManager for Rendezvous {
+        fn name(&self) -> &str {
+            "rendezvous"
+        }
+        fn open(&mut self) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn close(&mut self) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn start(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn end(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn prepare(&mut self, _xid: &Xid) -> Result<Vote, RmError> {
+            self.threads.lock().push(std::thread::current().id());
+            self.barrier.wait();
+            Ok(Vote::Commit)
+        }
+        fn commit(&mut self, _xid: &Xid, _one_phase: bool) -> Result<(), RmError> {
+            if std::thread::current().name() == Some("decree-branch") {
+                panic!("commit panicked on purpose");
+            }
+            Ok(())
+        }
+        fn rollback(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+            Ok(Vec::new())
+        }
+        fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn branches_run_at_once_on_kept_helpers_and_come_back() {
+        let barrier = Arc::new(Barrier::new(3));
+        let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut rms: Vec<Box<dyn ResourceManager>> = (0..3)
+            .map(|_| Box::new(Rendezvous { barrier: barrier.clone(), threads: threads.clone() }) as _)
+            .collect();
+        let xids = [xid(1), xid(2), xid(3)];
+        let mut fanout = Fanout::default();
+        for round in 0..3 {
+            let mut seen = Vec::new();
+            fanout.run(
+                &mut rms,
+                &xids,
+                |_| true,
+                Call::Prepare,
+                |i, a| {
+                    assert!(matches!(a, Answer::Vote(Ok(Vote::Commit))), "{a:?}");
+                    seen.push(i);
+                },
+            );
+            seen.sort_unstable();
+            assert_eq!(seen, vec![0, 1, 2], "round {round}");
+            assert!(rms.iter().all(|rm| rm.name() == "rendezvous"), "every connection is back");
+        }
+        assert_eq!(fanout.helpers.len(), 2, "helpers are kept, not started per call");
+        let mut ids = threads.lock().clone();
+        ids.sort_by_key(|id| format!("{id:?}"));
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "the caller and two helpers took part");
+    }
+
+    #[test]
+    fn unselected_connections_are_left_alone() {
+        let factory = DummyFactory::new(DummyConfig::new("dummy"));
+        let mut rms: Vec<Box<dyn ResourceManager>> =
+            (0..3).map(|_| Box::new(factory.connection()) as Box<dyn ResourceManager>).collect();
+        let xids = [xid(1), xid(2), xid(3)];
+        for (rm, x) in rms.iter_mut().zip(&xids) {
+            rm.open().expect("open");
+            rm.start(x).expect("start");
+            rm.end(x).expect("end");
+        }
+        let mut fanout = Fanout::default();
+        let mut seen = Vec::new();
+        fanout.run(
+            &mut rms,
+            &xids,
+            |i| i != 1,
+            Call::Prepare,
+            |i, a| {
+                assert!(matches!(a, Answer::Vote(Ok(Vote::Commit))), "{a:?}");
+                seen.push(i);
+            },
+        );
+        assert_eq!(seen, vec![0, 2]);
+        // Connection 1 was never prepared, so committing it in two phases is refused.
+        let err = rms[1].commit(&xids[1], false).expect_err("branch 1 was not prepared");
+        assert!(matches!(err, RmError::Protocol(_) | RmError::UnknownXid(_)), "{err:?}");
+    }
+
+    #[test]
+    fn a_panic_in_a_helper_reaches_the_caller_and_the_connection_comes_back() {
+        let barrier = Arc::new(Barrier::new(1));
+        let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut rms: Vec<Box<dyn ResourceManager>> = (0..2)
+            .map(|_| Box::new(Rendezvous { barrier: barrier.clone(), threads: threads.clone() }) as _)
+            .collect();
+        let xids = [xid(1), xid(2)];
+        let mut fanout = Fanout::default();
+        let result = panic::catch_unwind(AssertUnwindSafe(|| {
+            fanout.run(&mut rms, &xids, |_| true, Call::Commit, |_, _| {});
+        }));
+        let payload = result.expect_err("the helper's panic is resumed");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"commit panicked on purpose"));
+        assert!(rms.iter().all(|rm| rm.name() == "rendezvous"), "the connection is back");
+    }
+}
