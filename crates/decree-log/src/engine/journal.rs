@@ -153,6 +153,10 @@ struct Writer {
     use_map: bool,
     /// Set at shutdown: the spare-file thread stops.
     closing: bool,
+    /// A sync by the leader failed. The syncer thread syncs the same descriptor, and the
+    /// kernel reports a write-back error to one caller only, so the syncer checks this
+    /// before it trusts its own success.
+    sync_failed: bool,
 }
 
 fn write_error(path: &std::path::Path, err: std::io::Error) -> LogError {
@@ -251,7 +255,10 @@ impl Writer {
             self.pos += need;
         }
         if sync && self.synced < self.pos {
-            file.sync_data().map_err(|e| sync_error(path, e))?;
+            if let Err(e) = file.sync_data() {
+                self.sync_failed = true;
+                return Err(sync_error(path, e));
+            }
             stats.flushes.fetch_add(1, Ordering::Relaxed);
             self.synced = self.pos;
         }
@@ -277,7 +284,10 @@ impl Writer {
     fn rotate(&mut self, need: u64, stats: &StatCounters) -> Result<(), LogError> {
         if let Some(current) = self.segments.back() {
             if self.synced < self.pos {
-                current.file.sync_data().map_err(|e| sync_error(&current.path, e))?;
+                if let Err(e) = current.file.sync_data() {
+                    self.sync_failed = true;
+                    return Err(sync_error(&current.path, e));
+                }
                 stats.flushes.fetch_add(1, Ordering::Relaxed);
                 self.synced = self.pos;
             }
@@ -801,7 +811,14 @@ impl Shared {
             }
             let (file, path, seq) = (st.segment_file.clone(), st.segment_path.clone(), st.segment_seq);
             let (written, lsn) = (st.segment_written, st.acked_lsn);
-            match MutexGuard::unlocked(&mut st, || file.sync_data()) {
+            let synced = MutexGuard::unlocked(&mut st, || {
+                file.sync_data()?;
+                if self.writer.lock().sync_failed {
+                    return Err(std::io::Error::other("a concurrent sync of the journal failed"));
+                }
+                Ok(())
+            });
+            match synced {
                 Ok(()) => {
                     self.stats.flushes.fetch_add(1, Ordering::Relaxed);
                     if st.segment_seq == seq {
@@ -878,6 +895,7 @@ impl JournalLog {
             marker_scratch: Vec::with_capacity(MARKER_BYTES),
             use_map: config.sync != SyncPolicy::Immediate,
             closing: false,
+            sync_failed: false,
         };
         for segment in recovery.segments {
             writer.segments.push_back(Segment {

@@ -48,6 +48,12 @@ struct Inode {
     live: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<PendingOp>,
+    /// A failed sync dropped unsynced writes: the disk will never hold them, although the
+    /// cache (`live`) still shows them.
+    lost_writes: bool,
+    /// Write-back errors so far (Linux's `errseq_t`): each handle reports each new error
+    /// once, on its next sync, whoever's data it hit.
+    errors: u64,
 }
 
 #[derive(Debug)]
@@ -63,6 +69,10 @@ struct FsState {
     syncs_left: Option<u64>,
     /// The next sync fails, later ones succeed again.
     sync_fail_once: bool,
+    /// `syncs_done` value at which one sync fails.
+    sync_fail_at: Option<u64>,
+    /// How long a file sync takes, so that concurrent syncs overlap as on a device.
+    sync_delay: std::time::Duration,
     /// Writes that still succeed before every later one fails (`None`: no limit).
     writes_left: Option<u64>,
     space_limit_bytes: Option<u64>,
@@ -81,6 +91,8 @@ impl FsState {
             write_order: 0,
             syncs_left: None,
             sync_fail_once: false,
+            sync_fail_at: None,
+            sync_delay: std::time::Duration::ZERO,
             writes_left: None,
             space_limit_bytes: None,
             syncs_done: 0,
@@ -102,6 +114,10 @@ impl FsState {
     }
 
     fn check_sync(&mut self) -> io::Result<()> {
+        if self.sync_fail_at == Some(self.syncs_done) {
+            self.sync_fail_at = None;
+            return Err(io::Error::other("injected fault: sync failed once (EIO)"));
+        }
         if std::mem::take(&mut self.sync_fail_once) {
             return Err(io::Error::other("injected fault: sync failed once (EIO)"));
         }
@@ -232,8 +248,16 @@ impl FaultStorage {
                     }
                     let new_id = next.inode_next;
                     next.inode_next += 1;
-                    next.inodes
-                        .insert(new_id, Inode { live: image.clone(), durable: image, pending: Vec::new() });
+                    next.inodes.insert(
+                        new_id,
+                        Inode {
+                            live: image.clone(),
+                            durable: image,
+                            pending: Vec::new(),
+                            lost_writes: false,
+                            errors: 0,
+                        },
+                    );
                     rebuilt.insert(id, new_id);
                     new_id
                 }
@@ -247,6 +271,17 @@ impl FaultStorage {
     /// Makes the next sync (file or directory) fail once.
     pub fn fail_next_sync(&self) {
         self.state.lock().sync_fail_once = true;
+    }
+
+    /// Makes every file sync take `delay` (slept before it takes effect, outside the lock).
+    pub fn set_sync_delay(&self, delay: std::time::Duration) {
+        self.state.lock().sync_delay = delay;
+    }
+
+    /// Lets `count` more syncs succeed, then makes the next one fail, once.
+    pub fn fail_one_sync_after(&self, count: u64) {
+        let mut state = self.state.lock();
+        state.sync_fail_at = Some(state.syncs_done + count);
     }
 
     /// Lets `count` more syncs succeed, then makes every later sync fail.
@@ -269,6 +304,7 @@ impl FaultStorage {
         let mut state = self.state.lock();
         state.syncs_left = None;
         state.sync_fail_once = false;
+        state.sync_fail_at = None;
         state.writes_left = None;
         state.space_limit_bytes = None;
     }
@@ -316,8 +352,9 @@ impl FaultStorage {
 impl Storage for FaultStorage {
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StorageFile>> {
         let mut state = self.state.lock();
-        if let Some(id) = state.names_live.get(path) {
-            return Ok(Arc::new(FaultFile { state: self.state.clone(), inode: *id }));
+        if let Some(&id) = state.names_live.get(path) {
+            let errors = state.inode_mut(id)?.errors;
+            return Ok(FaultFile::handle(&self.state, id, errors));
         }
         if !create {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display())));
@@ -333,7 +370,7 @@ impl Storage for FaultStorage {
         state.inode_next += 1;
         state.inodes.insert(id, Inode::default());
         state.names_live.insert(path.to_path_buf(), id);
-        Ok(Arc::new(FaultFile { state: self.state.clone(), inode: id }))
+        Ok(FaultFile::handle(&self.state, id, 0))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -386,18 +423,46 @@ impl Storage for FaultStorage {
 struct FaultFile {
     state: Arc<Mutex<FsState>>,
     inode: u64,
+    /// The inode's error count this handle has reported (sampled at open), as the
+    /// kernel's per-open-file `f_wb_err`: a handle shared by concurrent syncs reports an
+    /// error to one of them only, and the others "succeed" without the dropped data.
+    errors_seen: std::sync::atomic::AtomicU64,
+}
+
+impl FaultFile {
+    fn handle(state: &Arc<Mutex<FsState>>, inode: u64, errors: u64) -> Arc<dyn StorageFile> {
+        Arc::new(FaultFile { state: state.clone(), inode, errors_seen: errors.into() })
+    }
 }
 
 impl FaultFile {
     fn sync(&self) -> io::Result<()> {
+        let delay = self.state.lock().sync_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut state = self.state.lock();
-        state.check_sync()?;
+        if let Err(e) = state.check_sync() {
+            // As Linux does after a writeback error: the dirty pages are marked clean and
+            // their data never reaches the disk, so a later sync "succeeds" without it.
+            let inode = state.inode_mut(self.inode)?;
+            if !inode.pending.is_empty() {
+                inode.pending.clear();
+                inode.lost_writes = true;
+            }
+            inode.errors += 1;
+            self.errors_seen.store(inode.errors, std::sync::atomic::Ordering::Relaxed);
+            return Err(e);
+        }
         let inode = state.inode_mut(self.inode)?;
         let pending = std::mem::take(&mut inode.pending);
         for op in &pending {
             apply(&mut inode.durable, op);
         }
-        debug_assert_eq!(inode.durable, inode.live);
+        if self.errors_seen.swap(inode.errors, std::sync::atomic::Ordering::Relaxed) != inode.errors {
+            return Err(io::Error::other("write-back error reported to this handle (EIO)"));
+        }
+        debug_assert!(inode.lost_writes || inode.durable == inode.live);
         Ok(())
     }
 }
@@ -455,6 +520,27 @@ mod tests {
         let dir = PathBuf::from("/log");
         fs.create_dir_all(&dir).unwrap();
         (fs, dir)
+    }
+
+    #[test]
+    fn a_failed_sync_drops_unsynced_data_and_each_handle_reports_it_once() {
+        let (fs, dir) = setup();
+        let path = dir.join("f");
+        let a = fs.open(&path, true).unwrap();
+        let b = fs.open(&path, false).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        a.write_all_at(b"kept", 0).unwrap();
+        a.sync_data().unwrap();
+        a.write_all_at(b"lost", 4).unwrap();
+        fs.fail_one_sync_after(0);
+        assert!(a.sync_data().is_err(), "the injected failure");
+        assert!(a.sync_data().is_ok(), "a handle reports an error once");
+        assert!(b.sync_data().is_err(), "another handle reports the same error on its next sync");
+        assert!(b.sync_data().is_ok());
+        assert_eq!(fs.read_live(&path).as_deref(), Some(&b"keptlost"[..]), "the cache still shows it");
+        assert_eq!(fs.read_durable(&path).as_deref(), Some(&b"kept"[..]), "the disk never got it");
+        let c = fs.open(&path, false).unwrap();
+        assert!(c.sync_data().is_ok(), "a handle opened after the error does not report it");
     }
 
     #[test]

@@ -62,6 +62,9 @@ use std::sync::Arc;
 const WORKERS_COUNT: usize = 4;
 /// Records one worker writes before its one sync.
 const WORKER_BATCH_MAX: usize = 256;
+/// Descriptors of the slot file used for syncs, each by one thread at a time (see
+/// [`SyncHandles`]).
+const SYNC_HANDLES: usize = 8;
 /// Shards of the transaction-to-slots map.
 const LIVE_SHARDS: usize = 64;
 /// Dead or torn slots reported one by one at recovery before a summary takes over.
@@ -94,9 +97,48 @@ struct TxnSlots {
     slots: Vec<(u32, bool)>,
 }
 
+/// Open file descriptions of the slot file for `fdatasync`, one per concurrent sync.
+///
+/// Linux reports a write-back error once per open file description (`errseq_t`): when
+/// threads sync through one shared descriptor, the one that reports a failure may be
+/// another than the one whose records were dropped, and that one "succeeds" — possibly
+/// before the failure is latched. With one descriptor per concurrent sync every sync that
+/// covers a failed write-back reports it; and since a descriptor is held until its user has
+/// latched (or checked) the fail-stop flag, an error consumed on a descriptor is always
+/// latched before the next user of that descriptor checks the flag. `msync` always goes
+/// through the mapping's single descriptor, so syncs of `slots-mmap` take `msync_lock`
+/// instead and run one at a time.
+struct SyncHandles {
+    handles: Vec<Mutex<Arc<dyn StorageFile>>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl SyncHandles {
+    fn open(storage: &dyn Storage, path: &Path, first: Arc<dyn StorageFile>) -> Result<Self, LogError> {
+        let mut handles = vec![Mutex::new(first)];
+        for _ in 1..SYNC_HANDLES {
+            handles.push(Mutex::new(storage.open(path, false).map_err(|e| LogError::io(path, e))?));
+        }
+        Ok(SyncHandles { handles, next: std::sync::atomic::AtomicUsize::new(0) })
+    }
+
+    /// A free descriptor, or (when all are busy) the next one in turn, waiting for it.
+    fn take(&self) -> parking_lot::MutexGuard<'_, Arc<dyn StorageFile>> {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.handles.len();
+        (0..n)
+            .find_map(|i| self.handles[(start + i) % n].try_lock())
+            .unwrap_or_else(|| self.handles[start % n].lock())
+    }
+}
+
 struct Inner {
     path: PathBuf,
     file: Arc<dyn StorageFile>,
+    /// Descriptors for `fdatasync`, one per concurrent sync.
+    sync_handles: SyncHandles,
+    /// Serialises `msync` calls (they share the mapping's descriptor).
+    msync_lock: Mutex<()>,
     /// The shared mapping of the whole file, for `slots-mmap` on a real file.
     map: Option<MmapRaw>,
     slot_bytes: usize,
@@ -276,9 +318,12 @@ impl SlotsLog {
         let slots_per_page = (PAGE_BYTES / slot_bytes).max(1) as u32;
         let live_slots = scanned.live_slots;
         let free = FreeSlots::new(config.slots_count, slots_per_page, |slot| live_slots[slot as usize]);
+        let sync_handles = SyncHandles::open(&*storage, &path, file.clone())?;
         let inner = Arc::new(Inner {
             path,
             file,
+            sync_handles,
+            msync_lock: Mutex::new(()),
             map,
             slot_bytes,
             slots_count: config.slots_count,
@@ -464,6 +509,7 @@ impl Inner {
         let Some(map) = &self.map else {
             return self.sync_whole(false);
         };
+        let _one_msync_at_a_time = self.msync_lock.lock();
         for &slot in slots {
             let offset = self.slot_offset(slot) as usize;
             map.flush_range(offset, self.slot_bytes).map_err(|e| self.fail.fail(&self.path, &e))?;
@@ -492,13 +538,22 @@ impl Inner {
         }
         let ticket = self.sync_tickets.fetch_add(1, Ordering::SeqCst);
         let changes = self.changes.load(Ordering::SeqCst);
-        match &self.map {
-            Some(map) => map.flush(),
-            None => self.file.sync_data(),
+        {
+            // The descriptor (or the msync lock) is held until the outcome is latched or
+            // checked; see `SyncHandles`.
+            let (_msync, handle) = match &self.map {
+                Some(_) => (Some(self.msync_lock.lock()), None),
+                None => (None, Some(self.sync_handles.take())),
+            };
+            match (&self.map, &handle) {
+                (Some(map), _) => map.flush(),
+                (None, Some(file)) => file.sync_data(),
+                (None, None) => unreachable!("a descriptor is taken when there is no mapping"),
+            }
+            .map_err(|e| self.fail.fail(&self.path, &e))?;
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            self.fail.check()?;
         }
-        .map_err(|e| self.fail.fail(&self.path, &e))?;
-        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
-        self.fail.check()?;
         self.durable_mark.fetch_max(ticket + 1, Ordering::SeqCst);
         self.synced_changes.fetch_max(changes, Ordering::SeqCst);
         self.release_durable();
