@@ -15,7 +15,7 @@
 # that directory and never touch the system's own database clusters. PostgreSQL gets
 # max_prepared_transactions = 100 (PREPARE TRANSACTION is disabled by default) and trust
 # authentication for the user `decree`; MariaDB gets a password-less user `decree` limited to
-# 127.0.0.1. Databases: decree_a and decree_b (PostgreSQL), decree_m (MariaDB).
+# 127.0.0.1. Databases: decree_a and decree_b (PostgreSQL), decree_m and decree_m2 (MariaDB).
 #
 # PostgreSQL and MariaDB refuse to run as root, so when this script runs as root it runs the
 # servers as an unprivileged user (`postgres` if it exists, else a created `decree-test`).
@@ -209,6 +209,7 @@ start_mariadb() {
         say "MariaDB started on 127.0.0.1:$port"
     fi
     mariadb_client -e "CREATE DATABASE IF NOT EXISTS decree_m;
+        CREATE DATABASE IF NOT EXISTS decree_m2;
         CREATE USER IF NOT EXISTS '$DB_USER_NAME'@'127.0.0.1';
         GRANT ALL PRIVILEGES ON *.* TO '$DB_USER_NAME'@'127.0.0.1' WITH GRANT OPTION;"
 }
@@ -243,6 +244,7 @@ print_env() {
     echo "export DECREE_TEST_PG_A='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_a'"
     echo "export DECREE_TEST_PG_B='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_b'"
     echo "export DECREE_TEST_MARIADB='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m'"
+    echo "export DECREE_TEST_MARIADB_B='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m2'"
 }
 
 status() {

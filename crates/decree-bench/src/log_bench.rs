@@ -19,7 +19,6 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 /// The engine name of the reference measurement.
@@ -258,28 +257,8 @@ pub fn run_engine(
     let log = decree_log::open(&config)
         .map_err(|source| BenchError::EngineUnavailable { engine: engine.name().into(), source })?;
     let log: &dyn Log = log.as_ref();
-    let barrier = Barrier::new(threads + 1);
-    let failed = AtomicBool::new(false);
-    let (outcomes, start, end) = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|index| {
-                let (barrier, failed) = (&barrier, &failed);
-                scope.spawn(move || {
-                    barrier.wait();
-                    let outcome = append_loop(log, index, spec.record_bytes, spec.duration, failed);
-                    if outcome.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    outcome
-                })
-            })
-            .collect();
-        // Taken before the threads are released, so that the wall time covers every
-        // thread's own run and a duration-bound run never reports less than its duration.
-        let start = Instant::now();
-        barrier.wait();
-        let outcomes: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (outcomes, start, Instant::now())
+    let (outcomes, start, end) = crate::tx::run_together(threads, |index, _start, failed| {
+        append_loop(log, index, spec.record_bytes, spec.duration, failed)
     });
     let mut lat = Latencies::new();
     let mut records = 0u64;

@@ -186,24 +186,25 @@ fn thread_loop(
     Ok((cycles, lat))
 }
 
-/// Runs `spec.threads` threads against `target` and merges what they measured.
-pub fn run(
-    target: &dyn BenchTarget,
-    spec: &RunSpec,
-    progress: &ProgressBar,
-) -> Result<RunResult, BenchError> {
-    if spec.threads == 0 || spec.threads > THREADS_MAX {
-        return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
-    }
-    let barrier = Barrier::new(spec.threads + 1);
+/// What each thread of [`run_together`] returned (or its panic), in thread order.
+pub(crate) type ThreadOutcomes<T> = Vec<std::thread::Result<Result<T, BenchError>>>;
+
+/// Starts `threads` threads running `body(index, start, failed)` at once (released by a
+/// barrier) and returns their outcomes with the wall time around them. A thread that
+/// fails sets `failed`, which tells the others to stop early.
+pub(crate) fn run_together<T: Send>(
+    threads: usize,
+    body: impl Fn(usize, Instant, &AtomicBool) -> Result<T, BenchError> + Sync,
+) -> (ThreadOutcomes<T>, Instant, Instant) {
+    let barrier = Barrier::new(threads + 1);
     let failed = AtomicBool::new(false);
-    let (outcomes, start, end) = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..spec.threads)
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
             .map(|index| {
-                let (barrier, failed) = (&barrier, &failed);
+                let (barrier, failed, body) = (&barrier, &failed, &body);
                 scope.spawn(move || {
                     barrier.wait();
-                    let outcome = thread_loop(target, index, spec, Instant::now(), failed, progress);
+                    let outcome = body(index, Instant::now(), failed);
                     if outcome.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -217,6 +218,20 @@ pub fn run(
         barrier.wait();
         let outcomes: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
         (outcomes, start, Instant::now())
+    })
+}
+
+/// Runs `spec.threads` threads against `target` and merges what they measured.
+pub fn run(
+    target: &dyn BenchTarget,
+    spec: &RunSpec,
+    progress: &ProgressBar,
+) -> Result<RunResult, BenchError> {
+    if spec.threads == 0 || spec.threads > THREADS_MAX {
+        return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
+    }
+    let (outcomes, start, end) = run_together(spec.threads, |index, start, failed| {
+        thread_loop(target, index, spec, start, failed, progress)
     });
     let mut result = RunResult {
         threads: spec.threads,

@@ -1,71 +1,128 @@
-//! The real-database benchmark against the throwaway PostgreSQL of `scripts/test-dbs.sh`.
+//! The real-database benchmark against the throwaway PostgreSQL and MariaDB of
+//! `scripts/test-dbs.sh`.
 //!
-//! A tiny run (1 and 2 threads, 20 transfers each) must run both modes, move exactly one
-//! unit from A to B per transfer counted (so the total over both databases is unchanged),
-//! and leave no decree branch prepared. Each test run uses a table of its own, so that
-//! parallel runs and other suites sharing the databases do not disturb the totals.
+//! For each kind, a tiny run (1 and 2 threads, 20 transfers each) must run both modes,
+//! move exactly one unit from A to B per transfer counted (so the total over both
+//! databases is unchanged), report a ratio per thread count and leave no decree branch
+//! prepared, as seen by this test's own queries. The checks must also be able to fail: a
+//! branch of the benchmark's node planted (prepared) before the run must make it fail
+//! after its first 2PC run. Each test uses tables of its own, so that parallel runs and
+//! other suites sharing the databases do not disturb the totals.
 
-use decree_bench::rm_bench::{self, RmBenchSpec, RmStep};
+use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep, Side};
 use decree_bench::tx::Stop;
-use decree_core::Xid;
+use decree_core::{Origin, Xid};
 use decree_log::EngineKind;
 use indicatif::ProgressBar;
+use mysql::prelude::Queryable;
+use std::path::Path;
 
 const PG_A: &str = "DECREE_TEST_PG_A";
 const PG_B: &str = "DECREE_TEST_PG_B";
+const MARIADB_A: &str = "DECREE_TEST_MARIADB";
+const MARIADB_B: &str = "DECREE_TEST_MARIADB_B";
 const TRANSFERS_PER_THREAD: u64 = 20;
 
-/// The DSNs of the test databases, or None (a skip) outside CI when they are not set.
-fn dsns() -> Option<(String, String)> {
-    match (std::env::var(PG_A), std::env::var(PG_B)) {
+/// The DSNs of the test databases of `kind`, or None (a skip) outside CI when they are
+/// not set.
+fn dsns(kind: DbKind) -> Option<(String, String)> {
+    let (var_a, var_b) = match kind {
+        DbKind::Postgres => (PG_A, PG_B),
+        DbKind::MariaDb => (MARIADB_A, MARIADB_B),
+    };
+    match (std::env::var(var_a), std::env::var(var_b)) {
         (Ok(a), Ok(b)) if !a.is_empty() && !b.is_empty() => Some((a, b)),
         _ => {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
-                "{PG_A} and {PG_B} must be set in CI (scripts/test-dbs.sh start; eval \"$(scripts/test-dbs.sh env)\")"
+                "{var_a} and {var_b} must be set in CI (scripts/test-dbs.sh start; eval \"$(scripts/test-dbs.sh env)\")"
             );
-            println!("skipped: run scripts/test-dbs.sh start");
+            println!("skipped: {var_a} and {var_b} are not set; run scripts/test-dbs.sh start");
             None
         }
     }
 }
 
-fn drop_table(dsn: &str, table: &str) {
-    let mut client = postgres::Client::connect(dsn, postgres::NoTls).expect("connect for cleanup");
-    client.batch_execute(&format!("DROP TABLE IF EXISTS {table}")).expect("drop the test table");
+/// A table name of this test run's own.
+fn unique_table(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+    format!("decree_bench_{tag}{}_{}", std::process::id(), nanos % 1_000_000)
 }
 
-#[test]
-fn both_modes_transfer_and_nothing_is_left_prepared() {
-    let Some((dsn_a, dsn_b)) = dsns() else { return };
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
-    let table = format!("decree_bench_t{}_{}", std::process::id(), nanos % 1_000_000);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let spec = RmBenchSpec {
-        dsn_a: dsn_a.clone(),
-        dsn_b: dsn_b.clone(),
-        table: table.clone(),
+/// A short run's spec; its logs go under `dir` (one per test: tests run in parallel).
+fn spec(kind: DbKind, dsn_a: &str, dsn_b: &str, table: &str, threads: Vec<usize>, dir: &Path) -> RmBenchSpec {
+    RmBenchSpec {
+        kind,
+        dsn_a: dsn_a.into(),
+        dsn_b: dsn_b.into(),
+        table: table.into(),
         accounts: 100,
-        threads: vec![1, 2],
+        threads,
         stop: Stop::Cycles(TRANSFERS_PER_THREAD),
         engine: EngineKind::Journal,
         rpo_ms: 0,
-        dir: dir.path().to_path_buf(),
+        dir: dir.to_path_buf(),
         seed: 7,
         node: rm_bench::node_id(),
+    }
+}
+
+/// Runs SQL statements on one database of `kind`, outside the benchmark's code.
+fn execute(kind: DbKind, dsn: &str, sql: &str) {
+    match kind {
+        DbKind::Postgres => {
+            let mut client = postgres::Client::connect(dsn, postgres::NoTls).expect("connect");
+            client.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        DbKind::MariaDb => {
+            let mut conn = mysql::Conn::new(mysql::Opts::from_url(dsn).expect("DSN")).expect("connect");
+            conn.query_drop(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    }
+}
+
+/// Prepared decree branches of `node` seen by one database, read here with the test's own
+/// query rather than the benchmark's.
+fn prepared_of(kind: DbKind, dsn: &str, node: u32) -> Vec<Xid> {
+    let xids: Vec<Xid> = match kind {
+        DbKind::Postgres => {
+            let mut client = postgres::Client::connect(dsn, postgres::NoTls).expect("connect");
+            let rows = client
+                .query("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()", &[])
+                .expect("list prepared");
+            rows.iter().filter_map(|row| Xid::from_gid(&row.get::<_, String>(0)).ok()).collect()
+        }
+        DbKind::MariaDb => {
+            let mut conn = mysql::Conn::new(mysql::Opts::from_url(dsn).expect("DSN")).expect("connect");
+            let rows: Vec<(i32, usize, usize, Vec<u8>)> = conn.query("XA RECOVER").expect("XA RECOVER");
+            rows.iter()
+                .filter(|(_, g, b, data)| g + b == data.len())
+                .filter_map(|(f, g, _, data)| Xid::new(*f, &data[..*g], &data[*g..]).ok())
+                .collect()
+        }
     };
+    xids.into_iter().filter(|x| x.origin().is_some_and(|o| o.node == node)).collect()
+}
+
+fn both_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
+    let Some((dsn_a, dsn_b)) = dsns(kind) else { return };
+    let table = unique_table("t");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = spec(kind, &dsn_a, &dsn_b, &table, vec![1, 2], dir.path());
     // Setup is idempotent: running it first and again inside run_all changes nothing.
-    rm_bench::setup(&dsn_a, &table, spec.accounts).expect("setup A");
-    rm_bench::setup(&dsn_b, &table, spec.accounts).expect("setup B");
-    let start = (rm_bench::total(&dsn_a, &table).expect("A"), rm_bench::total(&dsn_b, &table).expect("B"));
+    rm_bench::setup(kind, Side::A, &dsn_a, &table, spec.accounts).expect("setup A");
+    rm_bench::setup(kind, Side::B, &dsn_b, &table, spec.accounts).expect("setup B");
+    rm_bench::setup(kind, Side::B, &dsn_b, &table, spec.accounts).expect("setup B again");
+    let total = |side, dsn: &str| rm_bench::total(kind, side, dsn, &table);
+    let start = (total(Side::A, &dsn_a).expect("A"), total(Side::B, &dsn_b).expect("B"));
     let expected_start = i64::from(spec.accounts) * rm_bench::BALANCE_START;
     assert_eq!(start, (expected_start, expected_start));
 
     let mut steps = Vec::new();
     let outcome = rm_bench::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step));
-    let end = (rm_bench::total(&dsn_a, &table), rm_bench::total(&dsn_b, &table));
-    drop_table(&dsn_a, &table);
-    drop_table(&dsn_b, &table);
+    let end = (total(Side::A, &dsn_a), total(Side::B, &dsn_b));
+    execute(kind, &dsn_a, &format!("DROP TABLE IF EXISTS {table}"));
+    execute(kind, &dsn_b, &format!("DROP TABLE IF EXISTS {table}"));
     let points = outcome.expect("the benchmark runs and its checks pass");
     let end = (end.0.expect("A after"), end.1.expect("B after"));
 
@@ -81,46 +138,124 @@ fn both_modes_transfer_and_nothing_is_left_prepared() {
     }
     assert_eq!(end.0 + end.1, start.0 + start.1, "the total over both databases is unchanged");
     assert_eq!((end.0, end.1), (start.0 - moved, start.1 + moved), "one unit moved per transfer");
-    let ratios: Vec<usize> =
-        steps.iter().filter_map(|s| if let RmStep::Ratio(r) = s { Some(r.threads) } else { None }).collect();
-    assert_eq!(ratios, vec![1, 2]);
+    let ratios: Vec<(usize, f64)> = steps
+        .iter()
+        .filter_map(|s| if let RmStep::Ratio(r) = s { Some((r.threads, r.ratio)) } else { None })
+        .collect();
+    assert_eq!(ratios.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(ratios.iter().all(|r| r.1 > 0.0), "{ratios:?}");
     // Other suites may hold prepared branches of their own: only this run's node counts.
     for dsn in [&dsn_a, &dsn_b] {
-        let mut client = postgres::Client::connect(dsn, postgres::NoTls).expect("connect");
-        let rows = client
-            .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'decree:%'",
-                &[],
-            )
-            .expect("list prepared");
-        let ours: Vec<String> = rows
-            .iter()
-            .map(|row| row.get::<_, String>(0))
-            .filter(|gid| {
-                Xid::from_gid(gid).ok().and_then(|x| x.origin()).is_some_and(|o| o.node == spec.node)
-            })
-            .collect();
+        let ours = prepared_of(kind, dsn, spec.node);
         assert!(ours.is_empty(), "left prepared: {ours:?}");
     }
 }
 
 #[test]
+fn postgres_both_modes_transfer_and_nothing_is_left_prepared() {
+    both_modes_transfer_and_nothing_is_left_prepared(DbKind::Postgres);
+}
+
+#[test]
+fn mariadb_both_modes_transfer_and_nothing_is_left_prepared() {
+    both_modes_transfer_and_nothing_is_left_prepared(DbKind::MariaDb);
+}
+
+/// Prepares a branch of `node` that changed one row of `scratch`, on a connection that is
+/// then closed (so that any connection can roll it back). A future incarnation keeps the
+/// benchmark's coordinator from rolling it back at start, as it would a dead one's.
+fn plant_prepared_branch(kind: DbKind, dsn: &str, node: u32, scratch: &str) -> Xid {
+    let origin = Origin { node, incarnation: u64::MAX, session: 1, sequence: 1 };
+    let xid = Xid::decree(origin).branch(1);
+    match kind {
+        DbKind::Postgres => {
+            execute(kind, dsn, &format!("CREATE TABLE {scratch} (id int PRIMARY KEY)"));
+            let gid = xid.to_gid();
+            execute(
+                kind,
+                dsn,
+                &format!("BEGIN; INSERT INTO {scratch} VALUES (1); PREPARE TRANSACTION '{gid}'"),
+            );
+        }
+        DbKind::MariaDb => {
+            execute(kind, dsn, &format!("CREATE TABLE {scratch} (id INT PRIMARY KEY) ENGINE=InnoDB"));
+            let x = decree_rm::mariadb::xid_sql(&xid).expect("decree format id is positive");
+            execute(
+                kind,
+                dsn,
+                &format!("XA START {x}; INSERT INTO {scratch} VALUES (1); XA END {x}; XA PREPARE {x}"),
+            );
+        }
+    }
+    xid
+}
+
+fn remove_planted_branch(kind: DbKind, dsn: &str, xid: &Xid, scratch: &str) {
+    match kind {
+        DbKind::Postgres => execute(kind, dsn, &format!("ROLLBACK PREPARED '{}'", xid.to_gid())),
+        DbKind::MariaDb => {
+            let x = decree_rm::mariadb::xid_sql(xid).expect("decree format id is positive");
+            execute(kind, dsn, &format!("XA ROLLBACK {x}"));
+        }
+    }
+    execute(kind, dsn, &format!("DROP TABLE {scratch}"));
+}
+
+fn a_prepared_branch_of_the_node_fails_the_run(kind: DbKind) {
+    let Some((dsn_a, dsn_b)) = dsns(kind) else { return };
+    let table = unique_table("p");
+    let scratch = format!("{table}_planted");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = spec(kind, &dsn_a, &dsn_b, &table, vec![1], dir.path());
+    let planted = plant_prepared_branch(kind, &dsn_b, spec.node, &scratch);
+    let mut steps = Vec::new();
+    let outcome = rm_bench::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step));
+    let still_there = prepared_of(kind, &dsn_b, spec.node);
+    remove_planted_branch(kind, &dsn_b, &planted, &scratch);
+    execute(kind, &dsn_a, &format!("DROP TABLE IF EXISTS {table}"));
+    execute(kind, &dsn_b, &format!("DROP TABLE IF EXISTS {table}"));
+
+    assert_eq!(still_there, vec![planted], "the planted branch, and only it, was left prepared");
+    let err = outcome.expect_err("a prepared branch of the node must fail the check");
+    let message = err.to_string();
+    assert!(message.contains("left prepared") && message.contains(&planted.to_string()), "{message}");
+    assert!(message.contains("after the independent run"), "checked after the first run: {message}");
+    assert!(steps.is_empty(), "no run reported before the failed check: {steps:?}");
+}
+
+#[test]
+fn postgres_a_prepared_branch_of_the_node_fails_the_run() {
+    a_prepared_branch_of_the_node_fails_the_run(DbKind::Postgres);
+}
+
+#[test]
+fn mariadb_a_prepared_branch_of_the_node_fails_the_run() {
+    a_prepared_branch_of_the_node_fails_the_run(DbKind::MariaDb);
+}
+
+#[test]
 fn an_unreachable_database_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = RmBenchSpec {
-        dsn_a: "host=127.0.0.1 port=1 user=nobody dbname=none connect_timeout=2".into(),
-        dsn_b: "host=127.0.0.1 port=1 user=nobody dbname=none connect_timeout=2".into(),
-        table: rm_bench::TABLE_DEFAULT.into(),
-        accounts: 10,
-        threads: vec![1],
-        stop: Stop::Cycles(1),
-        engine: EngineKind::Journal,
-        rpo_ms: 0,
-        dir: dir.path().to_path_buf(),
-        seed: 1,
-        node: rm_bench::node_id(),
-    };
-    let err =
-        rm_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).expect_err("nothing listens on port 1");
-    assert!(err.to_string().contains("connecting to database"), "{err}");
+    for (kind, dsn) in [
+        (DbKind::Postgres, "host=127.0.0.1 port=1 user=nobody dbname=none connect_timeout=2"),
+        (DbKind::MariaDb, "mysql://nobody@127.0.0.1:1/none"),
+    ] {
+        let spec = RmBenchSpec {
+            kind,
+            dsn_a: dsn.into(),
+            dsn_b: dsn.into(),
+            table: rm_bench::TABLE_DEFAULT.into(),
+            accounts: 10,
+            threads: vec![1],
+            stop: Stop::Cycles(1),
+            engine: EngineKind::Journal,
+            rpo_ms: 0,
+            dir: dir.path().to_path_buf(),
+            seed: 1,
+            node: rm_bench::node_id(),
+        };
+        let err =
+            rm_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).expect_err("nothing listens on port 1");
+        assert!(err.to_string().contains("connecting to database A"), "{kind:?}: {err}");
+    }
 }

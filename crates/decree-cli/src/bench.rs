@@ -6,7 +6,7 @@ use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
 use decree_bench::client::Mode;
 use decree_bench::report;
-use decree_bench::rm_bench::{self, RmBenchSpec, RmStep};
+use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_log::EngineKind;
@@ -21,16 +21,22 @@ use std::time::Duration;
 close. Presets: t1 = 500-1500us always; t2 = 500-1500us (extreme), 5-15ms (high), 50-150ms (medium). \
 --t1 0 --t2 0 is a saturation test. Each engine, RPO and thread count runs on a fresh log in a \
 subdirectory of --dir, removed afterwards; without --dir a temporary directory is made in the CURRENT \
-directory (not /tmp, often a tmpfs) and removed at the end.")]
+directory (not /tmp, often a tmpfs) and removed at the end.
+
+With --rm postgres|mariadb and two --dsn (A, then B), every transfer debits an account in A and credits \
+one in B: per thread count, first as two local commits (independent), then as one decree two-phase \
+commit over both databases (2pc, XA statements on MariaDB), followed by the ratio of their tps. After \
+every run the balances must add up and no branch of the run's coordinator may be left prepared.")]
 pub struct Args {
-    /// Thread counts, comma-separated; one run each [default: 4,8,16,32; 1,4,16 with --rm postgres].
+    /// Thread counts, comma-separated; one run each [default: 4,8,16,32; 1,4,16 with
+    /// --rm postgres|mariadb].
     #[arg(long, value_delimiter = ',')]
     pub threads: Option<Vec<usize>>,
     /// Cycles per thread (LIXA's lixat -C; its report used 1000) [default: 500].
     #[arg(long, conflicts_with = "duration")]
     pub cycles: Option<u64>,
     /// Run each thread count for this many seconds instead of a number of cycles
-    /// [default with --rm postgres: 3].
+    /// [default with --rm postgres|mariadb: 3].
     #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<Duration>,
     /// Think-time preset.
@@ -79,7 +85,8 @@ pub struct Args {
     /// then each run compares decree 2PC against two independent local commits.
     #[arg(long, value_enum, default_value_t = RmChoice::Dummy)]
     pub rm: RmChoice,
-    /// Database DSN for --rm postgres|mariadb; give it twice (A, then B).
+    /// Database DSN for --rm postgres|mariadb; give it twice (A, then B): libpq's
+    /// `host=... dbname=...` for postgres, `mysql://user:password@host:port/db` for mariadb.
     #[arg(long)]
     pub dsn: Vec<String>,
 }
@@ -91,8 +98,19 @@ pub enum RmChoice {
     Dummy,
     /// Two PostgreSQL databases.
     Postgres,
-    /// Two MariaDB databases (not implemented yet).
+    /// Two MariaDB databases (XA transactions).
     Mariadb,
+}
+
+impl RmChoice {
+    /// The database kind of the real-database benchmark, None for the dummy RMs.
+    fn db_kind(self) -> Option<DbKind> {
+        match self {
+            RmChoice::Dummy => None,
+            RmChoice::Postgres => Some(DbKind::Postgres),
+            RmChoice::Mariadb => Some(DbKind::MariaDb),
+        }
+    }
 }
 
 /// Thread counts when --threads is not given, in the dummy mode.
@@ -137,25 +155,25 @@ impl Args {
     /// The real-database benchmark these arguments describe, with its logs under `dir`;
     /// options that only the dummy workload understands are refused.
     pub fn rm_spec(&self, dir: PathBuf) -> Result<RmBenchSpec, String> {
-        if self.rm == RmChoice::Mariadb {
-            return Err("--rm mariadb is not implemented yet; use --rm postgres or --rm dummy".into());
-        }
+        let kind = self.rm.db_kind().ok_or("--rm dummy has no databases: use --rm postgres|mariadb")?;
+        let rm = format!("--rm {}", kind.name());
         let [dsn_a, dsn_b] = <[String; 2]>::try_from(self.dsn.clone()).map_err(|dsns| {
-            format!("--rm postgres needs exactly two --dsn (database A, then B), got {}", dsns.len())
+            format!("{rm} needs exactly two --dsn (database A, then B), got {}", dsns.len())
         })?;
         if self.mode != Mode::Embedded || self.connect.is_some() {
-            return Err("--rm postgres runs the coordinator embedded: drop --mode and --connect".into());
+            return Err(format!("{rm} runs the coordinator embedded: drop --mode and --connect"));
         }
         if self.rate.is_some() || self.chart.is_some() {
-            return Err("--rate and --chart are not supported with --rm postgres".into());
+            return Err(format!("--rate and --chart are not supported with {rm}"));
         }
         let [engine] = self.engine[..] else {
-            return Err("--rm postgres takes one --engine".into());
+            return Err(format!("{rm} takes one --engine"));
         };
         let [rpo_ms] = self.rpo[..] else {
-            return Err("--rm postgres takes one --rpo".into());
+            return Err(format!("{rm} takes one --rpo"));
         };
         Ok(RmBenchSpec {
+            kind,
             dsn_a,
             dsn_b,
             table: rm_bench::TABLE_DEFAULT.into(),
@@ -186,9 +204,13 @@ fn run_rm(args: Args) -> CliResult {
             Stop::Duration(d) => format!("{:.1} s per run", d.as_secs_f64()),
         };
         println!(
-            "decree bench --rm postgres: table {} ({} accounts per database), engine={} rpo={}ms, {stop}; \
+            "decree bench --rm {}: table {} ({} accounts per database), engine={} rpo={}ms, {stop}; \
              commit latency (p50/p95/p99) and whole transfer (xfer) in microseconds",
-            spec.table, spec.accounts, spec.engine, spec.rpo_ms
+            spec.kind.name(),
+            spec.table,
+            spec.accounts,
+            spec.engine,
+            spec.rpo_ms
         );
         println!("{}", rm_bench::table_header());
     }
@@ -215,7 +237,7 @@ pub fn run(args: Args) -> CliResult {
         return run_rm(args);
     }
     if !args.dsn.is_empty() {
-        return Err("--dsn needs --rm postgres".into());
+        return Err("--dsn needs --rm postgres or --rm mariadb".into());
     }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
@@ -368,7 +390,11 @@ mod tests {
         for (line, says) in [
             ("decree bench --rm postgres --dsn a", "exactly two --dsn"),
             ("decree bench --rm postgres --dsn a --dsn b --dsn c", "exactly two --dsn"),
-            ("decree bench --rm mariadb --dsn a --dsn b", "not implemented yet"),
+            ("decree bench --rm mariadb --dsn mysql://h/a", "--rm mariadb needs exactly two --dsn"),
+            (
+                "decree bench --rm mariadb --dsn a --dsn b --engine journal,file",
+                "--rm mariadb takes one --engine",
+            ),
             ("decree bench --rm postgres --dsn a --dsn b --mode unix", "embedded"),
             ("decree bench --rm postgres --dsn a --dsn b --rpo 0,10", "one --rpo"),
         ] {
@@ -376,6 +402,20 @@ mod tests {
             assert!(err.contains(says), "{line}: {err}");
         }
         assert!(Cli::try_parse_from("decree bench --rm oracle".split_whitespace()).is_err());
+        assert!(parse("decree bench").rm_spec(PathBuf::new()).is_err(), "the dummy RMs have no spec");
+    }
+
+    #[test]
+    fn rm_mariadb_builds_a_mariadb_spec() {
+        let line =
+            "decree bench --rm mariadb --dsn mysql://u@h:3306/a --dsn mysql://u@h:3306/b --threads 1,16";
+        let spec = parse(line).rm_spec(PathBuf::from("d")).expect("valid");
+        assert_eq!(spec.kind, DbKind::MariaDb);
+        assert_eq!((spec.dsn_a.as_str(), spec.dsn_b.as_str()), ("mysql://u@h:3306/a", "mysql://u@h:3306/b"));
+        assert_eq!((spec.threads, spec.stop), (vec![1, 16], Stop::Duration(Duration::from_secs(3))));
+        let spec =
+            parse("decree bench --rm postgres --dsn a --dsn b").rm_spec(PathBuf::new()).expect("valid");
+        assert_eq!(spec.kind, DbKind::Postgres);
     }
 
     #[test]

@@ -1,14 +1,14 @@
-//! The cost of atomicity with real databases (`decree bench --rm postgres`).
+//! The cost of atomicity with real databases (`decree bench --rm postgres|mariadb`).
 //!
-//! Two PostgreSQL databases, A and B, each hold `<table>(id int primary key, balance
+//! Two databases of one kind, A and B, each hold `<table>(id int primary key, balance
 //! bigint)` with `accounts` rows. A transfer debits one random account in A by 1 and
 //! credits one random account in B by 1 (uniform ids: low contention). Per thread count,
 //! two runs do the same transfers:
-//! - "independent": `BEGIN; UPDATE; COMMIT` on A, then the same on B: two local commits,
-//!   no atomicity (a crash between them loses the credit);
+//! - "independent": a local transaction (begin, UPDATE, COMMIT) on A, then the same on B:
+//!   two local commits, no atomicity (a crash between them loses the credit);
 //! - "2pc": both updates in one decree transaction over the embedded coordinator (its
 //!   decisions go to a fresh log of the chosen engine and RPO): begin, the updates through
-//!   the RM handles, commit = prepare both, durable decision, commit prepared both.
+//!   the RM handles, commit = prepare both, durable decision, commit both prepared branches.
 //!
 //! The ratio of the two throughputs is the cost of atomicity; nothing asserts on it.
 //! Invariants checked after every run (an error, never a silent pass): every transfer
@@ -17,19 +17,26 @@
 //! path and wrote one decision, and no branch of this benchmark's coordinator node is
 //! left prepared in either database. Statements are prepared once per connection, in both
 //! modes, so neither pays an extra parse round trip.
+//!
+//! This module holds everything the kinds share: the spec, the runner and its two loops,
+//! the invariants and the reports. What differs per kind (connecting, setup, the sum, the
+//! prepared-branch listing, the local transaction, the RM and its statement) sits behind
+//! [`Database`], one file per kind: [`postgres`] and [`mariadb`].
+
+mod mariadb;
+mod postgres;
 
 use crate::stats::Latencies;
 use crate::tx::{fresh_dir, panic_message, Stop, THREADS_MAX};
 use crate::BenchError;
-use decree_core::{CommitKind, RmFactory, TmConfig, TransactionManager, TxContext, Xid};
+use decree_core::{CommitKind, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
 use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
-use decree_rm::PgFactory;
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The accounts table used when none is named.
@@ -38,7 +45,7 @@ pub const TABLE_DEFAULT: &str = "decree_bench_accounts";
 pub const ACCOUNTS_DEFAULT: u32 = 10_000;
 /// The most accounts setup creates per database.
 pub const ACCOUNTS_MAX: u32 = 1_000_000;
-/// Longest table name accepted (PostgreSQL's identifier limit).
+/// Longest table name accepted (PostgreSQL's identifier limit; MariaDB's is 64).
 pub const TABLE_BYTES_MAX: usize = 63;
 /// Balance of every account created by setup (far from overflow and from zero).
 pub const BALANCE_START: i64 = 1_000_000_000;
@@ -49,12 +56,94 @@ const IDLE_WAIT: Duration = Duration::from_secs(30);
 /// Transfers between two updates of the progress bar.
 const PROGRESS_EVERY: u64 = 64;
 
+/// Which kind of database both A and B are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    /// PostgreSQL (`PREPARE TRANSACTION`), DSNs in libpq's `key=value` form.
+    Postgres,
+    /// MariaDB (`XA` statements), DSNs as `mysql://user:password@host:port/db`.
+    MariaDb,
+}
+
+impl DbKind {
+    /// The name used by `--rm` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DbKind::Postgres => "postgres",
+            DbKind::MariaDb => "mariadb",
+        }
+    }
+}
+
+/// Which database of the pair: A is debited, B is credited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The debited database.
+    A,
+    /// The credited database.
+    B,
+}
+
+impl Side {
+    /// Both sides, in the order of every transfer.
+    pub const BOTH: [Side; 2] = [Side::A, Side::B];
+
+    /// "A" or "B", for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::A => "A",
+            Side::B => "B",
+        }
+    }
+
+    /// The resource-manager name of this side's connections (also in recovery's logs).
+    fn rm_name(self) -> &'static str {
+        match self {
+            Side::A => "bench-a",
+            Side::B => "bench-b",
+        }
+    }
+
+    /// What the transfer does to this side's account, for messages.
+    fn verb(self) -> &'static str {
+        match self {
+            Side::A => "debit",
+            Side::B => "credit",
+        }
+    }
+
+    /// The operator of this side's `SET balance = balance <op> 1`.
+    fn operator(self) -> char {
+        match self {
+            Side::A => '-',
+            Side::B => '+',
+        }
+    }
+
+    /// "<step> on database A", the context of an error on this side.
+    fn context(self, step: impl std::fmt::Display) -> String {
+        format!("{step} on database {}", self.name())
+    }
+
+    /// This side's UPDATE of one account, with the kind's parameter `placeholder`.
+    fn update_sql(self, table: &str, placeholder: &str) -> String {
+        format!("UPDATE {table} SET balance = balance {} 1 WHERE id = {placeholder}", self.operator())
+    }
+
+    /// The error of a failed connection to this side (the address carries no password).
+    fn connect_error(self, address: &str, purpose: &str, e: impl std::fmt::Display) -> BenchError {
+        db_error(format!("connecting to database {} ({address}) {purpose}", self.name()), e)
+    }
+}
+
 /// What the benchmark runs against and how long.
 #[derive(Debug, Clone)]
 pub struct RmBenchSpec {
-    /// PostgreSQL DSN of database A (debited).
+    /// Kind of both databases.
+    pub kind: DbKind,
+    /// DSN of database A (debited).
     pub dsn_a: String,
-    /// PostgreSQL DSN of database B (credited).
+    /// DSN of database B (credited).
     pub dsn_b: String,
     /// Accounts table in both databases (a-z, 0-9, `_`; created if missing).
     pub table: String,
@@ -139,6 +228,54 @@ pub enum RmStep {
     Ratio(RmRatio),
 }
 
+/// One database of the pair, as the runner sees it; one implementation per kind. Every
+/// call opens its own connection: the runner calls the first three once per run, the
+/// last two once per thread and run.
+trait Database: Sync {
+    /// Creates the table and rows 1..=accounts if missing; existing rows keep their balance.
+    fn setup(&self, accounts: u32) -> Result<(), BenchError>;
+    /// The sum of all balances of the table.
+    fn total(&self) -> Result<i64, BenchError>;
+    /// Decree branches minted by coordinator `node` still prepared where this database
+    /// can see them, printable.
+    fn prepared_of_node(&self, node: u32) -> Result<Vec<String>, BenchError>;
+    /// The coordinator's factory for this database (recovery and phase-two retries).
+    fn rm_factory(&self) -> Arc<dyn RmFactory>;
+    /// A plain connection with this side's UPDATE prepared, for the independent mode.
+    fn local(&self) -> Result<Box<dyn LocalUpdate>, BenchError>;
+    /// A resource manager for the coordinator and, on the same connection, this side's
+    /// UPDATE prepared, for the 2PC mode.
+    fn branch(&self) -> Result<BranchPair, BenchError>;
+}
+
+/// A branch connection as the coordinator takes it, and the application's side of it.
+type BranchPair = (Box<dyn ResourceManager>, Box<dyn BranchUpdate>);
+
+/// One thread's plain connection in the independent mode.
+trait LocalUpdate {
+    /// Starts a local transaction.
+    fn begin(&mut self) -> Result<(), BenchError>;
+    /// Runs the prepared UPDATE on account `id`; returns the rows it changed.
+    fn update(&mut self, id: i32) -> Result<u64, BenchError>;
+    /// Commits the local transaction.
+    fn commit(&mut self) -> Result<(), BenchError>;
+}
+
+/// One thread's application view of a branch connection in the 2PC mode.
+trait BranchUpdate {
+    /// Runs the prepared UPDATE on account `id` inside the open branch; returns the rows
+    /// it changed.
+    fn update(&mut self, id: i32) -> Result<u64, BenchError>;
+}
+
+/// Opens one side of the pair (checks the DSN; connects only when asked to work).
+fn open(kind: DbKind, side: Side, dsn: &str, table: &str) -> Result<Box<dyn Database>, BenchError> {
+    Ok(match kind {
+        DbKind::Postgres => Box::new(postgres::PgDatabase::new(side, dsn, table)?),
+        DbKind::MariaDb => Box::new(mariadb::MariaDbDatabase::new(side, dsn, table)?),
+    })
+}
+
 /// What the threads of one run measured, merged.
 #[derive(Debug, Default)]
 struct ThreadOut {
@@ -149,11 +286,6 @@ struct ThreadOut {
 
 fn db_error(context: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
     BenchError::Client { context: context.into(), message: e.to_string() }
-}
-
-fn connect(dsn: &str, which: &str) -> Result<postgres::Client, BenchError> {
-    postgres::Client::connect(dsn, postgres::NoTls)
-        .map_err(|e| db_error(format!("connecting to database {which}"), e))
 }
 
 /// Rejects a spec that cannot run, before touching any database.
@@ -188,45 +320,20 @@ pub fn check(spec: &RmBenchSpec) -> Result<(), BenchError> {
 }
 
 /// Creates the accounts table and its rows in one database if missing (idempotent:
-/// existing rows keep their balances).
-pub fn setup(dsn: &str, table: &str, accounts: u32) -> Result<(), BenchError> {
-    let mut client = connect(dsn, "for setup")?;
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {table} (id int PRIMARY KEY, balance bigint NOT NULL); \
-             INSERT INTO {table} SELECT g, {BALANCE_START} FROM generate_series(1, {accounts}) g \
-             ON CONFLICT (id) DO NOTHING"
-        ))
-        .map_err(|e| db_error(format!("creating {table}"), e))
+/// existing rows keep their balances). `side` only names the database in messages.
+pub fn setup(kind: DbKind, side: Side, dsn: &str, table: &str, accounts: u32) -> Result<(), BenchError> {
+    open(kind, side, dsn, table)?.setup(accounts)
 }
 
 /// The sum of all balances of `table` in one database.
-pub fn total(dsn: &str, table: &str) -> Result<i64, BenchError> {
-    let mut client = connect(dsn, "to read the total")?;
-    let row = client
-        .query_one(&format!("SELECT COALESCE(SUM(balance), 0)::bigint FROM {table}"), &[])
-        .map_err(|e| db_error(format!("summing {table}"), e))?;
-    row.try_get(0).map_err(|e| db_error(format!("summing {table}"), e))
+pub fn total(kind: DbKind, side: Side, dsn: &str, table: &str) -> Result<i64, BenchError> {
+    open(kind, side, dsn, table)?.total()
 }
 
-/// Branches minted by coordinator `node` that are still prepared in one database.
-pub fn prepared_of_node(dsn: &str, node: u32) -> Result<Vec<String>, BenchError> {
-    let mut client = connect(dsn, "to list prepared branches")?;
-    let rows = client
-        .query(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'decree:%'",
-            &[],
-        )
-        .map_err(|e| db_error("listing pg_prepared_xacts", e))?;
-    let mut ours = Vec::new();
-    for row in rows {
-        let gid: String = row.try_get(0).map_err(|e| db_error("reading pg_prepared_xacts", e))?;
-        let mine = Xid::from_gid(&gid).ok().and_then(|x| x.origin()).is_some_and(|o| o.node == node);
-        if mine {
-            ours.push(gid);
-        }
-    }
-    Ok(ours)
+/// Branches minted by coordinator `node` that are still prepared in one database
+/// (PostgreSQL: this database; MariaDB: the whole server, as `XA RECOVER` lists them).
+pub fn prepared_of_node(kind: DbKind, side: Side, dsn: &str, node: u32) -> Result<Vec<String>, BenchError> {
+    open(kind, side, dsn, TABLE_DEFAULT)?.prepared_of_node(node)
 }
 
 /// A coordinator node id of this process's own, so that the leftover check and the
@@ -248,46 +355,20 @@ pub fn run_all(
     mut report: impl FnMut(RmStep),
 ) -> Result<Vec<RmPoint>, BenchError> {
     check(spec)?;
-    setup(&spec.dsn_a, &spec.table, spec.accounts)?;
-    setup(&spec.dsn_b, &spec.table, spec.accounts)?;
-    let node = spec.node;
-    let factory_a = Arc::new(PgFactory::new("bench-a", &spec.dsn_a).map_err(|e| db_error("--dsn A", e))?);
-    let factory_b = Arc::new(PgFactory::new("bench-b", &spec.dsn_b).map_err(|e| db_error("--dsn B", e))?);
+    let dbs = [
+        open(spec.kind, Side::A, &spec.dsn_a, &spec.table)?,
+        open(spec.kind, Side::B, &spec.dsn_b, &spec.table)?,
+    ];
+    let dbs = [dbs[0].as_ref(), dbs[1].as_ref()];
+    for db in dbs {
+        db.setup(spec.accounts)?;
+    }
     let mut points = Vec::new();
     for &threads in &spec.threads {
         let mut tps = [0.0; 2];
         for (slot, mode) in [RmMode::Independent, RmMode::TwoPhase].into_iter().enumerate() {
-            progress.set_message(format!("{} threads={threads}", mode.name()));
-            let before = (total(&spec.dsn_a, &spec.table)?, total(&spec.dsn_b, &spec.table)?);
-            let (out, elapsed) = match mode {
-                RmMode::Independent => run_threads(threads, |index, start, failed| {
-                    independent_loop(spec, index, start, failed, progress)
-                })?,
-                RmMode::TwoPhase => {
-                    let dir = fresh_dir(&spec.dir, &format!("rm-2pc-t{threads}"))?;
-                    let outcome =
-                        two_phase_run(spec, threads, node, &dir, [&factory_a, &factory_b], progress);
-                    let removed = std::fs::remove_dir_all(&dir);
-                    let result = outcome?;
-                    removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
-                    result
-                }
-            };
-            let after = (total(&spec.dsn_a, &spec.table)?, total(&spec.dsn_b, &spec.table)?);
-            check_totals(mode, threads, before, after, out.transfers)?;
-            let secs = elapsed.as_secs_f64();
-            let point = RmPoint {
-                threads,
-                mode: mode.name(),
-                transfers: out.transfers,
-                elapsed_s: secs,
-                tps: if secs > 0.0 { out.transfers as f64 / secs } else { 0.0 },
-                p50_us: out.commit.quantile_us(0.50),
-                p95_us: out.commit.quantile_us(0.95),
-                p99_us: out.commit.quantile_us(0.99),
-                transfer_p50_us: out.transfer.quantile_us(0.50),
-                transfer_p99_us: out.transfer.quantile_us(0.99),
-            };
+            progress.set_message(format!("{} {} threads={threads}", spec.kind.name(), mode.name()));
+            let point = run_one(spec, dbs, mode, threads, progress)?;
             tps[slot] = point.tps;
             report(RmStep::Measured(point.clone()));
             points.push(point);
@@ -295,16 +376,47 @@ pub fn run_all(
         let ratio = if tps[0] > 0.0 { tps[1] / tps[0] } else { 0.0 };
         report(RmStep::Ratio(RmRatio { threads, ratio }));
     }
-    let mut left = prepared_of_node(&spec.dsn_a, node)?;
-    left.extend(prepared_of_node(&spec.dsn_b, node)?);
-    if !left.is_empty() {
-        let listed: Vec<&str> = left.iter().take(LEFTOVER_LISTED_MAX).map(String::as_str).collect();
-        return Err(db_error(
-            "checking pg_prepared_xacts after the runs",
-            format!("{} branch(es) of node {node:#x} left prepared: {}", left.len(), listed.join(", ")),
-        ));
-    }
     Ok(points)
+}
+
+/// One run of one mode at one thread count, with the invariants checked after it.
+fn run_one(
+    spec: &RmBenchSpec,
+    dbs: [&dyn Database; 2],
+    mode: RmMode,
+    threads: usize,
+    progress: &ProgressBar,
+) -> Result<RmPoint, BenchError> {
+    let before = (dbs[0].total()?, dbs[1].total()?);
+    let (out, elapsed) = match mode {
+        RmMode::Independent => run_threads(threads, |index, start, failed| {
+            independent_loop(spec, dbs, index, start, failed, progress)
+        })?,
+        RmMode::TwoPhase => {
+            let dir = fresh_dir(&spec.dir, &format!("rm-2pc-t{threads}"))?;
+            let outcome = two_phase_run(spec, dbs, threads, &dir, progress);
+            let removed = std::fs::remove_dir_all(&dir);
+            let result = outcome?;
+            removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
+            result
+        }
+    };
+    let after = (dbs[0].total()?, dbs[1].total()?);
+    check_totals(mode, threads, before, after, out.transfers)?;
+    check_nothing_prepared(dbs, spec.node, mode, threads)?;
+    let secs = elapsed.as_secs_f64();
+    Ok(RmPoint {
+        threads,
+        mode: mode.name(),
+        transfers: out.transfers,
+        elapsed_s: secs,
+        tps: if secs > 0.0 { out.transfers as f64 / secs } else { 0.0 },
+        p50_us: out.commit.quantile_us(0.50),
+        p95_us: out.commit.quantile_us(0.95),
+        p99_us: out.commit.quantile_us(0.99),
+        transfer_p50_us: out.transfer.quantile_us(0.50),
+        transfer_p99_us: out.transfer.quantile_us(0.99),
+    })
 }
 
 /// The total over both databases must not move, and B must have gained one per transfer.
@@ -328,33 +440,35 @@ fn check_totals(
     Ok(())
 }
 
+/// No branch of this benchmark's coordinator node may stay prepared in either database
+/// (listed once even when both sides see the same server's list).
+fn check_nothing_prepared(
+    dbs: [&dyn Database; 2],
+    node: u32,
+    mode: RmMode,
+    threads: usize,
+) -> Result<(), BenchError> {
+    let mut left = dbs[0].prepared_of_node(node)?;
+    left.extend(dbs[1].prepared_of_node(node)?);
+    left.sort_unstable();
+    left.dedup();
+    if left.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<&str> = left.iter().take(LEFTOVER_LISTED_MAX).map(String::as_str).collect();
+    Err(db_error(
+        format!("checking for prepared branches after the {} run at {threads} threads", mode.name()),
+        format!("{} branch(es) of node {node:#x} left prepared: {}", left.len(), listed.join(", ")),
+    ))
+}
+
 /// Starts `threads` threads running `body` together; merges what they measured and
 /// returns it with the wall time from their release to the end of the last one.
 fn run_threads(
     threads: usize,
     body: impl Fn(usize, Instant, &AtomicBool) -> Result<ThreadOut, BenchError> + Sync,
 ) -> Result<(ThreadOut, Duration), BenchError> {
-    let barrier = Barrier::new(threads + 1);
-    let failed = AtomicBool::new(false);
-    let (outcomes, start, end) = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|index| {
-                let (barrier, failed, body) = (&barrier, &failed, &body);
-                scope.spawn(move || {
-                    barrier.wait();
-                    let outcome = body(index, Instant::now(), failed);
-                    if outcome.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    outcome
-                })
-            })
-            .collect();
-        let start = Instant::now();
-        barrier.wait();
-        let outcomes: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (outcomes, start, Instant::now())
-    });
+    let (outcomes, start, end) = crate::tx::run_together(threads, body);
     let mut merged = ThreadOut::default();
     for outcome in outcomes {
         let out = outcome.map_err(|panic| BenchError::Panicked(panic_message(&panic)))??;
@@ -373,63 +487,56 @@ fn more(stop: Stop, done: u64, start: Instant, failed: &AtomicBool) -> bool {
     left && !failed.load(Ordering::Relaxed)
 }
 
-fn debit_sql(table: &str) -> String {
-    format!("UPDATE {table} SET balance = balance - 1 WHERE id = $1")
-}
-
-fn credit_sql(table: &str) -> String {
-    format!("UPDATE {table} SET balance = balance + 1 WHERE id = $1")
-}
-
-fn one_row(changed: u64, which: &str, id: i32) -> Result<(), BenchError> {
+fn one_row(changed: u64, side: Side, id: i32) -> Result<(), BenchError> {
     if changed != 1 {
         return Err(db_error(
-            format!("updating account {id} in database {which}"),
+            format!("updating account {id} in database {}", side.name()),
             format!("{changed} rows changed, expected 1 (was setup run with fewer accounts?)"),
         ));
     }
     Ok(())
 }
 
-fn ids(rng: &mut rand::rngs::StdRng, accounts: u32) -> (i32, i32) {
-    let top = accounts as i32;
-    (rng.gen_range(1..=top), rng.gen_range(1..=top))
+/// The accounts of one transfer: the one debited in A, the one credited in B.
+fn ids(rng: &mut rand::rngs::StdRng, accounts: u32) -> [i32; 2] {
+    let top = i32::try_from(accounts).unwrap_or(i32::MAX);
+    [rng.gen_range(1..=top), rng.gen_range(1..=top)]
 }
 
-/// One thread of the independent mode: two local transactions per transfer.
+/// Records one finished transfer and moves the progress bar now and then.
+fn count(out: &mut ThreadOut, commit: Duration, transfer: Duration, progress: &ProgressBar) {
+    out.commit.record(commit);
+    out.transfer.record(transfer);
+    out.transfers += 1;
+    if out.transfers.is_multiple_of(PROGRESS_EVERY) {
+        progress.inc(PROGRESS_EVERY);
+    }
+}
+
+/// One thread of the independent mode: a local transaction on A, then one on B.
 fn independent_loop(
     spec: &RmBenchSpec,
+    dbs: [&dyn Database; 2],
     index: usize,
     start: Instant,
     failed: &AtomicBool,
     progress: &ProgressBar,
 ) -> Result<ThreadOut, BenchError> {
-    let mut a = connect(&spec.dsn_a, "A")?;
-    let mut b = connect(&spec.dsn_b, "B")?;
-    let debit = a.prepare(&debit_sql(&spec.table)).map_err(|e| db_error("preparing the debit on A", e))?;
-    let credit = b.prepare(&credit_sql(&spec.table)).map_err(|e| db_error("preparing the credit on B", e))?;
+    let mut locals = [dbs[0].local()?, dbs[1].local()?];
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
     let mut out = ThreadOut::default();
     while more(spec.stop, out.transfers, start, failed) {
-        let (id_a, id_b) = ids(&mut rng, spec.accounts);
+        let ids = ids(&mut rng, spec.accounts);
         let begun = Instant::now();
-        let mut tx = a.transaction().map_err(|e| db_error("BEGIN on A", e))?;
-        one_row(tx.execute(&debit, &[&id_a]).map_err(|e| db_error("debit on A", e))?, "A", id_a)?;
-        let commit_a = Instant::now();
-        tx.commit().map_err(|e| db_error("COMMIT on A", e))?;
-        let mut commit_time = commit_a.elapsed();
-        let mut tx = b.transaction().map_err(|e| db_error("BEGIN on B", e))?;
-        one_row(tx.execute(&credit, &[&id_b]).map_err(|e| db_error("credit on B", e))?, "B", id_b)?;
-        let commit_b = Instant::now();
-        tx.commit().map_err(|e| db_error("COMMIT on B", e))?;
-        let end = Instant::now();
-        commit_time += end.saturating_duration_since(commit_b);
-        out.commit.record(commit_time);
-        out.transfer.record(end.saturating_duration_since(begun));
-        out.transfers += 1;
-        if out.transfers.is_multiple_of(PROGRESS_EVERY) {
-            progress.inc(PROGRESS_EVERY);
+        let mut commit_time = Duration::ZERO;
+        for ((local, id), side) in locals.iter_mut().zip(ids).zip(Side::BOTH) {
+            local.begin()?;
+            one_row(local.update(id)?, side, id)?;
+            let committing = Instant::now();
+            local.commit()?;
+            commit_time += committing.elapsed();
         }
+        count(&mut out, commit_time, begun.elapsed(), progress);
     }
     Ok(out)
 }
@@ -437,10 +544,9 @@ fn independent_loop(
 /// One 2PC run: a coordinator over a fresh log in `dir`, `threads` sessions on it.
 fn two_phase_run(
     spec: &RmBenchSpec,
+    dbs: [&dyn Database; 2],
     threads: usize,
-    node: u32,
     dir: &std::path::Path,
-    factories: [&Arc<PgFactory>; 2],
     progress: &ProgressBar,
 ) -> Result<(ThreadOut, Duration), BenchError> {
     let config = LogConfig::new(dir, spec.engine, SyncPolicy::from_rpo_ms(spec.rpo_ms));
@@ -448,12 +554,15 @@ fn two_phase_run(
         decree_log::open(&config)
             .map_err(|source| BenchError::EngineUnavailable { engine: spec.engine.name().into(), source })?,
     );
-    let shared: Vec<Arc<dyn RmFactory>> =
-        factories.iter().map(|f| Arc::clone(*f) as Arc<dyn RmFactory>).collect();
-    let tm = TransactionManager::embedded(log.clone(), TmConfig { node, ..TmConfig::default() }, shared)
-        .map_err(|e| db_error("starting the coordinator", e))?;
+    let factories = dbs.iter().map(|db| db.rm_factory()).collect();
+    let tm = TransactionManager::embedded(
+        log.clone(),
+        TmConfig { node: spec.node, ..TmConfig::default() },
+        factories,
+    )
+    .map_err(|e| db_error("starting the coordinator", e))?;
     let (out, elapsed) = run_threads(threads, |index, start, failed| {
-        two_phase_loop(spec, &tm, factories, index, start, failed, progress)
+        two_phase_loop(spec, &tm, dbs, index, start, failed, progress)
     })?;
     if !tm.wait_idle(IDLE_WAIT) {
         return Err(db_error(
@@ -475,47 +584,26 @@ fn two_phase_run(
 fn two_phase_loop(
     spec: &RmBenchSpec,
     tm: &Arc<TransactionManager>,
-    factories: [&Arc<PgFactory>; 2],
+    dbs: [&dyn Database; 2],
     index: usize,
     start: Instant,
     failed: &AtomicBool,
     progress: &ProgressBar,
 ) -> Result<ThreadOut, BenchError> {
-    let a = factories[0].connect_pg().map_err(|e| db_error("connecting to database A", e))?;
-    let b = factories[1].connect_pg().map_err(|e| db_error("connecting to database B", e))?;
-    let debit = a
-        .client()
-        .and_then(|mut c| {
-            c.prepare(&debit_sql(&spec.table)).map_err(|e| decree_core::RmError::Protocol(e.to_string()))
-        })
-        .map_err(|e| db_error("preparing the debit on A", e))?;
-    let credit = b
-        .client()
-        .and_then(|mut c| {
-            c.prepare(&credit_sql(&spec.table)).map_err(|e| decree_core::RmError::Protocol(e.to_string()))
-        })
-        .map_err(|e| db_error("preparing the credit on B", e))?;
-    let (ha, hb) = (a.handle(), b.handle());
-    let mut tx = TxContext::open(tm, vec![Box::new(a), Box::new(b)]).map_err(|e| db_error("tx_open", e))?;
+    let (rm_a, update_a) = dbs[0].branch()?;
+    let (rm_b, update_b) = dbs[1].branch()?;
+    let mut updates = [update_a, update_b];
+    let mut tx = TxContext::open(tm, vec![rm_a, rm_b]).map_err(|e| db_error("tx_open", e))?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
     let mut out = ThreadOut::default();
     let outcome = (|| {
         while more(spec.stop, out.transfers, start, failed) {
-            let (id_a, id_b) = ids(&mut rng, spec.accounts);
+            let ids = ids(&mut rng, spec.accounts);
             let begun = Instant::now();
             tx.begin().map_err(|e| db_error("tx_begin", e))?;
-            let changed = ha
-                .client()
-                .map_err(|e| db_error("debit on A", e))?
-                .execute(&debit, &[&id_a])
-                .map_err(|e| db_error("debit on A", e))?;
-            one_row(changed, "A", id_a)?;
-            let changed = hb
-                .client()
-                .map_err(|e| db_error("credit on B", e))?
-                .execute(&credit, &[&id_b])
-                .map_err(|e| db_error("credit on B", e))?;
-            one_row(changed, "B", id_b)?;
+            for ((update, id), side) in updates.iter_mut().zip(ids).zip(Side::BOTH) {
+                one_row(update.update(id)?, side, id)?;
+            }
             let committing = Instant::now();
             let report = tx.commit().map_err(|e| db_error("tx_commit", e))?;
             let end = Instant::now();
@@ -525,12 +613,12 @@ fn two_phase_loop(
                     format!("took the {:?} path, expected two-phase", report.kind),
                 ));
             }
-            out.commit.record(end.saturating_duration_since(committing));
-            out.transfer.record(end.saturating_duration_since(begun));
-            out.transfers += 1;
-            if out.transfers.is_multiple_of(PROGRESS_EVERY) {
-                progress.inc(PROGRESS_EVERY);
-            }
+            count(
+                &mut out,
+                end.saturating_duration_since(committing),
+                end.saturating_duration_since(begun),
+                progress,
+            );
         }
         Ok(())
     })();
@@ -598,6 +686,7 @@ mod tests {
 
     fn spec() -> RmBenchSpec {
         RmBenchSpec {
+            kind: DbKind::Postgres,
             dsn_a: "host=x".into(),
             dsn_b: "host=y".into(),
             table: TABLE_DEFAULT.into(),
@@ -623,10 +712,26 @@ mod tests {
             RmBenchSpec { threads: vec![0], ..spec() },
             RmBenchSpec { stop: Stop::Cycles(0), ..spec() },
             RmBenchSpec { dsn_b: " ".into(), ..spec() },
+            RmBenchSpec { kind: DbKind::MariaDb, table: "a-b".into(), ..spec() },
         ];
         for s in bad {
             assert!(matches!(check(&s), Err(BenchError::Option(_))), "{s:?} accepted");
         }
+    }
+
+    #[test]
+    fn a_dsn_of_the_wrong_kind_is_refused_before_connecting() {
+        let err = open(DbKind::MariaDb, Side::B, "host=127.0.0.1 user=x", "t").err().expect("not a URL");
+        assert!(err.to_string().contains("database B"), "{err}");
+        let err = open(DbKind::Postgres, Side::A, "host=x port=notaport", "t").err().expect("bad port");
+        assert!(err.to_string().contains("database A"), "{err}");
+    }
+
+    #[test]
+    fn sides_debit_a_and_credit_b() {
+        assert_eq!(Side::BOTH.map(Side::operator), ['-', '+']);
+        assert_eq!(Side::BOTH.map(Side::verb), ["debit", "credit"]);
+        assert_ne!(Side::A.rm_name(), Side::B.rm_name(), "recovery tells the two RMs apart by name");
     }
 
     #[test]
