@@ -6,8 +6,10 @@
 //!
 //! - `start` → `XA START X'<gtrid>',X'<bqual>',<formatID>`: hex literals, because decree's
 //!   gtrids are binary (they hold the node id, incarnation and session as integers).
-//! - `end` → `XA END <xid>`: the branch's work is over; `prepare` and `commit(one_phase)`
-//!   send it themselves when the caller did not, in the same round trip.
+//! - `end` sends nothing: `XA END <xid>` goes out in the same round trip as the branch's
+//!   next statement (`prepare`, `commit(one_phase)` or `rollback`), since the coordinator
+//!   always ends a branch right before one of those. SQL run after `end` and before that
+//!   statement would still belong to the branch (a misuse XA forbids anyway).
 //! - `prepare` → `XA PREPARE <xid>`. MariaDB has no read-only vote: the branch always
 //!   votes commit. (A read-only branch prepared and then committed from *another*
 //!   connection answers `XA_RBROLLBACK`, which is the same outcome for a branch that
@@ -341,21 +343,9 @@ impl XaConnection {
     }
 
     fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
-        if self.state == BranchState::Ended(*xid) {
-            return Ok(());
-        }
-        self.require_open_branch(xid, "XA END")?;
-        match self.run(XaOp::End, &format!("XA END {}", xid_sql(xid)?)) {
-            Ok(()) => {
-                self.state = BranchState::Ended(*xid);
-                Ok(())
-            }
-            Err(e) => {
-                self.drop_connection();
-                self.state = BranchState::Idle;
-                Err(e)
-            }
-        }
+        // Deferred: `XA END` travels with the branch's next statement (prepare, one-phase
+        // commit or rollback), which saves the coordinator a round trip per branch.
+        self.require_open_branch(xid, "XA END")
     }
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
