@@ -85,6 +85,19 @@ pub fn encode(out: &mut Vec<u8>, kind: RecordKind, txn: u64, payload: &[u8]) {
     debug_assert_eq!(out.len() - start, frame_len(payload.len()));
 }
 
+/// Writes one frame into `out`, which must be exactly its length (no allocation: the
+/// journal pads direct writes in place).
+pub fn encode_into(out: &mut [u8], kind: RecordKind, txn: u64, payload: &[u8]) {
+    assert_eq!(out.len(), frame_len(payload.len()), "the slice must hold exactly one frame");
+    let len = (1 + 8 + payload.len()) as u32;
+    out[0..4].copy_from_slice(&len.to_le_bytes());
+    out[8] = kind as u8;
+    out[9..17].copy_from_slice(&txn.to_le_bytes());
+    out[17..].copy_from_slice(payload);
+    let crc = checksum(&out[0..4], &out[8..]);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Writes one padding frame filling exactly `total` bytes (at least `HEADER_BYTES`).
 pub fn encode_padding(out: &mut Vec<u8>, total: usize) {
     assert!(total >= HEADER_BYTES, "padding of {total} bytes cannot hold a frame header");
@@ -131,6 +144,18 @@ pub fn decode(buf: &[u8], len_max: usize) -> Decoded<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn encoding_in_place_matches_encoding_into_a_vec() {
+        for len in [0usize, 1, 100, 4000] {
+            let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut vec = Vec::new();
+            encode(&mut vec, RecordKind::Padding, 42, &payload);
+            let mut slice = vec![0xAAu8; frame_len(len)];
+            encode_into(&mut slice, RecordKind::Padding, 42, &payload);
+            assert_eq!(slice, vec, "payload of {len} bytes");
+        }
+    }
 
     #[test]
     fn round_trip() {

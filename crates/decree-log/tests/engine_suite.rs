@@ -380,6 +380,9 @@ fn corrupted_middle_record_is_reported_with_file_and_offset() {
 fn failed_sync_stops_the_log() {
     for engine in durable() {
         let storage = FaultStorage::new(9);
+        // The fdatasync path; the journal's direct writes fail by a write error instead
+        // (concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged).
+        storage.disable_direct_io();
         let config = config(&fault_dir(), engine, SyncPolicy::Immediate);
         let Some(log) = open_ok(&config, &storage) else { continue };
         for txn in 0..5u64 {
@@ -425,12 +428,20 @@ fn failed_sync_stops_the_log() {
 fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
     const THREADS: u64 = 8;
     const PER_THREAD: u64 = 150;
-    // Interleavings vary from run to run: several rounds with different failing syncs.
+    // Interleavings vary from run to run: several rounds with different failing syncs;
+    // odd rounds let the journal write with O_DIRECT | O_DSYNC, where a write fails instead.
     for (engine, round) in durable().into_iter().flat_map(|e| (0..8u64).map(move |r| (e, r))) {
         let storage = FaultStorage::new(21 + round);
+        let direct = round % 2 == 1;
+        if !direct {
+            storage.disable_direct_io();
+        }
         let config = config(&fault_dir(), engine, SyncPolicy::Immediate);
         let Some(log) = open_ok(&config, &storage) else { continue };
         let log: std::sync::Arc<dyn Log> = std::sync::Arc::from(log);
+        if direct && engine == EngineKind::Journal {
+            storage.fail_writes_after(10 + 9 * round);
+        }
         // One sync fails and later ones succeed: the data it dropped is gone (as on Linux).
         storage.fail_one_sync_after(10 + 9 * round);
         // Syncs that take a while overlap with the next batch's write and sync.

@@ -11,6 +11,15 @@
 //! soon as the previous one ends. Waiters of batch `n` sleep on condition variable
 //! `n % 2`, so a flush wakes exactly the threads it made durable.
 //!
+//! Under `Immediate`, when the file system allows `O_DIRECT`, the leader writes the batch
+//! padded to whole pages (a Padding frame fills the last one) through an
+//! `O_DIRECT | O_DSYNC` handle of the segment: one system call, durable when it returns,
+//! and measured faster than `pwrite` + `fdatasync` on the development VM (p50 0.11 ms
+//! against 0.18-0.24 ms in a Python probe; bench-log at 32 threads 72-90k records/s
+//! against 45-64k). Pages holding acknowledged records are never written again: each
+//! batch starts on a fresh page, and a rotation pads its header page the same way. On
+//! file systems without `O_DIRECT` (tmpfs) it writes and syncs as below.
+//!
 //! Under `SyncPolicy::Window(d)` the leader only writes (the page cache survives a process
 //! kill) and a syncer thread calls `fdatasync` every `d / 2`. On real files it writes by a
 //! memory copy into a shared mapping of the current segment: measured, one `pwrite` per
@@ -44,7 +53,7 @@ mod format;
 mod recovery;
 
 use crate::engine::{owner, StatCounters};
-use crate::io::{Storage, StorageFile};
+use crate::io::{Storage, StorageFile, DIRECT_ALIGN};
 use crate::record::{self, Decoded, RecordKind, HEADER_BYTES};
 use crate::{DurableCallback, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey};
 use format::{BatchMarker, SegmentHeader, MARKER_BYTES, SEGMENT_HEADER_BYTES};
@@ -117,6 +126,10 @@ struct Segment {
     /// A shared mapping of the current segment under `Window`, so that a batch reaches the
     /// page cache with a memory copy instead of a `pwrite` (the data path of rpo > 0).
     map: Option<memmap2::MmapRaw>,
+    /// An `O_DIRECT | O_DSYNC` handle of the current segment under `Immediate`: a batch
+    /// padded to whole pages is durable when its one write returns (measured on the
+    /// development VM: p50 0.11 ms against 0.18-0.24 ms for `pwrite` + `fdatasync`).
+    direct: Option<Arc<dyn StorageFile>>,
     capacity: u64,
     live_records: u64,
     live_bytes: u64,
@@ -151,6 +164,12 @@ struct Writer {
     marker_scratch: Vec<u8>,
     /// Write batches through a shared mapping when the storage has real files (`Window`).
     use_map: bool,
+    /// Write batches with `O_DIRECT | O_DSYNC` (`Immediate`, when the file system allows).
+    use_direct: bool,
+    /// Page-aligned staging area of direct writes (over-allocated by one page).
+    direct_buf: Vec<u8>,
+    /// Zero payload of padding frames.
+    zeros: Vec<u8>,
     /// Set at shutdown: the spare-file thread stops.
     closing: bool,
     /// A sync by the leader failed. The syncer thread syncs the same descriptor, and the
@@ -169,6 +188,43 @@ fn write_error(path: &std::path::Path, err: std::io::Error) -> LogError {
 
 fn sync_error(path: &std::path::Path, err: std::io::Error) -> LogError {
     LogError::SyncFailed { path: path.to_path_buf(), message: err.to_string() }
+}
+
+/// Length of a batch of `len` bytes padded to whole pages for a direct write, leaving room
+/// for a padding frame (at least its header) when the batch does not end on a boundary.
+fn padded_len(len: usize) -> usize {
+    let mut padded = len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    if padded != len && padded - len < HEADER_BYTES {
+        padded += DIRECT_ALIGN;
+    }
+    padded
+}
+
+/// Copies `batch` to a page-aligned slice of `staging` and fills it up to `padded` bytes
+/// with a padding frame of segment `seq`; returns the slice to write.
+fn pad_for_direct<'a>(
+    staging: &'a mut Vec<u8>,
+    batch: &[u8],
+    padded: usize,
+    seq: u64,
+    zeros: &[u8],
+) -> &'a [u8] {
+    if staging.len() < padded + DIRECT_ALIGN {
+        staging.resize(padded + DIRECT_ALIGN, 0);
+    }
+    let start = staging.as_ptr().align_offset(DIRECT_ALIGN);
+    let page_buf = &mut staging[start..start + padded];
+    page_buf[..batch.len()].copy_from_slice(batch);
+    let gap = padded - batch.len();
+    if gap > 0 {
+        record::encode_into(
+            &mut page_buf[batch.len()..],
+            RecordKind::Padding,
+            seq,
+            &zeros[..gap - HEADER_BYTES],
+        );
+    }
+    page_buf
 }
 
 impl Writer {
@@ -218,7 +274,8 @@ impl Writer {
                 self.synced = self.synced.max(synced_hint.1);
             }
         }
-        let need = buf.len() as u64;
+        let direct = self.use_direct && !buf.is_empty();
+        let need = if direct { padded_len(buf.len()) as u64 } else { buf.len() as u64 };
         let fits = self.segments.back().is_some_and(|s| self.pos + need <= s.capacity);
         if !fits {
             self.rotate(need, stats)?;
@@ -230,11 +287,19 @@ impl Writer {
         if !buf.is_empty() {
             assert!(buf.len() >= MARKER_BYTES, "a batch starts with its marker");
             let marker = BatchMarker {
-                batch_len: (buf.len() - MARKER_BYTES) as u32,
+                batch_len: (need as usize - MARKER_BYTES) as u32,
                 synced_through: self.synced as u32,
             };
             format::write_marker(buf, seq, marker, &mut self.marker_scratch);
             match &current.map {
+                _ if current.direct.is_some() => {
+                    let page_buf = pad_for_direct(&mut self.direct_buf, buf, need as usize, seq, &self.zeros);
+                    let direct = current.direct.as_ref().expect("checked by the guard");
+                    direct.write_all_at(page_buf, batch_pos).map_err(|e| write_error(path, e))?;
+                    // O_DSYNC: durable now.
+                    stats.flushes.fetch_add(1, Ordering::Relaxed);
+                    self.synced = batch_pos + need;
+                }
                 Some(map) => {
                     assert!(batch_pos + need <= map.len() as u64, "batch past the end of the mapping");
                     // SAFETY: the mapping covers `capacity` bytes of a pre-allocated file that is
@@ -253,6 +318,7 @@ impl Writer {
             }
             stats.bytes_written.fetch_add(need, Ordering::Relaxed);
             self.pos += need;
+            debug_assert!(!direct || current.direct.is_none() || self.pos.is_multiple_of(DIRECT_ALIGN as u64));
         }
         if sync && self.synced < self.pos {
             if let Err(e) = file.sync_data() {
@@ -335,6 +401,18 @@ impl Writer {
             let marker = BatchMarker { batch_len, synced_through: 0 };
             format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
         }
+        if self.use_direct {
+            // Direct writes start on a page boundary: a batch of padding fills the rest of
+            // the header's (or the checkpoint's) last page.
+            let marker_at = scratch.len();
+            scratch.resize(marker_at + MARKER_BYTES, 0);
+            let gap = padded_len(scratch.len()) - scratch.len();
+            record::encode(&mut scratch, RecordKind::Padding, seq, &self.zeros[..gap - HEADER_BYTES]);
+            let batch_len = (scratch.len() - marker_at - MARKER_BYTES) as u32;
+            let marker = BatchMarker { batch_len, synced_through: 0 };
+            format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
+            debug_assert_eq!(scratch.len() % DIRECT_ALIGN, 0);
+        }
         if scratch.len() as u64 + need > self.segment_bytes {
             return Err(LogError::Full(format!(
                 "a batch of {need} bytes and a checkpoint of {} bytes do not fit in a segment of {} bytes",
@@ -353,7 +431,29 @@ impl Writer {
             previous.map = None;
         }
         let map = self.map_segment(&path, &*file, capacity);
-        self.segments.push_back(Segment { seq, path, file, map, capacity, live_records: 0, live_bytes: 0 });
+        let direct = if self.use_direct {
+            let direct = self.storage.open_direct(&path).map_err(|e| LogError::io(&path, e))?;
+            if direct.is_none() {
+                tracing::debug!("journal: no O_DIRECT on this file system; writing with fdatasync");
+                self.use_direct = false;
+            }
+            direct
+        } else {
+            None
+        };
+        if let Some(previous) = self.segments.back_mut() {
+            previous.direct = None;
+        }
+        self.segments.push_back(Segment {
+            seq,
+            path,
+            file,
+            map,
+            direct,
+            capacity,
+            live_records: 0,
+            live_bytes: 0,
+        });
         for (txn, new_locs) in copies {
             self.remove_live(txn);
             for loc in new_locs {
@@ -894,6 +994,9 @@ impl JournalLog {
             scratch: Vec::new(),
             marker_scratch: Vec::with_capacity(MARKER_BYTES),
             use_map: config.sync != SyncPolicy::Immediate,
+            use_direct: config.sync == SyncPolicy::Immediate,
+            direct_buf: Vec::new(),
+            zeros: vec![0u8; 2 * DIRECT_ALIGN],
             closing: false,
             sync_failed: false,
         };
@@ -903,6 +1006,7 @@ impl JournalLog {
                 path: segment.path,
                 file: segment.file,
                 map: None,
+                direct: None,
                 capacity: segment.capacity,
                 live_records: 0,
                 live_bytes: 0,

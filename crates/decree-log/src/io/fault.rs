@@ -73,6 +73,8 @@ struct FsState {
     sync_fail_at: Option<u64>,
     /// How long a file sync takes, so that concurrent syncs overlap as on a device.
     sync_delay: std::time::Duration,
+    /// `open_direct` refuses (as tmpfs does), so engines take their buffered path.
+    no_direct_io: bool,
     /// Writes that still succeed before every later one fails (`None`: no limit).
     writes_left: Option<u64>,
     space_limit_bytes: Option<u64>,
@@ -93,6 +95,7 @@ impl FsState {
             sync_fail_once: false,
             sync_fail_at: None,
             sync_delay: std::time::Duration::ZERO,
+            no_direct_io: false,
             writes_left: None,
             space_limit_bytes: None,
             syncs_done: 0,
@@ -202,6 +205,7 @@ impl FaultStorage {
         let seed = state.next_random();
         let mut next = FsState::new(seed);
         next.dirs = state.dirs.clone();
+        next.no_direct_io = state.no_direct_io;
         // The most recent unsynced write of a file that survives is the one a tear hits.
         let durable_ids: BTreeSet<u64> = state.names_durable.values().copied().collect();
         let last_order = durable_ids
@@ -271,6 +275,11 @@ impl FaultStorage {
     /// Makes the next sync (file or directory) fail once.
     pub fn fail_next_sync(&self) {
         self.state.lock().sync_fail_once = true;
+    }
+
+    /// Makes `open_direct` refuse, as on a file system without `O_DIRECT`.
+    pub fn disable_direct_io(&self) {
+        self.state.lock().no_direct_io = true;
     }
 
     /// Makes every file sync take `delay` (slept before it takes effect, outside the lock).
@@ -407,6 +416,23 @@ impl Storage for FaultStorage {
         Ok(())
     }
 
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn StorageFile>>> {
+        let mut state = self.state.lock();
+        if state.no_direct_io {
+            return Ok(None);
+        }
+        let Some(&id) = state.names_live.get(path) else {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display())));
+        };
+        let errors = state.inode_mut(id)?.errors;
+        Ok(Some(Arc::new(FaultFile {
+            state: self.state.clone(),
+            inode: id,
+            errors_seen: errors.into(),
+            direct: true,
+        })))
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut state = self.state.lock();
         state.check_sync()?;
@@ -427,11 +453,44 @@ struct FaultFile {
     /// kernel's per-open-file `f_wb_err`: a handle shared by concurrent syncs reports an
     /// error to one of them only, and the others "succeed" without the dropped data.
     errors_seen: std::sync::atomic::AtomicU64,
+    /// Opened by `open_direct`: writes must be aligned and are durable when they return.
+    direct: bool,
 }
 
 impl FaultFile {
     fn handle(state: &Arc<Mutex<FsState>>, inode: u64, errors: u64) -> Arc<dyn StorageFile> {
-        Arc::new(FaultFile { state: state.clone(), inode, errors_seen: errors.into() })
+        Arc::new(FaultFile { state: state.clone(), inode, errors_seen: errors.into(), direct: false })
+    }
+
+    /// An `O_DIRECT | O_DSYNC` write: the kernel first writes back dirty cached pages of
+    /// the range, then writes the data to the device before returning.
+    fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let align = super::DIRECT_ALIGN;
+        if !offset.is_multiple_of(align as u64)
+            || !buf.len().is_multiple_of(align)
+            || !(buf.as_ptr() as usize).is_multiple_of(align)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("direct write of {} bytes at {offset} is not {align}-aligned (EINVAL)", buf.len()),
+            ));
+        }
+        let mut state = self.state.lock();
+        state.check_write(self.inode, offset + buf.len() as u64)?;
+        let inode = state.inode_mut(self.inode)?;
+        let end = offset + buf.len() as u64;
+        let (overlapping, rest): (Vec<PendingOp>, Vec<PendingOp>) =
+            std::mem::take(&mut inode.pending).into_iter().partition(|op| match op {
+                PendingOp::Write { offset: o, data, .. } => *o < end && o + data.len() as u64 > offset,
+                _ => false,
+            });
+        for op in &overlapping {
+            apply(&mut inode.durable, op);
+        }
+        inode.pending = rest;
+        write_into(&mut inode.live, offset, buf);
+        write_into(&mut inode.durable, offset, buf);
+        Ok(())
     }
 }
 
@@ -478,6 +537,9 @@ impl StorageFile for FaultFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.direct {
+            return self.write_direct(buf, offset);
+        }
         let mut state = self.state.lock();
         state.check_write(self.inode, offset + buf.len() as u64)?;
         state.write_order += 1;

@@ -30,7 +30,17 @@ pub trait Storage: Send + Sync + 'static {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Makes creations, removals and renames inside `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Opens an existing file for synchronous direct writes (`O_DIRECT | O_DSYNC`): a
+    /// write through the returned handle is durable when it returns, and its offset, length
+    /// and buffer address must be multiples of [`DIRECT_ALIGN`]. `None` when the storage or
+    /// file system has no such mode; callers then write and `sync_data` as usual.
+    fn open_direct(&self, _path: &Path) -> io::Result<Option<Arc<dyn StorageFile>>> {
+        Ok(None)
+    }
 }
+
+/// Alignment of offsets, lengths and buffers of direct writes (see [`Storage::open_direct`]).
+pub const DIRECT_ALIGN: usize = 4096;
 
 /// One open file, shared by threads: every call takes an explicit offset.
 #[allow(clippy::len_without_is_empty)]

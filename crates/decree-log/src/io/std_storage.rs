@@ -40,6 +40,17 @@ impl Storage for StdStorage {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn StorageFile>>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let opened =
+            OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(path);
+        match opened {
+            Ok(file) => Ok(Some(Arc::new(StdFile { file }))),
+            // tmpfs and some other file systems refuse O_DIRECT.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 struct StdFile {

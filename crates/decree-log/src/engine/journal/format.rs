@@ -8,7 +8,9 @@
 //!         magic "DCRJRNL1", oldest_needed (u64), previous_end (u64)
 //! batch   marker: Padding frame, txn = segment sequence number, payload (8 bytes, LE):
 //!         batch_len (u32: bytes of frames after the marker), synced_through (u32)
-//!         then batch_len bytes of Data and Completion frames
+//!         then batch_len bytes of Data and Completion frames, possibly ending with a
+//!         Padding frame (txn = segment sequence number) that fills the batch to a page
+//!         boundary when it was written with O_DIRECT
 //! ```
 //!
 //! Sequence numbers order segments and are never reused, so frames left in a recycled
