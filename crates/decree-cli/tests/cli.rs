@@ -105,10 +105,14 @@ fn bench_through_a_state_server_on_unix_and_tcp() {
 fn bench_at_a_fixed_rate() {
     let line = bench_json(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
     let cycles = line["cycles"].as_u64().unwrap_or(0);
-    // 200/s for 0.5 s is about 100; only a loose bound, the machine may be loaded.
-    assert!((10..=200).contains(&cycles), "{line}");
+    // 200/s for 0.5 s is about 100 at most (slots are never skipped, never added); how
+    // many fit depends on the machine's load, so only the upper bound is checked, and the
+    // achieved rate must agree with the count (no timing assertion).
+    assert!((1..=110).contains(&cycles), "{line}");
     assert_eq!(line["rate_target"].as_f64(), Some(200.0));
-    assert!(line["rate_achieved"].as_f64().unwrap_or(0.0) > 50.0, "{line}");
+    let (achieved, elapsed) =
+        (line["rate_achieved"].as_f64().unwrap_or(0.0), line["elapsed_s"].as_f64().unwrap_or(0.0));
+    assert!((achieved * elapsed - cycles as f64).abs() < 1.0, "{line}");
     let (p50, p99, p999) = (
         line["commit_p50_us"].as_f64().unwrap_or(0.0),
         line["commit_p99_us"].as_f64().unwrap_or(0.0),

@@ -59,15 +59,24 @@ fn acknowledged_commits_survive_power_loss_before_phase_two() {
     assert!(a.prepared().is_empty() && b.prepared().is_empty());
 }
 
-fn failed_decision_is_settled_atomically(mode: CrashMode) -> BranchOutcome {
+/// With `direct`, the journal writes decisions with O_DIRECT|O_DSYNC and the write fails;
+/// without, it writes and syncs and the sync fails.
+fn failed_decision_is_settled_atomically(mode: CrashMode, direct: bool) -> BranchOutcome {
     let storage = FaultStorage::new(2);
+    if !direct {
+        storage.disable_direct_io();
+    }
     let (a, b) = (dummy("a"), dummy("b"));
     let coordinator = tm(journal(&storage), &a, &b);
     let mut tx = TxContext::open(&coordinator, connections(&[&a, &b])).unwrap();
     tx.begin().unwrap();
     tx.commit().unwrap();
 
-    storage.fail_next_sync();
+    if direct {
+        storage.fail_writes_after(0);
+    } else {
+        storage.fail_next_sync();
+    }
     let xid = tx.begin().unwrap();
     match tx.commit() {
         Err(TmError::OutcomeUnknown { .. }) => {}
@@ -89,7 +98,13 @@ fn failed_decision_is_settled_atomically(mode: CrashMode) -> BranchOutcome {
 
 #[test]
 fn a_failed_decision_write_is_settled_by_recovery_all_or_nothing() {
-    assert_eq!(failed_decision_is_settled_atomically(CrashMode::DropUnsynced), BranchOutcome::RolledBack);
-    let kept = failed_decision_is_settled_atomically(CrashMode::KeepUnsynced);
-    assert!(matches!(kept, BranchOutcome::Committed | BranchOutcome::RolledBack));
+    for direct in [false, true] {
+        assert_eq!(
+            failed_decision_is_settled_atomically(CrashMode::DropUnsynced, direct),
+            BranchOutcome::RolledBack,
+            "direct writes: {direct}"
+        );
+        let kept = failed_decision_is_settled_atomically(CrashMode::KeepUnsynced, direct);
+        assert!(matches!(kept, BranchOutcome::Committed | BranchOutcome::RolledBack));
+    }
 }
