@@ -486,7 +486,7 @@ fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
             assert_eq!(
                 recovered.get(&txn),
                 Some(&vec![payload(txn, 0, 300)]),
-                "engine {engine}: acknowledged txn {txn} lost"
+                "engine {engine} round {round}: acknowledged txn {txn} lost"
             );
         }
     }

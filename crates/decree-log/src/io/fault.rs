@@ -475,6 +475,12 @@ impl FaultFile {
                 format!("direct write of {} bytes at {offset} is not {align}-aligned (EINVAL)", buf.len()),
             ));
         }
+        // The write waits for the device like a sync does (O_DSYNC), outside the lock, so
+        // that concurrent direct writes overlap.
+        let delay = self.state.lock().sync_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut state = self.state.lock();
         state.check_write(self.inode, offset + buf.len() as u64)?;
         let inode = state.inode_mut(self.inode)?;
