@@ -318,7 +318,9 @@ impl Writer {
             }
             stats.bytes_written.fetch_add(need, Ordering::Relaxed);
             self.pos += need;
-            debug_assert!(!direct || current.direct.is_none() || self.pos.is_multiple_of(DIRECT_ALIGN as u64));
+            debug_assert!(
+                !direct || current.direct.is_none() || self.pos.is_multiple_of(DIRECT_ALIGN as u64)
+            );
         }
         if sync && self.synced < self.pos {
             if let Err(e) = file.sync_data() {
