@@ -3,7 +3,9 @@
 //! First the reference: one thread writing records with `pwrite` at increasing offsets
 //! into a pre-allocated, zero-filled file, each followed by `fdatasync` (engine
 //! `raw-fdatasync`), which is the most durable appends per second one thread can get
-//! without batching. Then, for every engine, RPO and thread count, a fresh log in its own
+//! without batching; then the same file written with `O_DIRECT | O_DSYNC`, one page per
+//! record at increasing page offsets (engine `raw-direct`), the way the journal writes at
+//! rpo=0, when the file system allows it. Ratios are to `raw-fdatasync`. Then, for every engine, RPO and thread count, a fresh log in its own
 //! subdirectory: every thread appends a record under its own transaction key, waits for it
 //! to be durable (`Log::append`), then completes it, as fast as it can for the duration.
 //! Only the append is timed. An engine that cannot be opened is reported as skipped.
@@ -23,6 +25,10 @@ use std::time::{Duration, Instant};
 
 /// The engine name of the reference measurement.
 pub const RAW_ENGINE: &str = "raw-fdatasync";
+/// The engine name of the direct-write reference (not measured where O_DIRECT is refused).
+pub const RAW_DIRECT_ENGINE: &str = "raw-direct";
+/// Bytes of one direct write: a page, as the journal writes.
+const DIRECT_BYTES: usize = 4096;
 
 /// Default size of the reference's pre-allocated file; writes wrap around to its start
 /// when they reach the end, so the file never grows and `fdatasync` never flushes metadata.
@@ -107,7 +113,7 @@ pub enum LogStep {
 
 /// The number of runs `spec` makes (for a progress bar).
 pub fn run_count(spec: &LogBenchSpec) -> u64 {
-    (spec.engines.len() * spec.threads.len() * spec.rpos_ms.len()) as u64 + u64::from(spec.reference)
+    (spec.engines.len() * spec.threads.len() * spec.rpos_ms.len()) as u64 + 2 * u64::from(spec.reference)
 }
 
 fn check(spec: &LogBenchSpec) -> Result<(), BenchError> {
@@ -144,8 +150,17 @@ pub fn run_all(
         progress.set_message(RAW_ENGINE);
         let dir = fresh_dir(&spec.dir, RAW_ENGINE)?;
         let outcome = raw_fdatasync(&dir, spec.record_bytes, spec.raw_file_bytes, spec.duration);
+        progress.inc(1);
+        progress.set_message(RAW_DIRECT_ENGINE);
+        let direct = match &outcome {
+            Ok(_) => raw_direct(&dir, spec.raw_file_bytes, spec.duration),
+            Err(_) => Ok(None),
+        };
         let removed = std::fs::remove_dir_all(&dir);
         report(LogStep::Measured(outcome?));
+        if let Some(point) = direct? {
+            report(LogStep::Measured(point));
+        }
         removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
         progress.inc(1);
     }
@@ -233,6 +248,39 @@ pub fn raw_fdatasync(
     }
     let elapsed = start.elapsed();
     Ok(LogPoint::new(RAW_ENGINE, 1, 0, records, elapsed, &lat))
+}
+
+/// The direct-write reference: `O_DIRECT | O_DSYNC` writes of one page at increasing page
+/// offsets into the reference file `raw_fdatasync` left in `dir`, one thread, for
+/// `duration`. `None` when the file system refuses O_DIRECT (tmpfs).
+pub fn raw_direct(dir: &Path, file_bytes: u64, duration: Duration) -> Result<Option<LogPoint>, BenchError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("raw-fdatasync.dat");
+    let file = match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(&path) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(BenchError::io("cannot open for direct writes", &path, e)),
+    };
+    let pages = file_bytes / DIRECT_BYTES as u64;
+    if pages == 0 {
+        return Err(BenchError::Option(format!("reference file of {file_bytes} bytes holds no page")));
+    }
+    // O_DIRECT needs a page-aligned buffer: take the aligned page out of a larger one.
+    let mut staging = vec![0xA5u8; 2 * DIRECT_BYTES];
+    let start = staging.as_ptr().align_offset(DIRECT_BYTES);
+    let page = &mut staging[start..start + DIRECT_BYTES];
+    page.fill(0xA5);
+    let mut lat = Latencies::new();
+    let mut records = 0u64;
+    let began = Instant::now();
+    while began.elapsed() < duration {
+        let offset = (records % pages) * DIRECT_BYTES as u64;
+        let t0 = Instant::now();
+        file.write_all_at(page, offset).map_err(|e| BenchError::io("cannot write (O_DIRECT)", &path, e))?;
+        lat.record(t0.elapsed());
+        records += 1;
+    }
+    Ok(Some(LogPoint::new(RAW_DIRECT_ENGINE, 1, 0, records, began.elapsed(), &lat)))
 }
 
 fn log_config(dir: &Path, engine: EngineKind, rpo_ms: u64, record_bytes: usize) -> LogConfig {

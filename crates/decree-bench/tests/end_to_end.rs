@@ -224,7 +224,7 @@ fn log_spec(dir: &std::path::Path, engines: Vec<EngineKind>) -> LogBenchSpec {
 fn bench_log_reference_then_engines() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let spec = log_spec(dir.path(), vec![EngineKind::Journal, EngineKind::Volatile]);
-    assert_eq!(log_bench::run_count(&spec), 3);
+    assert_eq!(log_bench::run_count(&spec), 4, "two references, two engines");
     let (mut points, mut skipped): (Vec<LogPoint>, Vec<String>) = (Vec::new(), Vec::new());
     log_bench::run_all(&spec, &ProgressBar::hidden(), |step| match step {
         LogStep::Measured(p) => points.push(p),
@@ -236,10 +236,12 @@ fn bench_log_reference_then_engines() {
     })
     .unwrap();
     assert_eq!(points[0].engine, RAW_ENGINE, "the reference comes first");
+    // The direct-write reference follows where the file system has O_DIRECT (not tmpfs).
+    let direct = usize::from(points[1].engine == log_bench::RAW_DIRECT_ENGINE);
     // The journal is measured once it exists; until then it is skipped with the reason.
     let journal = points.iter().any(|p| p.engine == "journal");
     assert!(journal || skipped.iter().any(|s| s.starts_with("journal")), "{points:?} {skipped:?}");
-    assert_eq!(points.len() + skipped.len(), 3, "{points:?} {skipped:?}");
+    assert_eq!(points.len() + skipped.len(), 3 + direct, "{points:?} {skipped:?}");
     assert!(points.iter().any(|p| p.engine == "volatile"));
     let mut table = report::LogTable::default();
     for p in &points {

@@ -72,7 +72,9 @@ pub fn run(args: Args) -> CliResult {
     let outcome = log_bench::run_all(&spec, &progress, |step| {
         progress.suspend(|| match step {
             LogStep::Measured(point) => {
-                measured += 1;
+                if point.engine != log_bench::RAW_ENGINE && point.engine != log_bench::RAW_DIRECT_ENGINE {
+                    measured += 1;
+                }
                 match args.format {
                     Format::Table => println!("{}", table.row(&point)),
                     Format::Json => println!("{}", report::log_json(&point)),
@@ -92,7 +94,7 @@ pub fn run(args: Args) -> CliResult {
     if !failures.is_empty() {
         return Err(format!("{} run(s) failed:\n{}", failures.len(), failures.join("\n")).into());
     }
-    if measured <= usize::from(spec.reference) && !spec.engines.is_empty() {
+    if measured == 0 && !spec.engines.is_empty() {
         return Err("no log engine could be measured (see the skipped lines)".into());
     }
     Ok(())

@@ -20,9 +20,13 @@ fn bench_log_json_lines() {
     let (ok, stdout, stderr) = decree(&[&args[..], &["--reference-mib", "1"]].concat(), dir.path());
     assert!(ok, "{stderr}");
     let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
+    let mut engines: Vec<&str> = lines.iter().filter_map(|v| v["engine"].as_str()).collect();
+    // The direct-write reference is there unless the file system refuses O_DIRECT (tmpfs).
+    if engines.get(1) == Some(&"raw-direct") {
+        engines.remove(1);
+    }
     assert_eq!(engines, ["raw-fdatasync", "volatile", "volatile"]);
-    assert_eq!(lines[2]["threads"].as_u64(), Some(2));
+    assert_eq!(lines.last().and_then(|l| l["threads"].as_u64()), Some(2));
     // The temporary work directory was made in the current directory and removed.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "work directory left behind");
 }
