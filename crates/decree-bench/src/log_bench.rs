@@ -59,6 +59,8 @@ pub struct LogBenchSpec {
     pub reference: bool,
     /// Size of the reference's pre-allocated file (normally [`RAW_FILE_BYTES`]).
     pub raw_file_bytes: u64,
+    /// Lets the journal write with O_DIRECT | O_DSYNC (`LogConfig::direct_io`), to compare.
+    pub direct_io: bool,
 }
 
 /// One line of the report.
@@ -283,13 +285,20 @@ pub fn raw_direct(dir: &Path, file_bytes: u64, duration: Duration) -> Result<Opt
     Ok(Some(LogPoint::new(RAW_DIRECT_ENGINE, 1, 0, records, began.elapsed(), &lat)))
 }
 
-fn log_config(dir: &Path, engine: EngineKind, rpo_ms: u64, record_bytes: usize) -> LogConfig {
+fn log_config(
+    dir: &Path,
+    engine: EngineKind,
+    rpo_ms: u64,
+    record_bytes: usize,
+    direct_io: bool,
+) -> LogConfig {
     let mut config = LogConfig::new(dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
     let frame = record::frame_len(record_bytes) as u32;
     if frame > config.slot_bytes {
         config.slot_bytes = frame.next_power_of_two();
     }
     config.record_bytes_max = config.record_bytes_max.max(record_bytes as u32);
+    config.direct_io = direct_io;
     config
 }
 
@@ -301,7 +310,7 @@ pub fn run_engine(
     threads: usize,
     spec: &LogBenchSpec,
 ) -> Result<LogPoint, BenchError> {
-    let config = log_config(dir, engine, rpo_ms, spec.record_bytes);
+    let config = log_config(dir, engine, rpo_ms, spec.record_bytes, spec.direct_io);
     let log = decree_log::open(&config)
         .map_err(|source| BenchError::EngineUnavailable { engine: engine.name().into(), source })?;
     let log: &dyn Log = log.as_ref();

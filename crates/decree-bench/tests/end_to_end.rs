@@ -217,6 +217,7 @@ fn log_spec(dir: &std::path::Path, engines: Vec<EngineKind>) -> LogBenchSpec {
         dir: dir.to_path_buf(),
         reference: true,
         raw_file_bytes: 1 << 20,
+        direct_io: true,
     }
 }
 

@@ -47,6 +47,10 @@ pub struct Args {
     /// Size of the raw-fdatasync reference file in MiB (tests make it small).
     #[arg(long, default_value_t = 64, hide = true, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub reference_mib: u64,
+    /// Make the journal write with pwrite + fdatasync instead of O_DIRECT | O_DSYNC (to
+    /// compare the two on this disk).
+    #[arg(long)]
+    pub no_direct_io: bool,
 }
 
 /// Runs the log benchmark and prints each result as soon as it is measured.
@@ -61,6 +65,7 @@ pub fn run(args: Args) -> CliResult {
         dir: work.path(),
         reference: true,
         raw_file_bytes: args.reference_mib << 20,
+        direct_io: !args.no_direct_io,
     };
     let mut table = LogTable::default();
     if args.format == Format::Table {

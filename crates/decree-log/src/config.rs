@@ -102,6 +102,10 @@ pub struct LogConfig {
     pub slots_count: u32,
     /// Largest payload accepted by `append`.
     pub record_bytes_max: u32,
+    /// Lets the journal write rpo=0 batches with `O_DIRECT | O_DSYNC` (whole pages, one
+    /// system call, measured faster than `pwrite` + `fdatasync` on the development VM);
+    /// off, it writes and syncs, which writes fewer bytes (no page padding).
+    pub direct_io: bool,
 }
 
 impl LogConfig {
@@ -115,6 +119,7 @@ impl LogConfig {
             slot_bytes: 1024,
             slots_count: 65536,
             record_bytes_max: 64 << 10,
+            direct_io: true,
         }
     }
 }

@@ -562,3 +562,30 @@ fn append_with_latency_and_group_commit_rate() {
         median(rates)
     );
 }
+
+/// Guards the `direct_io` switch: turned off, the journal must write and sync even where
+/// direct writes are available, so a failing sync stops it; left on, no sync is on its
+/// commit path and the same failure leaves it running.
+#[test]
+fn direct_io_off_writes_and_syncs_on() {
+    for direct_io in [false, true] {
+        let storage = FaultStorage::new(31);
+        let mut config = config(SyncPolicy::Immediate);
+        config.direct_io = direct_io;
+        let log = JournalLog::open(&config, Arc::new(storage.clone())).expect("journal opens");
+        // The spare-file thread syncs too: let it finish its spare first, so that the
+        // failing sync below is the append's own.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while log.segment_files().1 == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(log.segment_files().1 > 0, "no spare segment file was prepared");
+        log.append(1, &payload(1, 0)).expect("append");
+        let syncs = storage.syncs_done();
+        log.append(2, &payload(2, 0)).expect("append");
+        assert_eq!(storage.syncs_done() > syncs, !direct_io, "direct_io = {direct_io}: syncs on the path");
+        storage.fail_next_sync();
+        let third = log.append(3, &payload(3, 0));
+        assert_eq!(third.is_err(), !direct_io, "direct_io = {direct_io}: {third:?}");
+    }
+}

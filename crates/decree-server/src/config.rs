@@ -99,6 +99,9 @@ pub struct ServerConfig {
     /// The sync policy: 0 acknowledges after fdatasync, N after the write (synced within N ms).
     #[serde(default)]
     pub rpo_ms: u64,
+    /// Lets the journal write rpo=0 decisions with O_DIRECT | O_DSYNC (see `LogConfig`).
+    #[serde(default = "default_direct_io")]
+    pub direct_io: bool,
     /// Unix socket path (created with mode 0600; a stale file is removed at start).
     #[serde(default)]
     pub unix: Option<PathBuf>,
@@ -125,6 +128,10 @@ fn default_node() -> u32 {
 
 fn default_engine() -> String {
     EngineKind::Journal.name().to_string()
+}
+
+fn default_direct_io() -> bool {
+    true
 }
 
 impl ServerConfig {
@@ -163,6 +170,7 @@ impl ServerConfig {
             log_dir: log_dir.into(),
             engine: engine.name().to_string(),
             rpo_ms: 0,
+            direct_io: default_direct_io(),
             unix: None,
             tcp: None,
             allow_remote: false,
@@ -197,6 +205,7 @@ impl ServerConfig {
         let mut config =
             LogConfig::new(&self.log_dir, self.engine_kind()?, SyncPolicy::from_rpo_ms(self.rpo_ms));
         config.record_bytes_max = self.limits.frame_bytes_max;
+        config.direct_io = self.direct_io;
         Ok(config)
     }
 

@@ -996,7 +996,7 @@ impl JournalLog {
             scratch: Vec::new(),
             marker_scratch: Vec::with_capacity(MARKER_BYTES),
             use_map: config.sync != SyncPolicy::Immediate,
-            use_direct: config.sync == SyncPolicy::Immediate,
+            use_direct: config.sync == SyncPolicy::Immediate && config.direct_io,
             direct_buf: Vec::new(),
             zeros: vec![0u8; 2 * DIRECT_ALIGN],
             closing: false,
