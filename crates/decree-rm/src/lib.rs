@@ -17,6 +17,7 @@ mod branch;
 pub mod config;
 pub mod mariadb;
 pub mod postgres;
+pub mod shared;
 
 pub use config::{factories_from_config, factory_from_config, RmConfig, RmKind};
 pub use mariadb::{MariaDbClient, MariaDbFactory, MariaDbHandle, MariaDbRm};

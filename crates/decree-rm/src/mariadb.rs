@@ -32,15 +32,15 @@
 //! preparing connection closes it for that reason, so that the coordinator's retries on
 //! other connections can succeed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
 use mysql::prelude::Queryable;
 use mysql::{Conn, Opts, OptsBuilder};
-use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use parking_lot::MappedMutexGuard;
 
-use crate::branch::{lock_connection, BranchState};
+use crate::branch::BranchState;
+use crate::shared::{BranchConnection, SharedHandle, SharedRm};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -204,7 +204,7 @@ fn open_conn(name: &str, address: &str, opts: &Opts) -> Result<Conn, RmError> {
 
 /// The connection and its branch state, shared by a [`MariaDbRm`] and its
 /// [`MariaDbHandle`]s.
-struct XaConnection {
+pub struct XaConnection {
     name: String,
     address: String,
     opts: Opts,
@@ -217,23 +217,6 @@ impl XaConnection {
         let address = describe(&opts);
         let conn = open_conn(&name, &address, &opts)?;
         Ok(XaConnection { name, address, opts, conn: Some(conn), state: BranchState::Idle })
-    }
-
-    /// Connects when needed; fails when the connection was lost while a branch was open,
-    /// because the server has then rolled that work back.
-    fn client_for_application(&mut self) -> Result<&mut Conn, RmError> {
-        if self.conn.is_none() {
-            self.state.lose_open_branch();
-        }
-        if let BranchState::Lost(x) = self.state {
-            // Kept Lost, so that prepare votes no as well.
-            return Err(RmError::RolledBack(format!(
-                "{}: connection to {} lost while branch {x} was open: the server rolled \
-                 its work back",
-                self.name, self.address
-            )));
-        }
-        self.ensure_connected()
     }
 
     fn ensure_connected(&mut self) -> Result<&mut Conn, RmError> {
@@ -320,6 +303,35 @@ impl XaConnection {
 
     fn require_open_branch(&mut self, xid: &Xid, what: &str) -> Result<(), RmError> {
         self.state.check_open(&self.name, xid, what)
+    }
+}
+
+impl BranchConnection for XaConnection {
+    type Client = Conn;
+
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Connects when needed; fails when the connection was lost while a branch was open,
+    /// because the server has then rolled that work back.
+    fn client_for_application(&mut self) -> Result<&mut Conn, RmError> {
+        if self.conn.is_none() {
+            self.state.lose_open_branch();
+        }
+        if let BranchState::Lost(x) = self.state {
+            // Kept Lost, so that prepare votes no as well.
+            return Err(RmError::RolledBack(format!(
+                "{}: connection to {} lost while branch {x} was open: the server rolled \
+                 its work back",
+                self.name, self.address
+            )));
+        }
+        self.ensure_connected()
+    }
+
+    fn client_mut(&mut self) -> Option<&mut Conn> {
+        self.conn.as_mut()
     }
 
     fn open_rm(&mut self) -> Result<(), RmError> {
@@ -491,114 +503,26 @@ impl XaConnection {
     }
 }
 
-/// The application's view of a [`MariaDbRm`]'s connection; derefs to [`mysql::Conn`].
+/// The application's view of a [`MariaDbRm`]'s connection; derefs to the database client.
 ///
 /// It holds the connection's lock: drop it before calling the coordinator (`commit`,
 /// `rollback`), which then uses the same connection and refuses to wait for it.
 pub type MariaDbClient<'a> = MappedMutexGuard<'a, Conn>;
 
-fn lock_client<'a>(name: &str, shared: &'a Mutex<XaConnection>) -> Result<MariaDbClient<'a>, RmError> {
-    let mut guard = lock_connection(name, shared, "client")?;
-    guard.client_for_application()?;
-    MutexGuard::try_map(guard, |c| c.conn.as_mut())
-        .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
-}
+/// One MariaDB connection taking part in two-phase commit (see [`SharedRm`]).
+pub type MariaDbRm = SharedRm<XaConnection>;
 
-/// One MariaDB connection taking part in two-phase commit.
-///
-/// The coordinator owns it (as a `Box<dyn ResourceManager>`); the application keeps a
-/// [`MariaDbHandle`] (from [`MariaDbRm::handle`]) to run its SQL on the same connection.
-pub struct MariaDbRm {
-    name: String,
-    address: String,
-    shared: Arc<Mutex<XaConnection>>,
-}
+/// A second owner of a [`MariaDbRm`]'s connection (see [`SharedHandle`]).
+pub type MariaDbHandle = SharedHandle<XaConnection>;
 
-/// A second owner of a [`MariaDbRm`]'s connection, for the application's SQL while the
-/// coordinator holds the [`MariaDbRm`] itself.
-#[derive(Clone)]
-pub struct MariaDbHandle {
-    name: String,
-    shared: Arc<Mutex<XaConnection>>,
-}
-
-impl MariaDbRm {
+impl SharedRm<XaConnection> {
     /// Connects to the server named by `dsn` (`mysql://user:password@host:port/db`).
     pub fn connect(name: &str, dsn: &str) -> Result<MariaDbRm, RmError> {
         MariaDbRm::with_opts(name.to_string(), parse_dsn(name, dsn)?)
     }
 
     fn with_opts(name: String, opts: Opts) -> Result<MariaDbRm, RmError> {
-        let connection = XaConnection::connect_new(name.clone(), opts)?;
-        let address = connection.address.clone();
-        Ok(MariaDbRm { name, address, shared: Arc::new(Mutex::new(connection)) })
-    }
-
-    /// The connection, for the application's SQL: between `start` and `prepare` its
-    /// statements are the branch's work. Reconnects when no branch is open; fails when the
-    /// connection was lost while a branch was open (the server rolled that work back).
-    pub fn client(&self) -> Result<MariaDbClient<'_>, RmError> {
-        lock_client(&self.name, &self.shared)
-    }
-
-    /// A handle on the same connection, to keep when the RM is handed to the coordinator.
-    pub fn handle(&self) -> MariaDbHandle {
-        MariaDbHandle { name: self.name.clone(), shared: self.shared.clone() }
-    }
-
-    /// The server address, without the password.
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
-    fn conn(&self, op: &str) -> Result<MutexGuard<'_, XaConnection>, RmError> {
-        lock_connection(&self.name, &self.shared, op)
-    }
-}
-
-impl MariaDbHandle {
-    /// The connection, as [`MariaDbRm::client`].
-    pub fn client(&self) -> Result<MariaDbClient<'_>, RmError> {
-        lock_client(&self.name, &self.shared)
-    }
-}
-
-impl ResourceManager for MariaDbRm {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn open(&mut self) -> Result<(), RmError> {
-        self.conn("open")?.open_rm()
-    }
-    fn close(&mut self) -> Result<(), RmError> {
-        self.conn("close")?.close()
-    }
-    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("start")?.start(xid)
-    }
-    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("end")?.end(xid)
-    }
-    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
-        self.conn("prepare")?.prepare(xid)
-    }
-    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
-        self.conn("commit")?.commit(xid, one_phase)
-    }
-    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("rollback")?.rollback(xid)
-    }
-    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
-        self.conn("recover")?.recover()
-    }
-    fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
-        // MariaDB does not complete prepared branches heuristically: nothing to forget.
-        Ok(())
-    }
-    fn prefers_parallel(&self) -> bool {
-        // Each call waits for a network round trip (and XA PREPARE/COMMIT for a log
-        // flush), so the branches of one transaction are best driven at the same time.
-        true
+        Ok(SharedRm::new(name.clone(), XaConnection::connect_new(name, opts)?))
     }
 }
 

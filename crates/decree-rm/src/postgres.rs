@@ -32,15 +32,15 @@
 //! error says how to fix it.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::postgres::config::Host;
 use ::postgres::{Client, Config, NoTls, SimpleQueryMessage};
 use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
-use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use parking_lot::MappedMutexGuard;
 
-use crate::branch::{lock_connection, sql_literal, BranchState};
+use crate::branch::{sql_literal, BranchState};
+use crate::shared::{BranchConnection, SharedHandle, SharedRm};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -168,7 +168,7 @@ fn open_client(name: &str, address: &str, config: &Config) -> Result<Client, RmE
 }
 
 /// The connection and its branch state, shared by a [`PgRm`] and its [`PgHandle`]s.
-struct PgConnection {
+pub struct PgConnection {
     name: String,
     address: String,
     config: Config,
@@ -181,23 +181,6 @@ impl PgConnection {
         let address = describe(&config);
         let client = open_client(&name, &address, &config)?;
         Ok(PgConnection { name, address, config, client: Some(client), state: BranchState::Idle })
-    }
-
-    /// Connects when needed; fails when the connection was lost while a branch was open,
-    /// because the server has then rolled that work back.
-    fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
-        if !self.connected() {
-            self.state.lose_open_branch();
-        }
-        if let BranchState::Lost(x) = self.state {
-            // Kept Lost, so that prepare votes no as well.
-            return Err(RmError::RolledBack(format!(
-                "{}: connection to {} lost while branch {x} was open: the server rolled \
-                 its work back",
-                self.name, self.address
-            )));
-        }
-        self.ensure_connected()
     }
 
     fn connected(&self) -> bool {
@@ -291,7 +274,34 @@ fn first_value_is_true(messages: &[SimpleQueryMessage]) -> bool {
     messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t")))
 }
 
-impl PgConnection {
+impl BranchConnection for PgConnection {
+    type Client = Client;
+
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Connects when needed; fails when the connection was lost while a branch was open,
+    /// because the server has then rolled that work back.
+    fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
+        if !self.connected() {
+            self.state.lose_open_branch();
+        }
+        if let BranchState::Lost(x) = self.state {
+            // Kept Lost, so that prepare votes no as well.
+            return Err(RmError::RolledBack(format!(
+                "{}: connection to {} lost while branch {x} was open: the server rolled \
+                 its work back",
+                self.name, self.address
+            )));
+        }
+        self.ensure_connected()
+    }
+
+    fn client_mut(&mut self) -> Option<&mut Client> {
+        self.client.as_mut()
+    }
+
     fn open_rm(&mut self) -> Result<(), RmError> {
         self.ensure_connected().map(|_| ())
     }
@@ -432,116 +442,26 @@ impl PgConnection {
     }
 }
 
-/// The application's view of a [`PgRm`]'s connection; derefs to [`postgres::Client`].
+/// The application's view of a [`PgRm`]'s connection; derefs to the database client.
 ///
 /// It holds the connection's lock: drop it before calling the coordinator (`commit`,
 /// `rollback`), which then uses the same connection and refuses to wait for it.
-///
-/// [`postgres::Client`]: ::postgres::Client
 pub type PgClient<'a> = MappedMutexGuard<'a, Client>;
 
-fn lock_client<'a>(name: &str, shared: &'a Mutex<PgConnection>) -> Result<PgClient<'a>, RmError> {
-    let mut guard = lock_connection(name, shared, "client")?;
-    guard.client_for_application()?;
-    MutexGuard::try_map(guard, |c| c.client.as_mut())
-        .map_err(|_| RmError::Unavailable(format!("{name}: not connected")))
-}
+/// One PostgreSQL connection taking part in two-phase commit (see [`SharedRm`]).
+pub type PgRm = SharedRm<PgConnection>;
 
-/// One PostgreSQL connection taking part in two-phase commit.
-///
-/// The coordinator owns it (as a `Box<dyn ResourceManager>`); the application keeps a
-/// [`PgHandle`] (from [`PgRm::handle`]) to run its SQL on the same connection.
-pub struct PgRm {
-    name: String,
-    address: String,
-    shared: Arc<Mutex<PgConnection>>,
-}
+/// A second owner of a [`PgRm`]'s connection (see [`SharedHandle`]).
+pub type PgHandle = SharedHandle<PgConnection>;
 
-/// A second owner of a [`PgRm`]'s connection, for the application's SQL while the
-/// coordinator holds the [`PgRm`] itself.
-#[derive(Clone)]
-pub struct PgHandle {
-    name: String,
-    shared: Arc<Mutex<PgConnection>>,
-}
-
-impl PgRm {
+impl SharedRm<PgConnection> {
     /// Connects to the database named by `dsn`; `name` identifies the RM in errors.
     pub fn connect(name: &str, dsn: &str) -> Result<PgRm, RmError> {
         PgRm::with_config(name.to_string(), parse_dsn(name, dsn)?)
     }
 
     fn with_config(name: String, config: Config) -> Result<PgRm, RmError> {
-        let connection = PgConnection::connect_new(name.clone(), config)?;
-        let address = connection.address.clone();
-        Ok(PgRm { name, address, shared: Arc::new(Mutex::new(connection)) })
-    }
-
-    /// The connection, for the application's SQL: between `start` and `prepare` its
-    /// statements are the branch's work. Reconnects when no branch is open; fails when the
-    /// connection was lost while a branch was open (the server rolled that work back).
-    pub fn client(&self) -> Result<PgClient<'_>, RmError> {
-        lock_client(&self.name, &self.shared)
-    }
-
-    /// A handle on the same connection, to keep when the RM is handed to the coordinator.
-    pub fn handle(&self) -> PgHandle {
-        PgHandle { name: self.name.clone(), shared: self.shared.clone() }
-    }
-
-    /// The server address, without the password.
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
-    fn conn(&self, op: &str) -> Result<MutexGuard<'_, PgConnection>, RmError> {
-        lock_connection(&self.name, &self.shared, op)
-    }
-}
-
-impl PgHandle {
-    /// The connection, as [`PgRm::client`].
-    pub fn client(&self) -> Result<PgClient<'_>, RmError> {
-        lock_client(&self.name, &self.shared)
-    }
-}
-
-impl ResourceManager for PgRm {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn open(&mut self) -> Result<(), RmError> {
-        self.conn("open")?.open_rm()
-    }
-    fn close(&mut self) -> Result<(), RmError> {
-        self.conn("close")?.close()
-    }
-    fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("start")?.start(xid)
-    }
-    fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("end")?.end(xid)
-    }
-    fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
-        self.conn("prepare")?.prepare(xid)
-    }
-    fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
-        self.conn("commit")?.commit(xid, one_phase)
-    }
-    fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.conn("rollback")?.rollback(xid)
-    }
-    fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
-        self.conn("recover")?.recover()
-    }
-    fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
-        // PostgreSQL never completes a prepared transaction on its own: nothing to forget.
-        Ok(())
-    }
-    fn prefers_parallel(&self) -> bool {
-        // Each call waits for a network round trip (and PREPARE/COMMIT PREPARED for a WAL
-        // flush), so the branches of one transaction are best driven at the same time.
-        true
+        Ok(SharedRm::new(name.clone(), PgConnection::connect_new(name, config)?))
     }
 }
 
