@@ -112,8 +112,7 @@ mod tests {
     use clap::Parser;
 
     fn parse(line: &str) -> Args {
-        let cli = Cli::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
-        match cli.command {
+        match crate::parse_command(line) {
             crate::Command::BenchLog(args) => args,
             other => panic!("{line}: parsed as {other:?}"),
         }

@@ -57,6 +57,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Parses a command line as the binary does, for the subcommands' tests.
+#[cfg(test)]
+fn parse_command(line: &str) -> Command {
+    Cli::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}")).command
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

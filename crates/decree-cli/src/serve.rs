@@ -127,12 +127,9 @@ pub fn run(args: Args) -> CliResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Cli;
-    use clap::Parser;
 
     fn parse(line: &str) -> Args {
-        let cli = Cli::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
-        match cli.command {
+        match crate::parse_command(line) {
             crate::Command::Serve(args) => args,
             other => panic!("{line}: parsed as {other:?}"),
         }
