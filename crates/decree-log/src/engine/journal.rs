@@ -1140,36 +1140,16 @@ impl Log for JournalLog {
         let shared = &*self.shared;
         let mut st = shared.state.lock();
         let frame = record::frame_len(payload.len()) + MARKER_BYTES;
-        if !shared.immediate
+        // Under a window the acknowledgement needs only the write, a memory copy when the
+        // batch fits in the mapped segment: lead the flush in this thread and call back,
+        // without a hand-off.
+        let inline = !shared.immediate
             && st.stopped.is_none()
             && !st.flush_in_flight
             && st.overflow.is_empty()
             && st.sync_wanted_lsn <= st.durable_lsn
             && st.pending.len() + frame <= shared.pending_bytes_max
-            && shared.fits_without_io(&st, frame - MARKER_BYTES)
-        {
-            // Under a window the acknowledgement needs only the write, a memory copy here:
-            // lead the flush in this thread and call back, without a hand-off.
-            match shared.enqueue(
-                &mut st,
-                RecordKind::Data,
-                txn,
-                payload,
-                shared.pending_bytes_max,
-                WhenFull::Fail,
-            ) {
-                Ok(_) => {
-                    shared.stats.appended.fetch_add(1, Ordering::Relaxed);
-                    st.callbacks.push(done);
-                    shared.lead(&mut st, false);
-                }
-                Err(err) => {
-                    drop(st);
-                    done(Err(err));
-                }
-            }
-            return;
-        }
+            && shared.fits_without_io(&st, frame - MARKER_BYTES);
         if st.stopped.is_none()
             && (!st.overflow.is_empty() || st.pending.len() + frame > shared.pending_bytes_max)
         {
@@ -1198,7 +1178,11 @@ impl Log for JournalLog {
             Ok(_) => {
                 shared.stats.appended.fetch_add(1, Ordering::Relaxed);
                 st.callbacks.push(done);
-                shared.want_flusher(&mut st);
+                if inline {
+                    shared.lead(&mut st, false);
+                } else {
+                    shared.want_flusher(&mut st);
+                }
             }
             Err(err) => {
                 drop(st);
