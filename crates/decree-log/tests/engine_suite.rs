@@ -430,6 +430,10 @@ fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
     const PER_THREAD: u64 = 150;
     // Interleavings vary from run to run: several rounds with different failing syncs;
     // odd rounds let the journal write with O_DIRECT | O_DSYNC, where a write fails instead.
+    // The one failing sync of a round may land on a background sync (the journal's
+    // spare-file thread) rather than a flush, so refusals are required per engine, over the
+    // rounds, not in every round.
+    let mut refusing_rounds: BTreeMap<&str, usize> = BTreeMap::new();
     for (engine, round) in durable().into_iter().flat_map(|e| (0..8u64).map(move |r| (e, r))) {
         let storage = FaultStorage::new(21 + round);
         let direct = round % 2 == 1;
@@ -464,11 +468,8 @@ fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
         });
         let acked: Vec<u64> = results.iter().flatten().filter(|(_, ok)| *ok).map(|(t, _)| *t).collect();
         let refused = results.iter().flatten().filter(|(_, ok)| !*ok).count();
-        assert!(
-            !acked.is_empty() && refused > 0,
-            "engine {engine}: {} acked, {refused} refused",
-            acked.len()
-        );
+        *refusing_rounds.entry(engine.name()).or_default() += usize::from(refused > 0);
+        assert!(!acked.is_empty(), "engine {engine}: {} acked, {refused} refused", acked.len());
         for thread in &results {
             if let Some(first_err) = thread.iter().position(|(_, ok)| !*ok) {
                 assert!(
@@ -477,7 +478,12 @@ fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
                 );
             }
         }
-        assert!(log.append(u64::MAX - 1, &payload(1, 0, 300)).is_err(), "engine {engine}: log not stopped");
+        if refused > 0 {
+            assert!(
+                log.append(u64::MAX - 1, &payload(1, 0, 300)).is_err(),
+                "engine {engine}: log not stopped"
+            );
+        }
         let crashed = storage.crash();
         drop(log);
         let log = reopen(&config, &crashed);
@@ -489,6 +495,9 @@ fn concurrent_appends_with_a_failing_sync_lose_nothing_acknowledged() {
                 "engine {engine} round {round}: acknowledged txn {txn} lost"
             );
         }
+    }
+    for (engine, rounds) in refusing_rounds {
+        assert!(rounds > 0, "engine {engine}: the injected failures never reached an append");
     }
 }
 
