@@ -51,6 +51,9 @@ pub enum BenchError {
         /// What plotters said.
         message: String,
     },
+    /// A same-run reference measurement (such as the raw round trip) failed.
+    #[error("reference measurement failed: {0}")]
+    Reference(String),
     /// A benchmark thread panicked (a bug in the harness or the code under test).
     #[error("benchmark thread panicked: {0}")]
     Panicked(String),

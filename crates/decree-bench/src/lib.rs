@@ -10,7 +10,8 @@
 //!
 //! The transaction benchmark drives a [`client::BenchTarget`], so the embedded mode and
 //! the state-server modes ([`remote`]) share the workload, the statistics, the reports and
-//! the charts; [`rate`] is the fixed-rate variant of the workload. [`rm_bench`] measures
+//! the charts; [`rate`] is the fixed-rate variant of the workload, and [`round_trip`] its
+//! same-run floor (a bare request and reply over the same transport at the same rate). [`rm_bench`] measures
 //! the cost of atomicity with real databases (decree 2PC against two local commits).
 //! Nothing here asserts on speed; tests check that the counts add up.
 
@@ -25,6 +26,7 @@ pub mod rate;
 pub mod remote;
 pub mod report;
 pub mod rm_bench;
+pub mod round_trip;
 pub mod stats;
 pub mod think;
 pub mod tx;

@@ -5,6 +5,7 @@
 //! more than the current line: reports of long sweeps cost no memory.
 
 use crate::log_bench::{LogPoint, RAW_ENGINE};
+use crate::round_trip::RoundTripPoint;
 use crate::stats::Summary;
 use crate::tx::{BenchPoint, Skipped};
 use std::fmt::Write as _;
@@ -17,6 +18,12 @@ pub fn log_json(point: &LogPoint) -> String {
 
 /// One JSON line for a transaction-benchmark result.
 pub fn bench_json(point: &BenchPoint) -> String {
+    serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// One raw round-trip reference as a JSON object on one line (its `reference` field tells
+/// it from a run's object).
+pub fn round_trip_json(point: &RoundTripPoint) -> String {
     serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
@@ -174,6 +181,47 @@ pub fn rate_summary(points: &[BenchPoint]) -> String {
             r.commit_service_p99_us,
             r.commit_service_p999_us
         );
+    }
+    out
+}
+
+/// The raw round-trip references as rows of the fixed-rate table (engine column
+/// "raw-round-trip", the transport in the RPO column's place), then each run's median and
+/// 99.9th percentile as a multiple of the reference with the same thread count.
+pub fn round_trip_summary(points: &[BenchPoint], references: &[RoundTripPoint]) -> String {
+    let mut out = String::new();
+    for r in references {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            r.reference,
+            r.transport,
+            r.threads,
+            r.rate_target,
+            r.rate_achieved,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.service_p50_us,
+            r.service_p99_us,
+            r.service_p999_us
+        );
+    }
+    for p in points {
+        let Some(rate) = &p.rate else { continue };
+        let Some(r) = references.iter().find(|r| r.threads == p.threads) else { continue };
+        if r.p50_us > 0.0 && r.p999_us > 0.0 {
+            let _ = writeln!(
+                out,
+                "{} rpo={}ms threads={}: p50 {:.2}x and p99.9 {:.2}x the raw round trip's; p99.9 {:.1}x its own p50",
+                p.engine,
+                p.rpo_ms,
+                p.threads,
+                rate.commit_p50_us / r.p50_us,
+                rate.commit_p999_us / r.p999_us,
+                rate.commit_p999_us / rate.commit_p50_us.max(f64::MIN_POSITIVE)
+            );
+        }
     }
     out
 }

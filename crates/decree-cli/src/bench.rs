@@ -7,6 +7,7 @@ use decree_bench::chart;
 use decree_bench::client::Mode;
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
+use decree_bench::round_trip::{self, RoundTripPoint, Transport};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_log::EngineKind;
@@ -296,12 +297,24 @@ pub fn run(args: Args) -> CliResult {
     if points.is_empty() {
         return Err("no engine could be measured (see the skipped lines)".into());
     }
+    let references = match spec.rate {
+        Some(rate) => round_trip_references(&spec, rate)?,
+        None => Vec::new(),
+    };
+    if args.format == Format::Json {
+        for r in &references {
+            println!("{}", report::round_trip_json(r));
+        }
+    }
     if args.format == Format::Table {
         println!("\nsummary: throughput and total latency added by the TM");
         print!("{}", report::bench_summary(&points));
         if spec.rate.is_some() {
             println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
             print!("{}", report::rate_summary(&points));
+            if !references.is_empty() {
+                print!("{}", report::round_trip_summary(&points, &references));
+            }
         }
     }
     if let Some(path) = &args.chart {
@@ -310,6 +323,28 @@ pub fn run(args: Args) -> CliResult {
         eprintln!("charts written: {} and {}", path.display(), second.display());
     }
     Ok(())
+}
+
+/// The same-run floor of a fixed-rate run through a state server: bare round trips over
+/// the same transport, at the same rate and thread counts, for as long as each run
+/// (`decree_bench::round_trip`). None for the embedded mode (nothing crosses a socket) or a
+/// server given by TCP address (it may be on another machine; the reference is loopback).
+fn round_trip_references(spec: &BenchSpec, rate: f64) -> Result<Vec<RoundTripPoint>, String> {
+    let transport = match (spec.mode, spec.connect.as_deref()) {
+        (Mode::Unix, _) => Transport::Unix,
+        (Mode::Tcp, None) => Transport::Tcp,
+        _ => return Ok(Vec::new()),
+    };
+    let mut references = Vec::new();
+    for &threads in &spec.threads {
+        let duration = match spec.stop {
+            Stop::Duration(d) => d,
+            Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * threads as f64 / rate),
+        };
+        let point = round_trip::measure(transport, rate, threads, duration).map_err(|e| e.to_string())?;
+        references.push(point);
+    }
+    Ok(references)
 }
 
 #[cfg(test)]

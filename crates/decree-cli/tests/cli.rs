@@ -78,6 +78,13 @@ fn bad_options_fail_clearly() {
 
 /// Runs a tiny bench in `mode` and returns its one JSON line.
 fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let lines = bench_json_lines(extra);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines.into_iter().next().unwrap_or_default()
+}
+
+/// Runs `decree bench --format json` with `extra` and returns its lines, parsed.
+fn bench_json_lines(extra: &[&str]) -> Vec<serde_json::Value> {
     let dir = tempfile::tempdir_in(".").unwrap();
     let args =
         [&["bench", "--engine", "journal", "--rpo", "0", "--threads", "2", "--format", "json"][..], extra]
@@ -86,9 +93,8 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     assert!(ok, "decree {args:?} failed: {stderr}");
     let lines: Vec<serde_json::Value> =
         stdout.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
-    assert_eq!(lines.len(), 1, "{stdout}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "work directory left behind");
-    lines.into_iter().next().unwrap_or_default()
+    lines
 }
 
 #[test]
@@ -107,7 +113,16 @@ fn bench_through_a_state_server_on_unix_and_tcp() {
 
 #[test]
 fn bench_at_a_fixed_rate() {
-    let line = bench_json(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
+    let lines = bench_json_lines(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
+    assert_eq!(lines.len(), 2, "the run, then its raw round-trip reference: {lines:?}");
+    let (line, reference) = (&lines[0], &lines[1]);
+    assert_eq!(reference["reference"], "raw-round-trip", "{reference}");
+    assert_eq!(reference["transport"], "unix", "{reference}");
+    assert_eq!(reference["threads"].as_u64(), Some(2), "{reference}");
+    assert!(reference["round_trips"].as_u64().unwrap_or(0) >= 1, "{reference}");
+    let (r50, r999) =
+        (reference["p50_us"].as_f64().unwrap_or(0.0), reference["p999_us"].as_f64().unwrap_or(0.0));
+    assert!(r50 > 0.0 && r50 <= r999, "{reference}");
     let cycles = line["cycles"].as_u64().unwrap_or(0);
     // 200/s for 0.5 s is about 100 at most (slots are never skipped, never added); how
     // many fit depends on the machine's load, so only the upper bound is checked, and the

@@ -1,0 +1,254 @@
+//! The floor under the state-server modes' fixed-rate latency: a bare request and reply
+//! over the same transport, at the same rate, from the same number of threads.
+//!
+//! A fixed-rate commit through the state server costs at least one round trip over a Unix
+//! socket or loopback TCP, and on a virtual machine that round trip alone can take tens of
+//! microseconds at the median and milliseconds at the 99.9th percentile (a vCPU that
+//! halted while idle must be woken). So that `decree bench --rate` reports its latencies
+//! against the machine rather than in a vacuum, this module measures, in the same
+//! process, right after the runs: an echo server with one blocking thread per connection
+//! (nothing between the socket and the reply), clients on the same [`Schedule`] as the
+//! benchmark's threads, each sending a frame the size of a two-branch `Decide` and waiting
+//! for a reply the size of `DecideOk`. Latencies are counted the same way as the commits':
+//! from the scheduled slot (coordinated-omission aware) and from the send (service time).
+//!
+//! Not a benchmark of decree: nothing of decree's runs here. Nothing asserts on speed.
+
+use crate::rate::Schedule;
+use crate::stats::Latencies;
+use crate::tx::{panic_message, run_together, THREADS_MAX};
+use crate::BenchError;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bytes of each request: about a `Decide` frame carrying a two-branch decision.
+pub const REQUEST_BYTES: usize = 128;
+/// Bytes of each reply: a `DecideOk` frame (length, version, type, request id).
+pub const REPLY_BYTES: usize = 14;
+/// The name of the reference in reports.
+pub const REFERENCE_NAME: &str = "raw-round-trip";
+
+/// The transport the reference crosses, as the benchmark's state-server modes do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A Unix stream socket in a private temporary directory.
+    Unix,
+    /// TCP on 127.0.0.1 with Nagle's algorithm off (as decree's client and server set it).
+    Tcp,
+}
+
+impl Transport {
+    /// The name in reports ("unix" or "tcp"), as the benchmark's `--mode`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Unix => "unix",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// What one reference run measured; the fields match the fixed-rate report's.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundTripPoint {
+    /// Always [`REFERENCE_NAME`], so that JSON readers can tell it from a run.
+    pub reference: &'static str,
+    /// "unix" or "tcp".
+    pub transport: &'static str,
+    /// Client threads, each with its own connection and schedule.
+    pub threads: usize,
+    /// The rate asked for over all threads, round trips per second.
+    pub rate_target: f64,
+    /// Round trips completed by all threads.
+    pub round_trips: u64,
+    /// Round trips completed per second of wall time.
+    pub rate_achieved: f64,
+    /// Median round trip from its scheduled slot, in us.
+    pub p50_us: f64,
+    /// 99th percentile of the same, in us.
+    pub p99_us: f64,
+    /// 99.9th percentile of the same, in us.
+    pub p999_us: f64,
+    /// Median round trip from its send, in us.
+    pub service_p50_us: f64,
+    /// 99th percentile of the same, in us.
+    pub service_p99_us: f64,
+    /// 99.9th percentile of the same, in us.
+    pub service_p999_us: f64,
+}
+
+/// A connected pair of ends, whichever the transport.
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// The echo server: its listener's address and the thread accepting on it.
+struct Echo {
+    connect: Box<dyn Fn() -> std::io::Result<Box<dyn Stream>> + Sync>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn io_error(what: &str, e: std::io::Error) -> BenchError {
+    BenchError::Reference(format!("raw round trip: {what}: {e}"))
+}
+
+/// Answers every [`REQUEST_BYTES`] read with [`REPLY_BYTES`] until the peer closes.
+fn serve_echo(mut stream: impl Read + Write) {
+    let mut request = [0u8; REQUEST_BYTES];
+    let reply = [0u8; REPLY_BYTES];
+    while stream.read_exact(&mut request).is_ok() {
+        if stream.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+impl Echo {
+    /// Starts the listener and its accept thread (a thread per accepted connection; the
+    /// threads end when their client hangs up, the accept thread when the process does).
+    fn start(transport: Transport) -> Result<Echo, BenchError> {
+        match transport {
+            Transport::Unix => {
+                let dir = tempfile::Builder::new()
+                    .prefix("decree-rtt")
+                    .tempdir()
+                    .map_err(|e| io_error("creating the socket directory", e))?;
+                let path = dir.path().join("echo.sock");
+                let listener = UnixListener::bind(&path)
+                    .map_err(|e| io_error(&format!("binding {}", path.display()), e))?;
+                std::thread::Builder::new()
+                    .name("decree-rtt-accept".into())
+                    .spawn(move || {
+                        for stream in listener.incoming().flatten() {
+                            let _ = std::thread::Builder::new()
+                                .name("decree-rtt-echo".into())
+                                .spawn(move || serve_echo(stream));
+                        }
+                    })
+                    .map_err(|e| io_error("starting the accept thread", e))?;
+                let connect = move || UnixStream::connect(&path).map(|s| Box::new(s) as Box<dyn Stream>);
+                Ok(Echo { connect: Box::new(connect), _dir: Some(dir) })
+            }
+            Transport::Tcp => {
+                let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                    .map_err(|e| io_error("binding 127.0.0.1", e))?;
+                let address = listener.local_addr().map_err(|e| io_error("reading the port", e))?;
+                std::thread::Builder::new()
+                    .name("decree-rtt-accept".into())
+                    .spawn(move || {
+                        for stream in listener.incoming().flatten() {
+                            let _ = stream.set_nodelay(true);
+                            let _ = std::thread::Builder::new()
+                                .name("decree-rtt-echo".into())
+                                .spawn(move || serve_echo(stream));
+                        }
+                    })
+                    .map_err(|e| io_error("starting the accept thread", e))?;
+                let connect = move || {
+                    let stream = TcpStream::connect(address)?;
+                    stream.set_nodelay(true)?;
+                    Ok(Box::new(stream) as Box<dyn Stream>)
+                };
+                Ok(Echo { connect: Box::new(connect), _dir: None })
+            }
+        }
+    }
+}
+
+/// One client thread: round trips on its schedule until `duration` has passed.
+fn client_loop(
+    echo: &Echo,
+    rate: f64,
+    threads: usize,
+    index: usize,
+    start: Instant,
+    duration: Duration,
+    failed: &AtomicBool,
+) -> Result<(u64, Latencies, Latencies), BenchError> {
+    let mut stream = (echo.connect)().map_err(|e| io_error("connecting", e))?;
+    let mut schedule = Schedule::new(rate, threads, index, start)?;
+    let (mut scheduled, mut service) = (Latencies::new(), Latencies::new());
+    let request = [0u8; REQUEST_BYTES];
+    let mut reply = [0u8; REPLY_BYTES];
+    let mut count = 0u64;
+    while start.elapsed() < duration && !failed.load(Ordering::Relaxed) {
+        let slot = schedule.wait_next();
+        let sent = Instant::now();
+        stream.write_all(&request).map_err(|e| io_error("sending", e))?;
+        stream.read_exact(&mut reply).map_err(|e| io_error("receiving", e))?;
+        let end = Instant::now();
+        scheduled.record(end.saturating_duration_since(slot));
+        service.record(end.saturating_duration_since(sent));
+        count += 1;
+    }
+    Ok((count, scheduled, service))
+}
+
+/// Measures round trips over `transport` at `rate` per second spread over `threads`
+/// threads for `duration`, the way the fixed-rate benchmark schedules its commits.
+pub fn measure(
+    transport: Transport,
+    rate: f64,
+    threads: usize,
+    duration: Duration,
+) -> Result<RoundTripPoint, BenchError> {
+    if threads == 0 || threads > THREADS_MAX {
+        return Err(BenchError::Option(format!("--threads {threads}: expected 1 to {THREADS_MAX}")));
+    }
+    let echo = Echo::start(transport)?;
+    let (outcomes, start, end) = run_together(threads, |index, start, failed| {
+        client_loop(&echo, rate, threads, index, start, duration, failed)
+    });
+    let (mut scheduled, mut service, mut count) = (Latencies::new(), Latencies::new(), 0u64);
+    for outcome in outcomes {
+        let (n, s, v) = outcome.map_err(|p| BenchError::Panicked(panic_message(&p)))??;
+        count += n;
+        scheduled.merge(&s);
+        service.merge(&v);
+    }
+    let elapsed = end.saturating_duration_since(start).as_secs_f64();
+    Ok(RoundTripPoint {
+        reference: REFERENCE_NAME,
+        transport: transport.name(),
+        threads,
+        rate_target: rate,
+        round_trips: count,
+        rate_achieved: if elapsed > 0.0 { count as f64 / elapsed } else { 0.0 },
+        p50_us: scheduled.quantile_us(0.50),
+        p99_us: scheduled.quantile_us(0.99),
+        p999_us: scheduled.quantile_us(0.999),
+        service_p50_us: service.quantile_us(0.50),
+        service_p99_us: service.quantile_us(0.99),
+        service_p999_us: service.quantile_us(0.999),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheduled_round_trip_is_counted_over_both_transports() {
+        for transport in [Transport::Unix, Transport::Tcp] {
+            let point = measure(transport, 2_000.0, 2, Duration::from_millis(200)).unwrap();
+            assert_eq!(point.transport, transport.name());
+            // Every thread makes its first round trip at once (its slot is within 1 ms of
+            // the start), so the count is at least the thread count, however slow the box.
+            assert!(point.round_trips >= 2, "{transport:?}: {} round trips", point.round_trips);
+            assert!(point.rate_achieved > 0.0);
+            assert!(point.p50_us > 0.0 && point.p50_us <= point.p99_us && point.p99_us <= point.p999_us);
+            // A round trip's service time is part of its scheduled latency.
+            assert!(point.service_p50_us > 0.0 && point.service_p50_us <= point.p50_us);
+            assert!(point.service_p999_us <= point.p999_us);
+        }
+    }
+
+    #[test]
+    fn bad_thread_counts_and_rates_are_refused() {
+        assert!(measure(Transport::Unix, 100.0, 0, Duration::from_millis(10)).is_err());
+        assert!(measure(Transport::Unix, 100.0, THREADS_MAX + 1, Duration::from_millis(10)).is_err());
+        assert!(measure(Transport::Unix, -1.0, 1, Duration::from_millis(10)).is_err());
+    }
+}
