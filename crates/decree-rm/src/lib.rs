@@ -15,6 +15,7 @@
 
 mod branch;
 pub mod config;
+pub mod detaching;
 pub mod mariadb;
 pub mod postgres;
 pub mod shared;
