@@ -11,7 +11,8 @@
 //! The transaction benchmark drives a [`client::BenchTarget`], so the embedded mode and
 //! the state-server modes ([`remote`]) share the workload, the statistics, the reports and
 //! the charts; [`rate`] is the fixed-rate variant of the workload, and [`round_trip`] its
-//! same-run floor (a bare request and reply over the same transport at the same rate). [`rm_bench`] measures
+//! same-run floor (a bare request and reply over the same transport at the same rate);
+//! [`write_floor`] is the same-run floor of a durable commit (one synced write). [`rm_bench`] measures
 //! the cost of atomicity with real databases (decree 2PC against two local commits).
 //! Nothing here asserts on speed; tests check that the counts add up.
 
@@ -30,5 +31,6 @@ pub mod round_trip;
 pub mod stats;
 pub mod think;
 pub mod tx;
+pub mod write_floor;
 
 pub use error::BenchError;

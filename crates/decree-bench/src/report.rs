@@ -8,6 +8,7 @@ use crate::log_bench::{LogPoint, RAW_ENGINE};
 use crate::round_trip::RoundTripPoint;
 use crate::stats::Summary;
 use crate::tx::{BenchPoint, Skipped};
+use crate::write_floor::{journal_floor, WriteFloor, RAW_DIRECT_IDLE};
 use std::fmt::Write as _;
 
 /// One JSON line for a log-benchmark result.
@@ -226,6 +227,46 @@ pub fn round_trip_summary(points: &[BenchPoint], references: &[RoundTripPoint]) 
     out
 }
 
+/// The raw synced-write references, then, for every run at `rpo = 0` on a durable engine,
+/// its total p95 as a multiple of the journal's floor (the direct write when measured).
+pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> String {
+    let mut out =
+        format!("{:<14} {:>10} {:>9} {:>9} {:>9}\n", "reference", "writes/s", "p50_us", "p95_us", "p99_us");
+    for f in floors {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>10.1} {:>9.1} {:>9.1} {:>9.1}",
+            f.reference, f.writes_per_sec, f.p50_us, f.p95_us, f.p99_us
+        );
+    }
+    let Some(floor) = journal_floor(floors).filter(|f| f.p95_us > 0.0) else { return out };
+    let idle = floors.iter().find(|f| f.reference == RAW_DIRECT_IDLE && f.p95_us > 0.0);
+    for p in points.iter().filter(|p| p.rpo_ms == 0 && p.engine != "volatile") {
+        let _ = write!(
+            out,
+            "{} rpo=0ms threads={}: total p95 {:.3} ms = {:.2}x the {} write's p95",
+            p.engine,
+            p.threads,
+            p.total.p95 / 1000.0,
+            p.total.p95 / floor.p95_us,
+            floor.reference
+        );
+        match idle {
+            Some(idle) => {
+                let _ = writeln!(out, ", {:.2}x the {}'s", p.total.p95 / idle.p95_us, idle.reference);
+            }
+            None => out.push('\n'),
+        }
+    }
+    out
+}
+
+/// One raw write reference as a JSON object on one line (its `reference` field tells it
+/// from a run's object).
+pub fn write_floor_json(floor: &WriteFloor) -> String {
+    serde_json::to_string(floor).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +278,7 @@ mod tests {
             rpo_ms: 0,
             records_per_sec,
             p50_us: 1.0,
+            p95_us: 1.5,
             p99_us: 2.0,
             p999_us: 3.0,
         }

@@ -10,6 +10,7 @@ use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::round_trip::{self, RoundTripPoint, Transport};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
+use decree_bench::write_floor;
 use decree_log::EngineKind;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -269,6 +270,12 @@ pub fn run(args: Args) -> CliResult {
         Stop::Cycles(n) => Some(n.saturating_mul(spec.threads.iter().sum::<usize>() as u64) * combinations),
         Stop::Duration(_) => None,
     });
+    let floors = if needs_write_floor(&spec) {
+        progress.set_message("raw write reference");
+        write_floor::measure(&spec.dir, write_floor::WRITE_FLOOR_DURATION)?
+    } else {
+        Vec::new()
+    };
     let mut points = Vec::new();
     let mut failures = Vec::new();
     let outcome = tx::run_all(&spec, &progress, |step| {
@@ -305,10 +312,17 @@ pub fn run(args: Args) -> CliResult {
         for r in &references {
             println!("{}", report::round_trip_json(r));
         }
+        for f in &floors {
+            println!("{}", report::write_floor_json(f));
+        }
     }
     if args.format == Format::Table {
         println!("\nsummary: throughput and total latency added by the TM");
         print!("{}", report::bench_summary(&points));
+        if !floors.is_empty() {
+            println!("\nthe disk in the same run: one thread, one synced write at a time");
+            print!("{}", report::write_floor_summary(&points, &floors));
+        }
         if spec.rate.is_some() {
             println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
             print!("{}", report::rate_summary(&points));
@@ -323,6 +337,15 @@ pub fn run(args: Args) -> CliResult {
         eprintln!("charts written: {} and {}", path.display(), second.display());
     }
     Ok(())
+}
+
+/// Whether a run waits for the disk (a durable engine at `rpo = 0`) on this machine (the
+/// embedded mode, or a server the benchmark starts itself), so that the disk's own synced
+/// write is worth measuring next to it (`decree_bench::write_floor`).
+fn needs_write_floor(spec: &BenchSpec) -> bool {
+    spec.rpos_ms.contains(&0)
+        && spec.engines.iter().any(|e| *e != EngineKind::Volatile)
+        && (spec.mode == Mode::Embedded || spec.connect.is_none())
 }
 
 /// The same-run floor of a fixed-rate run through a state server: bare round trips over
