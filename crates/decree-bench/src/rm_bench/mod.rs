@@ -208,6 +208,10 @@ pub struct RmPoint {
     pub transfer_p50_us: f64,
     /// Whole transfer, 99th percentile, in us.
     pub transfer_p99_us: f64,
+    /// CPU time (user + system) of this process, the application side with decree in it,
+    /// per transfer, in us: what atomicity costs the application's machine, apart from the
+    /// databases' own work.
+    pub cpu_us_per_transfer: f64,
 }
 
 /// The cost of atomicity at one thread count (one JSON line).
@@ -388,6 +392,7 @@ fn run_one(
     progress: &ProgressBar,
 ) -> Result<RmPoint, BenchError> {
     let before = (dbs[0].total()?, dbs[1].total()?);
+    let cpu_before = process_cpu();
     let (out, elapsed) = match mode {
         RmMode::Independent => run_threads(threads, |index, start, failed| {
             independent_loop(spec, dbs, index, start, failed, progress)
@@ -401,6 +406,7 @@ fn run_one(
             result
         }
     };
+    let cpu = process_cpu().saturating_sub(cpu_before);
     let after = (dbs[0].total()?, dbs[1].total()?);
     check_totals(mode, threads, before, after, out.transfers)?;
     check_nothing_prepared(dbs, spec.node, mode, threads)?;
@@ -416,7 +422,27 @@ fn run_one(
         p99_us: out.commit.quantile_us(0.99),
         transfer_p50_us: out.transfer.quantile_us(0.50),
         transfer_p99_us: out.transfer.quantile_us(0.99),
+        cpu_us_per_transfer: if out.transfers > 0 {
+            cpu.as_secs_f64() * 1e6 / out.transfers as f64
+        } else {
+            0.0
+        },
     })
+}
+
+/// CPU time this process has used so far, user and system (zero if the kernel refuses).
+fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the pointer it is given, which is valid and
+    // zero-initialised; its result is read only when the call succeeded.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return Duration::ZERO;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.max(0) as u32) * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// The total over both databases must not move, and B must have gained one per transfer.
@@ -635,7 +661,7 @@ fn two_phase_loop(
 /// The table's header line.
 pub fn table_header() -> String {
     format!(
-        "{:>7} {:<12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>12} {:>12}\n{}",
+        "{:>7} {:<12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12}\n{}",
         "threads",
         "mode",
         "transfers",
@@ -645,14 +671,15 @@ pub fn table_header() -> String {
         "p99_us",
         "xfer_p50_us",
         "xfer_p99_us",
-        "-".repeat(97)
+        "cpu_us/xfer",
+        "-".repeat(110)
     )
 }
 
 /// One table row (commit latency percentiles, then the whole transfer's).
 pub fn table_row(p: &RmPoint) -> String {
     format!(
-        "{:>7} {:<12} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1}",
+        "{:>7} {:<12} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
         p.threads,
         p.mode,
         p.transfers,
@@ -661,7 +688,8 @@ pub fn table_row(p: &RmPoint) -> String {
         p.p95_us,
         p.p99_us,
         p.transfer_p50_us,
-        p.transfer_p99_us
+        p.transfer_p99_us,
+        p.cpu_us_per_transfer
     )
 }
 
@@ -754,6 +782,7 @@ mod tests {
             p99_us: 3.0,
             transfer_p50_us: 4.0,
             transfer_p99_us: 5.0,
+            cpu_us_per_transfer: 6.0,
         };
         let v: serde_json::Value = serde_json::from_str(&point_json(&p)).expect("valid JSON");
         for key in ["threads", "mode", "tps", "p50_us", "p95_us", "p99_us"] {
