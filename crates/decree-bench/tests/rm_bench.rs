@@ -11,7 +11,7 @@
 
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep, Side};
 use decree_bench::tx::Stop;
-use decree_core::{Origin, Xid};
+use decree_core::{BranchCalls, Origin, Xid};
 use decree_log::EngineKind;
 use indicatif::ProgressBar;
 use mysql::prelude::Queryable;
@@ -50,6 +50,8 @@ fn unique_table(tag: &str) -> String {
 }
 
 /// A short run's spec; its logs go under `dir` (one per test: tests run in parallel).
+/// The branches are called in parallel, so that the helper threads meet real databases
+/// whatever the machine's load (the automatic policy would go sequential on a busy one).
 fn spec(kind: DbKind, dsn_a: &str, dsn_b: &str, table: &str, threads: Vec<usize>, dir: &Path) -> RmBenchSpec {
     RmBenchSpec {
         kind,
@@ -64,6 +66,7 @@ fn spec(kind: DbKind, dsn_a: &str, dsn_b: &str, table: &str, threads: Vec<usize>
         dir: dir.to_path_buf(),
         seed: 7,
         node: rm_bench::node_id(),
+        branch_calls: BranchCalls::Parallel,
     }
 }
 
@@ -208,7 +211,10 @@ fn a_prepared_branch_of_the_node_fails_the_run(kind: DbKind) {
     let table = unique_table("p");
     let scratch = format!("{table}_planted");
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = spec(kind, &dsn_a, &dsn_b, &table, vec![1], dir.path());
+    let spec = RmBenchSpec {
+        branch_calls: BranchCalls::Sequential,
+        ..spec(kind, &dsn_a, &dsn_b, &table, vec![1], dir.path())
+    };
     let planted = plant_prepared_branch(kind, &dsn_b, spec.node, &scratch);
     let mut steps = Vec::new();
     let outcome = rm_bench::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step));
@@ -255,6 +261,7 @@ fn an_unreachable_database_is_an_error_not_a_hang() {
             dir: dir.path().to_path_buf(),
             seed: 1,
             node: rm_bench::node_id(),
+            branch_calls: BranchCalls::Auto,
         };
         let err =
             rm_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).expect_err("nothing listens on port 1");

@@ -11,6 +11,7 @@ use decree_bench::round_trip::{self, RoundTripPoint, Transport};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_bench::write_floor;
+use decree_core::BranchCalls;
 use decree_log::EngineKind;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -91,6 +92,31 @@ pub struct Args {
     /// `host=... dbname=...` for postgres, `mysql://user:password@host:port/db` for mariadb.
     #[arg(long)]
     pub dsn: Vec<String>,
+    /// With --rm postgres|mariadb: how decree calls the two branches at prepare and commit
+    /// (auto: in parallel while the machine has a CPU to spare, else one after another).
+    #[arg(long, value_enum, default_value_t = BranchCallsChoice::Auto)]
+    pub branch_calls: BranchCallsChoice,
+}
+
+/// The `--branch-calls` values (decree_core::BranchCalls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BranchCallsChoice {
+    /// In parallel while a CPU is idle enough, one after another when the machine is busy.
+    Auto,
+    /// Always in parallel (helper threads).
+    Parallel,
+    /// Always one after another.
+    Sequential,
+}
+
+impl BranchCallsChoice {
+    fn policy(self) -> BranchCalls {
+        match self {
+            BranchCallsChoice::Auto => BranchCalls::Auto,
+            BranchCallsChoice::Parallel => BranchCalls::Parallel,
+            BranchCallsChoice::Sequential => BranchCalls::Sequential,
+        }
+    }
 }
 
 /// Which resource managers `decree bench` drives.
@@ -191,6 +217,7 @@ impl Args {
             dir,
             seed: self.seed,
             node: rm_bench::node_id(),
+            branch_calls: self.branch_calls.policy(),
         })
     }
 }

@@ -40,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+mod cpu_spare;
 pub mod dummy;
 pub mod embedded;
 pub mod error;
@@ -58,7 +59,7 @@ pub use error::{HeuristicReport, TmError};
 pub use rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
 pub use session::{CommitKind, CommitReport, Session, Transaction};
 pub use store::{BranchRecord, Decision, DecisionStore, Outcome, StoreError};
-pub use tm::{RecoveryReport, TmConfig, TransactionManager};
+pub use tm::{BranchCalls, RecoveryReport, TmConfig, TransactionManager};
 pub use tx::{TxContext, TxInfo, TxState};
 pub use xid::{Origin, Xid, XidError, DECREE_FORMAT_ID};
 

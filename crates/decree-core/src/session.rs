@@ -13,12 +13,13 @@
 //! The hot path allocates nothing once warm: the vote vectors and the decision (with its
 //! RM name strings) are kept in the session and reused.
 
+use crate::cpu_spare;
 use crate::error::{HeuristicReport, TmError};
 use crate::fanout::{Call, Fanout};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
 use crate::rm::{ResourceManager, RmError, Vote};
 use crate::store::{BranchRecord, Decision};
-use crate::tm::TransactionManager;
+use crate::tm::{BranchCalls, TransactionManager};
 use crate::xid::{Origin, Xid};
 use std::sync::Arc;
 
@@ -471,7 +472,14 @@ impl Session {
     }
 
     fn use_parallel(&self) -> bool {
-        self.branch_of.iter().zip(&self.parallel).filter(|(b, p)| **b != NOT_ENLISTED && **p).count() >= 2
+        let candidates =
+            self.branch_of.iter().zip(&self.parallel).filter(|(b, p)| **b != NOT_ENLISTED && **p).count();
+        candidates >= 2
+            && match self.tm.config().branch_calls {
+                BranchCalls::Parallel => true,
+                BranchCalls::Sequential => false,
+                BranchCalls::Auto => cpu_spare::cpu_to_spare(),
+            }
     }
 
     fn enlisted_votes(&self) -> impl Iterator<Item = &Option<Result<Vote, RmError>>> {

@@ -42,6 +42,22 @@ pub struct TmConfig {
     pub branches_max: usize,
     /// Most heuristic reports kept for [`TransactionManager::take_heuristics`].
     pub heuristics_max: usize,
+    /// How a session calls the branches that prefer parallel calls (network RMs).
+    pub branch_calls: BranchCalls,
+}
+
+/// How a session drives the prepare and phase-two calls of branches whose resource
+/// managers prefer parallel calls (`ResourceManager::prefers_parallel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BranchCalls {
+    /// In parallel while the machine has a CPU to spare, one after another when it is busy
+    /// (see `cpu_spare.rs` for the measurements behind it).
+    #[default]
+    Auto,
+    /// Always in parallel (helper threads).
+    Parallel,
+    /// Always one after another on the caller's thread.
+    Sequential,
 }
 
 impl Default for TmConfig {
@@ -53,6 +69,7 @@ impl Default for TmConfig {
             retry_jobs_max: 65_536,
             branches_max: 64,
             heuristics_max: 1024,
+            branch_calls: BranchCalls::Auto,
         }
     }
 }

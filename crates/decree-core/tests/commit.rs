@@ -9,7 +9,11 @@ mod common;
 
 use common::*;
 use decree_core::dummy::{BranchOutcome, Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
-use decree_core::{CommitKind, HeuristicOutcome, RmError, Session, TmError, TxContext};
+use decree_core::{
+    BranchCalls, CommitKind, HeuristicOutcome, RmError, RmFactory, Session, TmConfig, TmError,
+    TransactionManager, TxContext,
+};
+use decree_log::engine::volatile::VolatileLog;
 use decree_log::Log;
 use std::sync::Arc;
 use std::time::Duration;
@@ -244,24 +248,35 @@ fn prepare_failure_of_an_unavailable_rm_rolls_back_the_prepared_ones() {
 
 #[test]
 fn parallel_prepare_gives_the_same_results() {
-    let make = |name: &str| {
-        DummyFactory::new(DummyConfig { history_max: HISTORY_MAX, parallel: true, ..DummyConfig::new(name) })
-    };
-    let (a, b, c) = (make("a"), make("b"), make("c"));
-    let (log, tm) = volatile_tm(&[&a, &b, &c]);
-    let mut tx = TxContext::open(&tm, connections(&[&a, &b, &c])).unwrap();
-    let xid = tx.begin().unwrap();
-    tx.commit().unwrap();
-    for (f, branch) in [(&a, 0), (&b, 1), (&c, 2)] {
-        assert_eq!(outcome(f, &xid, branch), Some(BranchOutcome::Committed));
+    // Every policy of driving the branches, including the automatic one whichever way
+    // the machine's load makes it go, must commit and roll back the same branches.
+    for policy in [BranchCalls::Parallel, BranchCalls::Sequential, BranchCalls::Auto] {
+        let make = |name: &str| {
+            DummyFactory::new(DummyConfig {
+                history_max: HISTORY_MAX,
+                parallel: true,
+                ..DummyConfig::new(name)
+            })
+        };
+        let (a, b, c) = (make("a"), make("b"), make("c"));
+        let log = Arc::new(VolatileLog::new());
+        let factories: Vec<Arc<dyn RmFactory>> = [&a, &b, &c].iter().map(|f| f.arc()).collect();
+        let config = TmConfig { branch_calls: policy, ..common::quick_config() };
+        let tm = TransactionManager::embedded(log.clone(), config, factories).expect("coordinator starts");
+        let mut tx = TxContext::open(&tm, connections(&[&a, &b, &c])).unwrap();
+        let xid = tx.begin().unwrap();
+        tx.commit().unwrap();
+        for (f, branch) in [(&a, 0), (&b, 1), (&c, 2)] {
+            assert_eq!(outcome(f, &xid, branch), Some(BranchOutcome::Committed), "{policy:?}");
+        }
+        c.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
+        let xid = tx.begin().unwrap();
+        assert!(matches!(tx.commit(), Err(TmError::RolledBack { ref rm, .. }) if rm == "c"), "{policy:?}");
+        for (f, branch) in [(&a, 0), (&b, 1), (&c, 2)] {
+            assert_eq!(outcome(f, &xid, branch), Some(BranchOutcome::RolledBack), "{policy:?}");
+        }
+        assert_eq!(log.stats().records_appended, 1, "{policy:?}");
     }
-    c.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
-    let xid = tx.begin().unwrap();
-    assert!(matches!(tx.commit(), Err(TmError::RolledBack { ref rm, .. }) if rm == "c"));
-    for (f, branch) in [(&a, 0), (&b, 1), (&c, 2)] {
-        assert_eq!(outcome(f, &xid, branch), Some(BranchOutcome::RolledBack));
-    }
-    assert_eq!(log.stats().records_appended, 1);
 }
 
 #[test]

@@ -11,17 +11,30 @@ mod common;
 use common::*;
 use decree_core::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
 use decree_core::{RmFactory, TmError, TransactionManager, TxContext, Xid};
+use decree_log::engine::journal::JournalLog;
 use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+/// The journal on `storage`, once its spare-file thread has prepared its spare segment:
+/// until then that thread writes and syncs too, and an injected fault meant for a decision
+/// could hit its zero-filling instead (which made this suite flaky).
 fn journal(storage: &FaultStorage) -> Arc<dyn Log> {
     let mut config = LogConfig::new("/crash/log", EngineKind::Journal, SyncPolicy::Immediate);
     config.segment_bytes = 1 << 20;
-    let log = decree_log::engine::open_with_storage(&config, Arc::new(storage.clone()))
-        .expect("journal opens on the fault storage");
-    Arc::from(log)
+    let log =
+        JournalLog::open(&config, Arc::new(storage.clone())).expect("journal opens on the fault storage");
+    let deadline = Instant::now() + SPARE_WAIT_MAX;
+    while log.segment_files().1 == 0 {
+        assert!(Instant::now() < deadline, "the journal's spare segment file was never prepared");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Arc::new(log)
 }
+
+/// How long `journal` waits for the spare segment file (normally a few milliseconds).
+const SPARE_WAIT_MAX: Duration = Duration::from_secs(30);
 
 fn tm(log: Arc<dyn Log>, a: &DummyFactory, b: &DummyFactory) -> Arc<TransactionManager> {
     let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];

@@ -29,7 +29,9 @@ mod postgres;
 use crate::stats::Latencies;
 use crate::tx::{fresh_dir, panic_message, Stop, THREADS_MAX};
 use crate::BenchError;
-use decree_core::{CommitKind, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
+use decree_core::{
+    BranchCalls, CommitKind, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext,
+};
 use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
@@ -164,6 +166,8 @@ pub struct RmBenchSpec {
     /// Coordinator node id minted into the 2PC runs' Xids (see [`node_id`]), so that the
     /// leftover check and recovery see only this benchmark's branches.
     pub node: u32,
+    /// How the coordinator calls the two branches at prepare and commit.
+    pub branch_calls: BranchCalls,
 }
 
 /// How the two updates of a transfer are committed.
@@ -583,7 +587,7 @@ fn two_phase_run(
     let factories = dbs.iter().map(|db| db.rm_factory()).collect();
     let tm = TransactionManager::embedded(
         log.clone(),
-        TmConfig { node: spec.node, ..TmConfig::default() },
+        TmConfig { node: spec.node, branch_calls: spec.branch_calls, ..TmConfig::default() },
         factories,
     )
     .map_err(|e| db_error("starting the coordinator", e))?;
@@ -726,6 +730,7 @@ mod tests {
             dir: PathBuf::from("."),
             seed: 1,
             node: node_id(),
+            branch_calls: BranchCalls::Auto,
         }
     }
 
