@@ -268,6 +268,11 @@ pub fn run(args: Args) -> CliResult {
     if !args.dsn.is_empty() {
         return Err("--dsn needs --rm postgres or --rm mariadb".into());
     }
+    if args.branch_calls != BranchCallsChoice::Auto {
+        return Err(
+            "--branch-calls needs --rm postgres or --rm mariadb (the dummy RMs answer at once)".into()
+        );
+    }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
     let combinations = (spec.engines.len() * spec.rpos_ms.len()) as u64;
@@ -500,6 +505,12 @@ mod tests {
         let spec =
             parse("decree bench --rm postgres --dsn a --dsn b").rm_spec(PathBuf::new()).expect("valid");
         assert_eq!(spec.kind, DbKind::Postgres);
+        assert_eq!(spec.branch_calls, BranchCalls::Auto, "the default policy");
+        for (word, policy) in [("parallel", BranchCalls::Parallel), ("sequential", BranchCalls::Sequential)] {
+            let line = format!("decree bench --rm postgres --dsn a --dsn b --branch-calls {word}");
+            assert_eq!(parse(&line).rm_spec(PathBuf::new()).expect("valid").branch_calls, policy);
+        }
+        assert!(Cli::try_parse_from("decree bench --branch-calls sometimes".split_whitespace()).is_err());
     }
 
     #[test]

@@ -74,6 +74,9 @@ fn bad_options_fail_clearly() {
     let (ok, _, stderr) = decree(&["bench", "--rate", "0", "--cycles", "1"], dir.path());
     assert!(!ok);
     assert!(stderr.contains("--rate 0"), "{stderr}");
+    let (ok, _, stderr) = decree(&["bench", "--branch-calls", "sequential"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("--branch-calls needs --rm"), "{stderr}");
 }
 
 /// The one run of `decree bench --format json` with `extra` (same-run reference lines,
