@@ -543,3 +543,108 @@ fn pipelined_requests_beyond_the_limits_are_all_answered_once() {
     assert_eq!(decided, (10..10 + count).collect());
     server.shutdown().unwrap();
 }
+
+/// Resident memory of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value");
+    kib * 1024
+}
+
+/// Reads frames from a blocking stream until `count` have arrived.
+fn read_frames(stream: &mut UnixStream, frames: &mut FrameBuffer, count: usize) -> Vec<(u64, Message)> {
+    let mut got = Vec::with_capacity(count);
+    while got.len() < count {
+        while let Some(m) = frames.next_message().unwrap() {
+            got.push(m);
+        }
+        if got.len() < count {
+            let n = stream.read(frames.read_space()).unwrap();
+            assert!(n > 0, "the server closed a connection");
+            frames.commit(n);
+        }
+    }
+    got
+}
+
+/// The bug guarded against: per-connection state that grows without a bound (buffers sized
+/// for the largest frame, unbounded queues), so that a thousand clients with requests in
+/// flight would take the server's memory with them. A server child process (the journal
+/// at rpo 0, default limits) takes 1,000 connections at once; each says Hello and pipelines
+/// 8 decisions, all are answered while every connection stays open, and the server's
+/// resident memory may grow by at most `BYTES_PER_CONNECTION_MAX` per connection.
+#[test]
+fn a_thousand_connections_keep_the_server_memory_bounded() {
+    const CONNECTIONS: usize = 1000;
+    const DECIDES_PER_CONNECTION: u64 = 8;
+    const BYTES_PER_CONNECTION_MAX: u64 = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    if let Err(e) = decree_log::open(&config(dir.path(), EngineKind::Journal).log_config().unwrap()) {
+        println!("SKIPPED a_thousand_connections_keep_the_server_memory_bounded: {e}");
+        return;
+    }
+    // Both processes hold one descriptor per connection: lift the soft limit to the hard
+    // one (the child inherits it) and say so plainly when even that is too low.
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit through a valid pointer.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    assert!(
+        limit.rlim_cur >= 1200,
+        "this test needs 1,200 open files per process, the limit is {}",
+        limit.rlim_cur
+    );
+
+    let mut child = spawn_child_server(dir.path());
+    let path = dir.path().join("decree.sock");
+    let before = resident_bytes(child.id());
+    let mut connections = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let mut stream = UnixStream::connect(&path).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut out = Vec::new();
+        encode_frame(&mut out, 1, &Message::Hello { node_expected: 0, client: "many".into() });
+        stream.write_all(&out).unwrap();
+        let mut frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
+        let origin = match read_frames(&mut stream, &mut frames, 1).pop() {
+            Some((1, Message::HelloOk { node, incarnation, session, .. })) => {
+                Origin { node, incarnation, session, sequence: 0 }
+            }
+            other => panic!("expected HelloOk, got {other:?}"),
+        };
+        connections.push((stream, frames, origin));
+    }
+    for (stream, _, origin) in &mut connections {
+        let mut out = Vec::new();
+        for sequence in 1..=DECIDES_PER_CONNECTION {
+            let xid = Xid::decree(Origin { sequence, ..*origin });
+            encode_frame(&mut out, 1 + sequence, &Message::Decide(decision(xid, &["a", "b"])));
+        }
+        stream.write_all(&out).unwrap();
+    }
+    for (stream, frames, _) in &mut connections {
+        let replies = read_frames(stream, frames, DECIDES_PER_CONNECTION as usize);
+        assert!(replies.iter().all(|(_, m)| matches!(m, Message::DecideOk)), "{replies:?}");
+    }
+    let after = resident_bytes(child.id());
+    let per_connection = after.saturating_sub(before) / CONNECTIONS as u64;
+    println!(
+        "server resident memory: {} KiB before, {} KiB with {CONNECTIONS} connections ({} bytes each)",
+        before / 1024,
+        after / 1024,
+        per_connection
+    );
+    assert!(
+        per_connection <= BYTES_PER_CONNECTION_MAX,
+        "{per_connection} bytes per connection (at most {BYTES_PER_CONNECTION_MAX})"
+    );
+    drop(connections);
+    let status =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success(), "the server stops cleanly after the connections");
+}
