@@ -5,7 +5,6 @@
 //! more than the current line: reports of long sweeps cost no memory.
 
 use crate::log_bench::{LogPoint, RAW_ENGINE};
-use crate::round_trip::RoundTripPoint;
 use crate::stats::Summary;
 use crate::tx::{BenchPoint, Skipped};
 use crate::write_floor::{journal_floor, WriteFloor, RAW_DIRECT_IDLE};
@@ -19,12 +18,6 @@ pub fn log_json(point: &LogPoint) -> String {
 
 /// One JSON line for a transaction-benchmark result.
 pub fn bench_json(point: &BenchPoint) -> String {
-    serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
-
-/// One raw round-trip reference as a JSON object on one line (its `reference` field tells
-/// it from a run's object).
-pub fn round_trip_json(point: &RoundTripPoint) -> String {
     serde_json::to_string(point).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
@@ -186,12 +179,12 @@ pub fn rate_summary(points: &[BenchPoint]) -> String {
     out
 }
 
-/// The raw round-trip references as rows of the fixed-rate table (engine column
-/// "raw-round-trip", the transport in the RPO column's place), then each run's median and
-/// 99.9th percentile as a multiple of the reference with the same thread count.
-pub fn round_trip_summary(points: &[BenchPoint], references: &[RoundTripPoint]) -> String {
+/// The raw round trips measured next to the fixed-rate runs, as rows of the fixed-rate
+/// table (engine column "raw-round-trip", the transport in the RPO column's place), then
+/// each run's median and 99.9th percentile as multiples of its own reference.
+pub fn round_trip_summary(points: &[BenchPoint]) -> String {
     let mut out = String::new();
-    for r in references {
+    for r in points.iter().filter_map(|p| p.round_trip_floor.as_ref()) {
         let _ = writeln!(
             out,
             "{:<12} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
@@ -209,8 +202,7 @@ pub fn round_trip_summary(points: &[BenchPoint], references: &[RoundTripPoint]) 
         );
     }
     for p in points {
-        let Some(rate) = &p.rate else { continue };
-        let Some(r) = references.iter().find(|r| r.threads == p.threads) else { continue };
+        let (Some(rate), Some(r)) = (&p.rate, &p.round_trip_floor) else { continue };
         if r.p50_us > 0.0 && r.p999_us > 0.0 {
             let _ = writeln!(
                 out,
@@ -259,12 +251,6 @@ pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> Stri
         }
     }
     out
-}
-
-/// One raw write reference as a JSON object on one line (its `reference` field tells it
-/// from a run's object).
-pub fn write_floor_json(floor: &WriteFloor) -> String {
-    serde_json::to_string(floor).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 #[cfg(test)]

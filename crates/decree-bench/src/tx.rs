@@ -11,8 +11,10 @@ use crate::client::{BenchTarget, Mode};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
 use crate::rate::Schedule;
 use crate::remote::{RemoteSpec, RemoteTarget};
+use crate::round_trip::RoundTripPoint;
 use crate::stats::{Latencies, Summary};
 use crate::think::ThinkRange;
+use crate::write_floor::WriteFloor;
 use crate::BenchError;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use indicatif::ProgressBar;
@@ -358,6 +360,15 @@ pub struct BenchPoint {
     /// Fixed-rate mode only.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RatePoint>,
+    /// The disk's raw synced writes measured in the same invocation (runs at rpo 0 on a
+    /// durable engine), see [`crate::write_floor`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub disk_floor: Vec<WriteFloor>,
+    /// A bare round trip over the run's transport at its rate and thread count, measured
+    /// right after it (fixed-rate runs through a local state server), see
+    /// [`crate::round_trip`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trip_floor: Option<RoundTripPoint>,
 }
 
 impl BenchPoint {
@@ -378,6 +389,8 @@ impl BenchPoint {
             close: run.latencies.close.summary(),
             total: run.latencies.total.summary(),
             rate: None,
+            disk_floor: Vec::new(),
+            round_trip_floor: None,
         }
     }
 

@@ -7,7 +7,7 @@ use decree_bench::chart;
 use decree_bench::client::Mode;
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
-use decree_bench::round_trip::{self, RoundTripPoint, Transport};
+use decree_bench::round_trip::{self, Transport};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_bench::write_floor;
@@ -308,11 +308,26 @@ pub fn run(args: Args) -> CliResult {
     } else {
         Vec::new()
     };
+    let transport = round_trip_transport(&spec);
+    let mut reference_error = None;
     let mut points = Vec::new();
     let mut failures = Vec::new();
     let outcome = tx::run_all(&spec, &progress, |step| {
         progress.suspend(|| match step {
-            Step::Measured(point) => {
+            Step::Measured(mut point) => {
+                if point.rpo_ms == 0 && point.engine != EngineKind::Volatile.name() {
+                    point.disk_floor = floors.clone();
+                }
+                if let (Some(rate), Some(transport)) = (spec.rate, transport) {
+                    let duration = match spec.stop {
+                        Stop::Duration(d) => d,
+                        Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * point.threads as f64 / rate),
+                    };
+                    match round_trip::measure(transport, rate, point.threads, duration) {
+                        Ok(floor) => point.round_trip_floor = Some(floor),
+                        Err(e) => reference_error = reference_error.take().or(Some(e.to_string())),
+                    }
+                }
                 match args.format {
                     Format::Table => print!("{}", report::bench_block(&point)),
                     Format::Json => println!("{}", report::bench_json(&point)),
@@ -336,17 +351,8 @@ pub fn run(args: Args) -> CliResult {
     if points.is_empty() {
         return Err("no engine could be measured (see the skipped lines)".into());
     }
-    let references = match spec.rate {
-        Some(rate) => round_trip_references(&spec, rate)?,
-        None => Vec::new(),
-    };
-    if args.format == Format::Json {
-        for r in &references {
-            println!("{}", report::round_trip_json(r));
-        }
-        for f in &floors {
-            println!("{}", report::write_floor_json(f));
-        }
+    if let Some(e) = reference_error {
+        return Err(e.into());
     }
     if args.format == Format::Table {
         println!("\nsummary: throughput and total latency added by the TM");
@@ -358,9 +364,7 @@ pub fn run(args: Args) -> CliResult {
         if spec.rate.is_some() {
             println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
             print!("{}", report::rate_summary(&points));
-            if !references.is_empty() {
-                print!("{}", report::round_trip_summary(&points, &references));
-            }
+            print!("{}", report::round_trip_summary(&points));
         }
     }
     if let Some(path) = &args.chart {
@@ -380,26 +384,16 @@ fn needs_write_floor(spec: &BenchSpec) -> bool {
         && (spec.mode == Mode::Embedded || spec.connect.is_none())
 }
 
-/// The same-run floor of a fixed-rate run through a state server: bare round trips over
-/// the same transport, at the same rate and thread counts, for as long as each run
-/// (`decree_bench::round_trip`). None for the embedded mode (nothing crosses a socket) or a
-/// server given by TCP address (it may be on another machine; the reference is loopback).
-fn round_trip_references(spec: &BenchSpec, rate: f64) -> Result<Vec<RoundTripPoint>, String> {
-    let transport = match (spec.mode, spec.connect.as_deref()) {
-        (Mode::Unix, _) => Transport::Unix,
-        (Mode::Tcp, None) => Transport::Tcp,
-        _ => return Ok(Vec::new()),
-    };
-    let mut references = Vec::new();
-    for &threads in &spec.threads {
-        let duration = match spec.stop {
-            Stop::Duration(d) => d,
-            Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * threads as f64 / rate),
-        };
-        let point = round_trip::measure(transport, rate, threads, duration).map_err(|e| e.to_string())?;
-        references.push(point);
+/// The transport of a fixed-rate run's same-run floor (`decree_bench::round_trip`): the
+/// run's own, when it goes through a state server on this machine. None for the embedded
+/// mode (nothing crosses a socket) or a server given by TCP address (it may be on another
+/// machine, and the reference is loopback).
+fn round_trip_transport(spec: &BenchSpec) -> Option<Transport> {
+    match (spec.mode, spec.connect.as_deref()) {
+        (Mode::Unix, _) => Some(Transport::Unix),
+        (Mode::Tcp, None) => Some(Transport::Tcp),
+        _ => None,
     }
-    Ok(references)
 }
 
 #[cfg(test)]

@@ -79,16 +79,17 @@ fn bad_options_fail_clearly() {
     assert!(stderr.contains("--branch-calls needs --rm"), "{stderr}");
 }
 
-/// The one run of `decree bench --format json` with `extra` (same-run reference lines,
-/// which carry a `reference` field, are checked and left out).
+/// The one run of `decree bench --format json` with `extra`; its same-run disk floor,
+/// when present, must be well formed.
 fn bench_json(extra: &[&str]) -> serde_json::Value {
     let lines = bench_json_lines(extra);
-    let (references, runs): (Vec<_>, Vec<_>) = lines.into_iter().partition(|l| l.get("reference").is_some());
-    for r in &references {
-        assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    assert_eq!(lines.len(), 1, "one object per run: {lines:?}");
+    let line = lines.into_iter().next().unwrap_or_default();
+    for floor in line["disk_floor"].as_array().into_iter().flatten() {
+        let (p50, p95) = (floor["p50_us"].as_f64().unwrap_or(0.0), floor["p95_us"].as_f64().unwrap_or(0.0));
+        assert!(p50 > 0.0 && p50 <= p95 && floor["writes_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{floor}");
     }
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs.into_iter().next().unwrap_or_default()
+    line
 }
 
 /// Runs `decree bench --format json` with `extra` and returns its lines, parsed.
@@ -121,21 +122,13 @@ fn bench_through_a_state_server_on_unix_and_tcp() {
 
 #[test]
 fn bench_at_a_fixed_rate() {
-    let lines = bench_json_lines(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
-    // The run, its raw round trip, and (rpo 0 on the journal) the disk's raw synced writes.
-    let kind =
-        |l: &serde_json::Value| l.get("reference").and_then(|r| r.as_str()).unwrap_or("run").to_string();
-    let kinds: Vec<String> = lines.iter().map(kind).collect();
-    assert_eq!(kinds.iter().filter(|k| *k == "run").count(), 1, "{lines:?}");
-    assert_eq!(kinds.iter().filter(|k| *k == "raw-round-trip").count(), 1, "{lines:?}");
-    assert!(kinds.iter().any(|k| k == "raw-fdatasync"), "the disk's reference: {lines:?}");
-    for floor in lines.iter().filter(|l| kind(l).starts_with("raw-") && kind(l) != "raw-round-trip") {
-        let (p50, p95) = (floor["p50_us"].as_f64().unwrap_or(0.0), floor["p95_us"].as_f64().unwrap_or(0.0));
-        assert!(p50 > 0.0 && p50 <= p95 && floor["writes_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{floor}");
-    }
-    let line = lines.iter().find(|l| kind(l) == "run").expect("the run");
-    let reference = lines.iter().find(|l| kind(l) == "raw-round-trip").expect("the round trip");
-    assert_eq!(reference["reference"], "raw-round-trip", "{reference}");
+    let line = bench_json(&["--mode", "unix", "--rate", "200", "--duration", "0.5"]);
+    // The run carries its same-run floors: the disk's synced writes (rpo 0 on the journal)
+    // and a bare round trip over the same socket at the same rate and thread count.
+    let floors = line["disk_floor"].as_array().cloned().unwrap_or_default();
+    assert_eq!(floors.first().map(|f| f["reference"].clone()), Some("raw-fdatasync".into()), "{line}");
+    let reference = &line["round_trip_floor"];
+    assert_eq!(reference["reference"], "raw-round-trip", "{line}");
     assert_eq!(reference["transport"], "unix", "{reference}");
     assert_eq!(reference["threads"].as_u64(), Some(2), "{reference}");
     assert!(reference["round_trips"].as_u64().unwrap_or(0) >= 1, "{reference}");
