@@ -225,6 +225,9 @@ pub struct RmRatio {
     pub threads: usize,
     /// 2PC tps divided by independent tps (1.0 = atomicity is free).
     pub ratio: f64,
+    /// 2PC application CPU per transfer divided by the independent one (0 when the kernel
+    /// accounted no CPU time to a run, which short runs can see).
+    pub cpu_ratio: f64,
 }
 
 /// One result, reported as soon as it is known.
@@ -373,16 +376,17 @@ pub fn run_all(
     }
     let mut points = Vec::new();
     for &threads in &spec.threads {
-        let mut tps = [0.0; 2];
+        let (mut tps, mut cpu) = ([0.0; 2], [0.0; 2]);
         for (slot, mode) in [RmMode::Independent, RmMode::TwoPhase].into_iter().enumerate() {
             progress.set_message(format!("{} {} threads={threads}", spec.kind.name(), mode.name()));
             let point = run_one(spec, dbs, mode, threads, progress)?;
-            tps[slot] = point.tps;
+            (tps[slot], cpu[slot]) = (point.tps, point.cpu_us_per_transfer);
             report(RmStep::Measured(point.clone()));
             points.push(point);
         }
         let ratio = if tps[0] > 0.0 { tps[1] / tps[0] } else { 0.0 };
-        report(RmStep::Ratio(RmRatio { threads, ratio }));
+        let cpu_ratio = if cpu[0] > 0.0 { cpu[1] / cpu[0] } else { 0.0 };
+        report(RmStep::Ratio(RmRatio { threads, ratio, cpu_ratio }));
     }
     Ok(points)
 }
@@ -699,7 +703,10 @@ pub fn table_row(p: &RmPoint) -> String {
 
 /// The ratio line under a thread count's two rows.
 pub fn ratio_line(r: &RmRatio) -> String {
-    format!("{:>7} {:<12} 2pc/independent tps = {:.2}x", r.threads, "ratio", r.ratio)
+    format!(
+        "{:>7} {:<12} 2pc/independent tps = {:.2}x, application CPU per transfer = {:.2}x",
+        r.threads, "ratio", r.ratio, r.cpu_ratio
+    )
 }
 
 /// One JSON line for a run.
@@ -794,8 +801,9 @@ mod tests {
             assert!(v.get(key).is_some(), "{key} missing in {v}");
         }
         assert_eq!(v["mode"], "2pc");
-        let r: serde_json::Value =
-            serde_json::from_str(&ratio_json(&RmRatio { threads: 4, ratio: 0.5 })).expect("valid JSON");
-        assert_eq!(r["ratio"], 0.5);
+        let ratio = RmRatio { threads: 4, ratio: 0.5, cpu_ratio: 2.25 };
+        let r: serde_json::Value = serde_json::from_str(&ratio_json(&ratio)).expect("valid JSON");
+        assert_eq!((r["ratio"].as_f64(), r["cpu_ratio"].as_f64()), (Some(0.5), Some(2.25)));
+        assert!(ratio_line(&ratio).ends_with("tps = 0.50x, application CPU per transfer = 2.25x"));
     }
 }
