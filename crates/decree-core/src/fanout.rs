@@ -25,6 +25,8 @@ use std::thread::JoinHandle;
 /// The calls a session runs on several branches at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
+    /// Starting a branch (XA xa_start).
+    Start,
     /// Phase one.
     Prepare,
     /// Phase two of a prepared branch.
@@ -62,6 +64,7 @@ impl Answer {
 impl Call {
     fn on(self, rm: &mut dyn ResourceManager, xid: &Xid) -> Answer {
         match self {
+            Call::Start => Answer::Ack(rm.start(xid)),
             Call::Prepare => Answer::Vote(rm.prepare(xid)),
             Call::Commit => Answer::Ack(rm.commit(xid, false)),
         }
@@ -244,7 +247,7 @@ impl Call {
         let e = RmError::Protocol("the branch helper thread died holding the connection".into());
         match self {
             Call::Prepare => Answer::Vote(Err(e)),
-            Call::Commit => Answer::Ack(Err(e)),
+            Call::Start | Call::Commit => Answer::Ack(Err(e)),
         }
     }
 }

@@ -64,7 +64,12 @@ pub struct Session {
     branch_of: Vec<u16>,
     /// The branch Xid of each enlisted connection, computed once at enlistment.
     branch_xids: Vec<Xid>,
+    /// Branches enlisted in the current transaction.
     enlisted: u16,
+    /// The branch number the next enlistment gets. Equal to `enlisted` except after a
+    /// parallel enlistment in which some start failed: the numbers handed out then stay
+    /// taken (their branches may exist in the RMs), so later ones must not reuse them.
+    next_branch: u16,
     current: Option<Xid>,
     parallel: Vec<bool>,
     /// Helper threads for the branches driven in parallel.
@@ -120,6 +125,7 @@ impl Session {
             branch_of: vec![NOT_ENLISTED; n],
             branch_xids: vec![Xid::decree(Origin { node: 0, incarnation: 0, session: 0, sequence: 0 }); n],
             enlisted: 0,
+            next_branch: 0,
             current: None,
             parallel,
             fanout: Fanout::default(),
@@ -191,7 +197,7 @@ impl Session {
             session: self.id,
             sequence: self.sequence,
         });
-        debug_assert_eq!(self.enlisted, 0);
+        debug_assert_eq!((self.enlisted, self.next_branch), (0, 0));
         self.current = Some(xid);
         Ok(xid)
     }
@@ -205,7 +211,7 @@ impl Session {
         if self.branch_of[index] != NOT_ENLISTED {
             return Ok(self.branch_of[index]);
         }
-        let branch = self.enlisted;
+        let branch = self.next_branch;
         let bx = xid.branch(branch);
         self.branch_xids[index] = bx;
         if let Err(cause) = rm.start(&bx) {
@@ -218,7 +224,70 @@ impl Session {
         }
         self.branch_of[index] = branch;
         self.enlisted += 1;
+        self.next_branch += 1;
         Ok(branch)
+    }
+
+    /// Enlists and starts every connection not enlisted yet, numbered in connection order.
+    /// The starts run at once on the helper threads under the same rule as prepare and
+    /// phase two (see [`Session::use_parallel`]), else one after another. When a start
+    /// fails, every branch that did start stays enlisted, so that a rollback reaches it, and
+    /// the error names the first failure in connection order.
+    pub(crate) fn enlist_all(&mut self) -> Result<(), TmError> {
+        let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "enlist" }) };
+        let waiting = |s: &Session, i: usize| s.branch_of[i] == NOT_ENLISTED;
+        let candidates = (0..self.rms.len()).filter(|&i| waiting(self, i) && self.parallel[i]).count();
+        if candidates < 2 || !self.parallel_allowed() {
+            for i in 0..self.rms.len() {
+                self.enlist(i)?;
+            }
+            return Ok(());
+        }
+        let first = self.next_branch;
+        let mut number = first;
+        for i in 0..self.rms.len() {
+            if waiting(self, i) {
+                self.branch_xids[i] = xid.branch(number);
+                number += 1;
+            }
+        }
+        let (branch_of, acks) = (&self.branch_of, &mut self.acks);
+        acks.iter_mut().for_each(|a| *a = None);
+        self.fanout.run(
+            &mut self.rms,
+            &self.branch_xids,
+            |i| branch_of[i] == NOT_ENLISTED,
+            Call::Start,
+            |i, answer| acks[i] = answer.into_ack(),
+        );
+        let mut first_error = None;
+        let mut number = first;
+        for i in 0..self.rms.len() {
+            if !waiting(self, i) {
+                continue;
+            }
+            match self.acks[i].take() {
+                Some(Ok(())) => {
+                    self.branch_of[i] = number;
+                    self.enlisted += 1;
+                }
+                failed => {
+                    let cause = match failed {
+                        Some(Err(cause)) => cause,
+                        _ => RmError::Protocol("no answer to start".into()),
+                    };
+                    first_error.get_or_insert(TmError::Rm {
+                        rm: self.rms[i].name().to_string(),
+                        call: "start",
+                        xid: Some(Box::new(self.branch_xids[i])),
+                        cause,
+                    });
+                }
+            }
+            number += 1;
+        }
+        self.next_branch = number;
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Commits the current transaction (see the module documentation for the protocol).
@@ -468,18 +537,25 @@ impl Session {
     fn clear(&mut self) {
         self.current = None;
         self.enlisted = 0;
+        self.next_branch = 0;
         self.branch_of.iter_mut().for_each(|b| *b = NOT_ENLISTED);
     }
 
+    /// Whether the enlisted branches' prepare and phase-two calls run at once: at least two
+    /// of them prefer it and the policy allows it.
     fn use_parallel(&self) -> bool {
         let candidates =
             self.branch_of.iter().zip(&self.parallel).filter(|(b, p)| **b != NOT_ENLISTED && **p).count();
-        candidates >= 2
-            && match self.tm.config().branch_calls {
-                BranchCalls::Parallel => true,
-                BranchCalls::Sequential => false,
-                BranchCalls::Auto => cpu_spare::cpu_to_spare(),
-            }
+        candidates >= 2 && self.parallel_allowed()
+    }
+
+    /// The session's [`BranchCalls`] policy, asked now.
+    fn parallel_allowed(&self) -> bool {
+        match self.tm.config().branch_calls {
+            BranchCalls::Parallel => true,
+            BranchCalls::Sequential => false,
+            BranchCalls::Auto => cpu_spare::cpu_to_spare(),
+        }
     }
 
     fn enlisted_votes(&self) -> impl Iterator<Item = &Option<Result<Vote, RmError>>> {
@@ -657,10 +733,7 @@ impl Transaction<'_> {
 
     /// Enlists every connection of the session.
     pub fn enlist_all(&mut self) -> Result<(), TmError> {
-        for i in 0..self.session.rms.len() {
-            self.session.enlist(i)?;
-        }
-        Ok(())
+        self.session.enlist_all()
     }
 
     /// Connection `index`, to do the application's work on it.

@@ -50,13 +50,11 @@ impl TxContext {
     /// Begins a global transaction on every resource manager (tx_begin).
     pub fn begin(&mut self) -> Result<Xid, TmError> {
         let xid = self.session.begin_xid()?;
-        for i in 0..self.session.rm_count() {
-            if let Err(e) = self.session.enlist(i) {
-                if let Err(rollback_error) = self.session.rollback_current() {
-                    tracing::warn!(%xid, error = %rollback_error, "rollback after a failed begin");
-                }
-                return Err(e);
+        if let Err(e) = self.session.enlist_all() {
+            if let Err(rollback_error) = self.session.rollback_current() {
+                tracing::warn!(%xid, error = %rollback_error, "rollback after a failed begin");
             }
+            return Err(e);
         }
         Ok(xid)
     }

@@ -279,6 +279,49 @@ fn parallel_prepare_gives_the_same_results() {
     }
 }
 
+/// The bug guarded against: starting the branches in parallel and losing track of those
+/// that started when another one failed (they would stay open in their RMs, or a branch
+/// number would be handed out twice). Three RMs preferring parallel calls, the middle
+/// one's start fails once: the error names it, the other two are enlisted and roll back
+/// with the transaction; in a second transaction the failure is retried by enlisting the
+/// middle one again, which gets a fresh number, and all three commit.
+#[test]
+fn a_failed_parallel_start_keeps_the_started_branches_enlisted() {
+    let make = |name: &str| {
+        DummyFactory::new(DummyConfig { history_max: HISTORY_MAX, parallel: true, ..DummyConfig::new(name) })
+    };
+    let (a, b, c) = (make("a"), make("b"), make("c"));
+    let log = Arc::new(VolatileLog::new());
+    let factories: Vec<Arc<dyn RmFactory>> = [&a, &b, &c].iter().map(|f| f.arc()).collect();
+    let config = TmConfig { branch_calls: BranchCalls::Parallel, ..common::quick_config() };
+    let tm = TransactionManager::embedded(log.clone(), config, factories).expect("coordinator starts");
+    let mut session = Session::open(&tm, connections(&[&a, &b, &c])).unwrap();
+
+    b.set_rules(vec![FaultRule::first(Call::Start, FaultAction::Fail, 1)]);
+    let mut t = session.begin().unwrap();
+    let xid = t.xid();
+    match t.enlist_all() {
+        Err(TmError::Rm { ref rm, call: "start", .. }) if rm == "b" => {}
+        other => panic!("the failed start must be reported, got {other:?}"),
+    }
+    t.rollback().unwrap();
+    assert_eq!(outcome(&a, &xid, 0), Some(BranchOutcome::RolledBack));
+    assert_eq!(outcome(&c, &xid, 2), Some(BranchOutcome::RolledBack), "numbered in connection order");
+    assert_eq!(b.counts().get(Call::Rollback), 0, "b never started");
+
+    b.set_rules(vec![FaultRule::first(Call::Start, FaultAction::Fail, 1)]);
+    let mut t = session.begin().unwrap();
+    let xid = t.xid();
+    assert!(t.enlist_all().is_err());
+    assert_eq!(t.enlist(1).unwrap(), 3, "a number not handed out before");
+    assert_eq!(t.commit().unwrap().kind, CommitKind::TwoPhase);
+    for (f, branch) in [(&a, 0), (&b, 3), (&c, 2)] {
+        assert_eq!(outcome(f, &xid, branch), Some(BranchOutcome::Committed), "{}", f.name());
+    }
+    assert_eq!(log.stats().records_appended, 1);
+    session.close().unwrap();
+}
+
 #[test]
 fn object_api_enlists_a_subset_and_rolls_back_on_drop() {
     let (a, b, c) = (dummy("a"), dummy("b"), dummy("c"));
