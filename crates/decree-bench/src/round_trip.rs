@@ -105,9 +105,29 @@ fn serve_echo(mut stream: impl Read + Write) {
     }
 }
 
+/// Runs `listener`'s accept loop on its own thread, each accepted connection answered by
+/// [`serve_echo`] on a thread of its own (they end when their client hangs up, the accept
+/// thread when the process does).
+fn spawn_acceptor<L, S>(listener: L, accept: fn(&L) -> std::io::Result<S>) -> Result<(), BenchError>
+where
+    L: Send + 'static,
+    S: Read + Write + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name("decree-rtt-accept".into())
+        .spawn(move || loop {
+            if let Ok(stream) = accept(&listener) {
+                let _ = std::thread::Builder::new()
+                    .name("decree-rtt-echo".into())
+                    .spawn(move || serve_echo(stream));
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| io_error("starting the accept thread", e))
+}
+
 impl Echo {
-    /// Starts the listener and its accept thread (a thread per accepted connection; the
-    /// threads end when their client hangs up, the accept thread when the process does).
+    /// Starts the listener and its accept thread.
     fn start(transport: Transport) -> Result<Echo, BenchError> {
         match transport {
             Transport::Unix => {
@@ -118,16 +138,7 @@ impl Echo {
                 let path = dir.path().join("echo.sock");
                 let listener = UnixListener::bind(&path)
                     .map_err(|e| io_error(&format!("binding {}", path.display()), e))?;
-                std::thread::Builder::new()
-                    .name("decree-rtt-accept".into())
-                    .spawn(move || {
-                        for stream in listener.incoming().flatten() {
-                            let _ = std::thread::Builder::new()
-                                .name("decree-rtt-echo".into())
-                                .spawn(move || serve_echo(stream));
-                        }
-                    })
-                    .map_err(|e| io_error("starting the accept thread", e))?;
+                spawn_acceptor(listener, |l| l.accept().map(|(stream, _)| stream))?;
                 let connect = move || UnixStream::connect(&path).map(|s| Box::new(s) as Box<dyn Stream>);
                 Ok(Echo { connect: Box::new(connect), _dir: Some(dir) })
             }
@@ -135,17 +146,11 @@ impl Echo {
                 let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
                     .map_err(|e| io_error("binding 127.0.0.1", e))?;
                 let address = listener.local_addr().map_err(|e| io_error("reading the port", e))?;
-                std::thread::Builder::new()
-                    .name("decree-rtt-accept".into())
-                    .spawn(move || {
-                        for stream in listener.incoming().flatten() {
-                            let _ = stream.set_nodelay(true);
-                            let _ = std::thread::Builder::new()
-                                .name("decree-rtt-echo".into())
-                                .spawn(move || serve_echo(stream));
-                        }
-                    })
-                    .map_err(|e| io_error("starting the accept thread", e))?;
+                spawn_acceptor(listener, |l| {
+                    let (stream, _) = l.accept()?;
+                    stream.set_nodelay(true)?;
+                    Ok(stream)
+                })?;
                 let connect = move || {
                     let stream = TcpStream::connect(address)?;
                     stream.set_nodelay(true)?;

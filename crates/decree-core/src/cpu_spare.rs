@@ -12,11 +12,12 @@
 //!
 //! The gauge is the machine's idle share since the previous sample (`/proc/stat`, idle
 //! plus iowait over all CPU time), sampled at most every [`SAMPLE_INTERVAL`] by whichever
-//! caller finds the sample stale; everyone else reads the cached answer (one relaxed atomic
-//! load). Until two samples exist, or where `/proc/stat` cannot be read, it says "spare".
+//! caller finds the sample due; everyone else reads the cached answer (a clock read and two
+//! relaxed atomic loads, no lock). Until two samples exist, or where `/proc/stat` cannot be read, it says "spare".
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Idle share of all CPU time below which the machine counts as busy.
@@ -53,11 +54,22 @@ pub fn idle_share(before: CpuTicks, after: CpuTicks) -> Option<f64> {
 }
 
 struct Gauge {
-    last: Mutex<Option<(Instant, CpuTicks)>>,
+    /// The previous sample's counters.
+    last: Mutex<Option<CpuTicks>>,
+    /// When the next sample is due, in nanoseconds since [`epoch`]: callers before then
+    /// read `spare` without touching the lock.
+    next_sample_ns: AtomicU64,
     spare: AtomicBool,
 }
 
-static GAUGE: Gauge = Gauge { last: Mutex::new(None), spare: AtomicBool::new(true) };
+static GAUGE: Gauge =
+    Gauge { last: Mutex::new(None), next_sample_ns: AtomicU64::new(0), spare: AtomicBool::new(true) };
+
+/// The process-wide origin of `next_sample_ns`.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
 
 fn read_proc_stat() -> Option<CpuTicks> {
     parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
@@ -65,16 +77,17 @@ fn read_proc_stat() -> Option<CpuTicks> {
 
 /// Whether a core looks idle enough to run a branch helper (see the module notes).
 pub fn cpu_to_spare() -> bool {
-    // Only one caller samples at a time; the others use the answer of the last sample.
-    if let Some(mut last) = GAUGE.last.try_lock() {
-        let now = Instant::now();
-        let stale = (*last).is_none_or(|(at, _)| now.saturating_duration_since(at) >= SAMPLE_INTERVAL);
-        if stale {
+    let now_ns = Instant::now().saturating_duration_since(epoch()).as_nanos() as u64;
+    // On the commit path: one clock read and two relaxed loads, unless a sample is due;
+    // then one caller takes it and the others go on with the last answer.
+    if now_ns >= GAUGE.next_sample_ns.load(Ordering::Relaxed) {
+        if let Some(mut last) = GAUGE.last.try_lock() {
+            GAUGE.next_sample_ns.store(now_ns + SAMPLE_INTERVAL.as_nanos() as u64, Ordering::Relaxed);
             if let Some(ticks) = read_proc_stat() {
-                if let Some(share) = (*last).and_then(|(_, before)| idle_share(before, ticks)) {
+                if let Some(share) = (*last).and_then(|before| idle_share(before, ticks)) {
                     GAUGE.spare.store(share >= IDLE_SHARE_MIN, Ordering::Relaxed);
                 }
-                *last = Some((now, ticks));
+                *last = Some(ticks);
             }
         }
     }

@@ -215,17 +215,22 @@ impl Session {
         let bx = xid.branch(branch);
         self.branch_xids[index] = bx;
         if let Err(cause) = rm.start(&bx) {
-            return Err(TmError::Rm {
-                rm: rm.name().to_string(),
-                call: "start",
-                xid: Some(Box::new(bx)),
-                cause,
-            });
+            return Err(self.start_error(index, cause));
         }
         self.branch_of[index] = branch;
         self.enlisted += 1;
         self.next_branch += 1;
         Ok(branch)
+    }
+
+    /// The error of connection `index`'s failed start of its branch.
+    fn start_error(&self, index: usize, cause: RmError) -> TmError {
+        TmError::Rm {
+            rm: self.rms[index].name().to_string(),
+            call: "start",
+            xid: Some(Box::new(self.branch_xids[index])),
+            cause,
+        }
     }
 
     /// Enlists and starts every connection not enlisted yet, numbered in connection order.
@@ -276,12 +281,9 @@ impl Session {
                         Some(Err(cause)) => cause,
                         _ => RmError::Protocol("no answer to start".into()),
                     };
-                    first_error.get_or_insert(TmError::Rm {
-                        rm: self.rms[i].name().to_string(),
-                        call: "start",
-                        xid: Some(Box::new(self.branch_xids[i])),
-                        cause,
-                    });
+                    if first_error.is_none() {
+                        first_error = Some(self.start_error(i, cause));
+                    }
                 }
             }
             number += 1;

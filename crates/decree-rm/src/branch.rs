@@ -74,6 +74,22 @@ impl BranchState {
 }
 
 impl BranchState {
+    /// Before handing the connection to the application's SQL: a connection found gone
+    /// (`connected` false) loses the open branch, and a lost branch is refused, because
+    /// the server rolled its work back (the state stays Lost, so that prepare votes no).
+    pub(crate) fn check_usable(&mut self, connected: bool, rm: &str, address: &str) -> Result<(), RmError> {
+        if !connected {
+            self.lose_open_branch();
+        }
+        match *self {
+            BranchState::Lost(x) => Err(RmError::RolledBack(format!(
+                "{rm}: connection to {address} lost while branch {x} was open: the server rolled \
+                 its work back"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Records that the connection is gone: an open branch is lost with it.
     pub(crate) fn lose_open_branch(&mut self) {
         if let BranchState::Active(x) | BranchState::Ended(x) = *self {
@@ -132,6 +148,12 @@ mod tests {
         let mut state = BranchState::Active(x);
         state.lose_open_branch();
         assert_eq!(state, BranchState::Lost(x));
+        let refused = state.check_usable(true, "rm", "host").unwrap_err();
+        assert!(matches!(refused, RmError::RolledBack(ref m) if m.contains("host")), "{refused:?}");
+        assert_eq!(state, BranchState::Lost(x), "still lost, so that prepare votes no");
+        let mut open = BranchState::Active(y);
+        assert!(open.check_usable(true, "rm", "host").is_ok());
+        assert!(open.check_usable(false, "rm", "host").is_err(), "a gone connection loses the branch");
         let lost = state.check_open("rm", &x, "prepare").unwrap_err();
         assert!(matches!(lost, RmError::RolledBack(_)), "{lost:?}");
         assert_eq!(state, BranchState::Idle);

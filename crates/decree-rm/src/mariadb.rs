@@ -288,60 +288,66 @@ impl XaConnection {
     /// the branch about to be finished by name here (see [`detaching`] for the race this
     /// closes): first until the connection has left the process list, then until InnoDB
     /// no longer ties any transaction to its thread id. `INNODB_TRX` is a snapshot that the
-    /// server refreshes only when it was not read for 100 ms, hence the pauses of
-    /// [`TRX_SNAPSHOT_PAUSE`]. Without the PROCESS privilege that table cannot be read, and
-    /// the first pause is the only margin. Gives up after [`DETACH_WAIT_MAX`] with
-    /// `Unavailable` (the coordinator retries later), the entry kept for the next try.
+    /// server refreshes only when it was not read for 100 ms, hence the pause of
+    /// [`TRX_SNAPSHOT_PAUSE`] before each look. Without the PROCESS privilege that table
+    /// cannot be read, and the first pause is the only margin. Gives up after
+    /// [`DETACH_WAIT_MAX`] with `Unavailable` (the coordinator retries later), the entry
+    /// kept for the next try.
     fn wait_detached(&mut self, entry: Detaching) -> Result<(), RmError> {
-        let id = entry.connection_id;
+        let waited = self.wait_closed(entry.connection_id, &entry.xid);
+        if waited.is_err() {
+            detaching::put_back(entry);
+        }
+        waited
+    }
+
+    fn wait_closed(&mut self, id: u32, xid: &Xid) -> Result<(), RmError> {
         let deadline = Instant::now() + DETACH_WAIT_MAX;
+        let too_long = |name: &str| {
+            RmError::Unavailable(format!(
+                "{name}: branch {xid} was prepared on connection {id}, which the server is still \
+                 closing after {DETACH_WAIT_MAX:?}; finishing it by name before then could lose the commit"
+            ))
+        };
         let processlist = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}");
+        while self.count(&processlist, id, xid)?.is_some_and(|n| n > 0) {
+            if Instant::now() >= deadline {
+                return Err(too_long(&self.name));
+            }
+            std::thread::sleep(DETACH_POLL);
+        }
         let trx =
             format!("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = {id}");
-        let mut step = &processlist;
         loop {
-            if step == &trx {
-                std::thread::sleep(TRX_SNAPSHOT_PAUSE);
-            }
-            let answer: mysql::Result<Option<u64>> = match self.ensure_connected() {
-                Ok(conn) => conn.query_first(step.as_str()),
-                Err(e) => {
-                    detaching::put_back(entry);
-                    return Err(e);
-                }
-            };
-            match answer {
-                Ok(Some(0)) if step == &processlist => step = &trx,
-                Ok(Some(0)) => return Ok(()),
-                Ok(_) => {}
-                Err(mysql::Error::MySqlError(e)) if step == &trx && e.code == ER_SPECIFIC_ACCESS_DENIED => {
+            std::thread::sleep(TRX_SNAPSHOT_PAUSE);
+            match self.count(&trx, id, xid)? {
+                Some(0) => return Ok(()),
+                None => {
                     tracing::debug!(rm = %self.name, "no PROCESS privilege: cannot check INNODB_TRX");
                     return Ok(());
                 }
-                Err(e) => {
-                    if is_connection_error(&e) {
-                        self.conn = None;
-                    }
-                    let xid = entry.xid;
-                    detaching::put_back(entry);
-                    return Err(RmError::Unavailable(format!(
-                        "{}: checking that connection {id}, which prepared {xid}, is closed: {e}",
-                        self.name
-                    )));
+                Some(_) if Instant::now() >= deadline => return Err(too_long(&self.name)),
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Runs one `SELECT COUNT(*)` of the detach checks; `None` when a missing privilege
+    /// (PROCESS) hides the table. Any other failure is `Unavailable`, naming the connection
+    /// and branch waited for.
+    fn count(&mut self, sql: &str, id: u32, xid: &Xid) -> Result<Option<u64>, RmError> {
+        let answer: mysql::Result<Option<u64>> = self.ensure_connected()?.query_first(sql);
+        match answer {
+            Ok(n) => Ok(Some(n.unwrap_or(0))),
+            Err(mysql::Error::MySqlError(e)) if e.code == ER_SPECIFIC_ACCESS_DENIED => Ok(None),
+            Err(e) => {
+                if is_connection_error(&e) {
+                    self.conn = None;
                 }
-            }
-            if Instant::now() >= deadline {
-                let waited = entry.since.elapsed();
-                let xid = entry.xid;
-                detaching::put_back(entry);
-                return Err(RmError::Unavailable(format!(
-                    "{}: branch {xid} was prepared on connection {id}, which the server is still \
-                     closing after {waited:?}; finishing it by name before then could lose the commit",
+                Err(RmError::Unavailable(format!(
+                    "{}: checking that connection {id}, which prepared {xid}, is closed: {e}",
                     self.name
-                )));
-            }
-            if step == &processlist {
-                std::thread::sleep(DETACH_POLL);
+                )))
             }
         }
     }
@@ -414,17 +420,8 @@ impl BranchConnection for XaConnection {
     /// Connects when needed; fails when the connection was lost while a branch was open,
     /// because the server has then rolled that work back.
     fn client_for_application(&mut self) -> Result<&mut Conn, RmError> {
-        if self.conn.is_none() {
-            self.state.lose_open_branch();
-        }
-        if let BranchState::Lost(x) = self.state {
-            // Kept Lost, so that prepare votes no as well.
-            return Err(RmError::RolledBack(format!(
-                "{}: connection to {} lost while branch {x} was open: the server rolled \
-                 its work back",
-                self.name, self.address
-            )));
-        }
+        let connected = self.conn.is_some();
+        self.state.check_usable(connected, &self.name, &self.address)?;
         self.ensure_connected()
     }
 

@@ -284,17 +284,8 @@ impl BranchConnection for PgConnection {
     /// Connects when needed; fails when the connection was lost while a branch was open,
     /// because the server has then rolled that work back.
     fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
-        if !self.connected() {
-            self.state.lose_open_branch();
-        }
-        if let BranchState::Lost(x) = self.state {
-            // Kept Lost, so that prepare votes no as well.
-            return Err(RmError::RolledBack(format!(
-                "{}: connection to {} lost while branch {x} was open: the server rolled \
-                 its work back",
-                self.name, self.address
-            )));
-        }
+        let connected = self.connected();
+        self.state.check_usable(connected, &self.name, &self.address)?;
         self.ensure_connected()
     }
 
