@@ -130,6 +130,7 @@ pub(crate) struct Shared {
     heuristics: Mutex<Vec<HeuristicReport>>,
     heuristics_dropped: AtomicU64,
     retries: AtomicU64,
+    retry_passes: AtomicU64,
 }
 
 /// The coordinator shared by all sessions of a process.
@@ -214,6 +215,7 @@ impl TransactionManager {
             heuristics: Mutex::new(Vec::new()),
             heuristics_dropped: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            retry_passes: AtomicU64::new(0),
         });
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
@@ -252,6 +254,12 @@ impl TransactionManager {
     /// Background attempts made so far (each failed or succeeded call batch counts).
     pub fn retries(&self) -> u64 {
         self.shared.retries.load(Ordering::Relaxed)
+    }
+
+    /// Passes the retry thread has made (each takes every job due, over one set of
+    /// connections opened at most once per RM).
+    pub fn retry_passes(&self) -> u64 {
+        self.shared.retry_passes.load(Ordering::Relaxed)
     }
 
     /// Waits until no background work is pending or `timeout` passes; true when idle.
@@ -562,6 +570,7 @@ impl Shared {
                 queue.running = ready.len();
                 ready
             };
+            self.retry_passes.fetch_add(1, Ordering::Relaxed);
             let mut conns = Connections::new(self);
             for job in due {
                 self.retries.fetch_add(1, Ordering::Relaxed);

@@ -412,14 +412,19 @@ fn a_down_rm_costs_one_connection_attempt_per_retry_pass() {
         tx.begin().unwrap();
         assert_eq!(tx.commit().unwrap().phase_two_pending, 1);
     }
-    let opens_before = b.counts().get(Call::Open);
+    let (opens_before, passes_before) = (b.counts().get(Call::Open), tm.retry_passes());
     let deadline = std::time::Instant::now() + WAIT;
     while tm.retries() < 500 {
         assert!(std::time::Instant::now() < deadline, "the retry thread stopped retrying");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // How many jobs fall due together depends on timing; what must hold whatever it is:
+    // a down RM is tried once per pass, however many of its jobs that pass holds. (A pass
+    // may be running while the counters are read, hence the one of slack.)
     let opens = b.counts().get(Call::Open) - opens_before;
-    assert!(opens * 10 <= tm.retries(), "{opens} connection attempts for {} job attempts", tm.retries());
+    let passes = tm.retry_passes() - passes_before;
+    assert!(opens <= passes + 1, "{opens} connection attempts in {passes} retry passes");
+    assert!(passes < tm.retries(), "jobs due together share a pass: {passes} passes, {} jobs", tm.retries());
     b.set_rules(Vec::new());
     assert!(tm.wait_idle(WAIT));
     assert_eq!(log.live_records(), 0);
