@@ -30,6 +30,11 @@ pub trait BenchTarget: Send + Sync {
     fn finish(&self) -> Result<(), BenchError> {
         Ok(())
     }
+    /// Durable log flushes so far, where the target owns the log (embedded): the device
+    /// writes that commits cost, reported per commit.
+    fn log_flushes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Where the transaction manager runs relative to the application.

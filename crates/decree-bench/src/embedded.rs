@@ -57,6 +57,10 @@ impl BenchTarget for EmbeddedTarget {
         Ok(Box::new(TmClient::new(self.tm.clone(), self.factories.clone(), self.committed.clone())))
     }
 
+    fn log_flushes(&self) -> Option<u64> {
+        Some(self.log.stats().flushes)
+    }
+
     fn finish(&self) -> Result<(), BenchError> {
         if !self.tm.wait_idle(IDLE_WAIT) {
             return Err(BenchError::Client {

@@ -243,9 +243,12 @@ pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> Stri
             p.total.p95 / floor.p95_us,
             floor.reference
         );
-        match idle {
-            Some(idle) => {
-                let _ = writeln!(out, ", {:.2}x the {}'s", p.total.p95 / idle.p95_us, idle.reference);
+        if let Some(idle) = idle {
+            let _ = write!(out, ", {:.2}x the {}'s", p.total.p95 / idle.p95_us, idle.reference);
+        }
+        match p.log_flushes_per_commit {
+            Some(per_commit) => {
+                let _ = writeln!(out, "; {per_commit:.2} synced log writes per commit");
             }
             None => out.push('\n'),
         }

@@ -95,6 +95,8 @@ pub struct RunResult {
     pub elapsed: Duration,
     /// The latencies.
     pub latencies: RunLatencies,
+    /// Durable log flushes during the run, where the target owns the log.
+    pub log_flushes: Option<u64>,
 }
 
 impl RunResult {
@@ -232,6 +234,7 @@ pub fn run(
     if spec.threads == 0 || spec.threads > THREADS_MAX {
         return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
     }
+    let flushes_before = target.log_flushes();
     let (outcomes, start, end) = run_together(spec.threads, |index, start, failed| {
         thread_loop(target, index, spec, start, failed, progress)
     });
@@ -240,6 +243,7 @@ pub fn run(
         cycles: 0,
         elapsed: end.saturating_duration_since(start),
         latencies: RunLatencies::default(),
+        log_flushes: None,
     };
     for outcome in outcomes {
         let (cycles, lat) = outcome.map_err(|panic| BenchError::Panicked(panic_message(&panic)))??;
@@ -247,6 +251,7 @@ pub fn run(
         result.latencies.merge(&lat);
     }
     target.finish()?;
+    result.log_flushes = flushes_before.zip(target.log_flushes()).map(|(before, after)| after - before);
     Ok(result)
 }
 
@@ -369,6 +374,10 @@ pub struct BenchPoint {
     /// [`crate::round_trip`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub round_trip_floor: Option<RoundTripPoint>,
+    /// Durable log flushes (synced writes) per committed cycle, embedded mode only: one
+    /// decision per commit at most, fewer when group commit batches them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_flushes_per_commit: Option<f64>,
 }
 
 impl BenchPoint {
@@ -391,6 +400,10 @@ impl BenchPoint {
             rate: None,
             disk_floor: Vec::new(),
             round_trip_floor: None,
+            log_flushes_per_commit: run
+                .log_flushes
+                .filter(|_| run.cycles > 0)
+                .map(|flushes| flushes as f64 / run.cycles as f64),
         }
     }
 
@@ -578,6 +591,7 @@ mod tests {
             cycles: 500,
             elapsed: Duration::from_millis(250),
             latencies: RunLatencies::default(),
+            log_flushes: None,
         };
         assert!((run.tps() - 2000.0).abs() < 1e-9);
         assert_eq!(RunResult { elapsed: Duration::ZERO, ..run }.tps(), 0.0);

@@ -106,6 +106,11 @@ pub struct LogConfig {
     /// system call, measured faster than `pwrite` + `fdatasync` on the development VM);
     /// off, it writes and syncs, which writes fewer bytes (no page padding).
     pub direct_io: bool,
+    /// Journal under `rpo = 0`: how long completion records may wait in memory for the next
+    /// synced batch once the log is idle, before they are written on their own. Riding
+    /// with decisions, they cost no device write; a crash loses at most this window of
+    /// them, and recovery then finishes those (already finished) transactions again.
+    pub completion_idle_ms: u32,
 }
 
 impl LogConfig {
@@ -120,6 +125,7 @@ impl LogConfig {
             slots_count: 65536,
             record_bytes_max: 64 << 10,
             direct_io: true,
+            completion_idle_ms: 10,
         }
     }
 }
