@@ -1,10 +1,11 @@
 //! The real-database benchmark against the throwaway PostgreSQL and MariaDB of
 //! `scripts/test-dbs.sh`.
 //!
-//! For each kind, a tiny run (1 and 2 threads, 20 transfers each) must run both modes,
-//! move exactly one unit from A to B per transfer counted (so the total over both
-//! databases is unchanged), report a ratio per thread count and leave no decree branch
-//! prepared, as seen by this test's own queries. The checks must also be able to fail: a
+//! For each kind, a tiny run (1 and 2 threads, 20 transfers each) must run all three modes
+//! (independent, native two-phase, decree 2PC), move exactly one unit from A to B per
+//! transfer counted (so the total over both databases is unchanged), report the ratios per
+//! thread count and leave no decree branch and no native prepared transaction behind, as
+//! seen by this test's own queries. The checks must also be able to fail: a
 //! branch of the benchmark's node planted (prepared) before the run must make it fail
 //! after its first 2PC run. Each test uses tables of its own, so that parallel runs and
 //! other suites sharing the databases do not disturb the totals.
@@ -84,6 +85,24 @@ fn execute(kind: DbKind, dsn: &str, sql: &str) {
     }
 }
 
+/// Names of prepared transactions of the native mode of `node` seen by one database.
+fn native_prepared_of(kind: DbKind, dsn: &str, node: u32) -> Vec<String> {
+    let prefix = format!("decree-bench-native-{node:08x}-");
+    let names: Vec<String> = match kind {
+        DbKind::Postgres => {
+            let mut client = postgres::Client::connect(dsn, postgres::NoTls).expect("connect");
+            let rows = client.query("SELECT gid FROM pg_prepared_xacts", &[]).expect("list prepared");
+            rows.iter().map(|row| row.get::<_, String>(0)).collect()
+        }
+        DbKind::MariaDb => {
+            let mut conn = mysql::Conn::new(mysql::Opts::from_url(dsn).expect("DSN")).expect("connect");
+            let rows: Vec<(i32, usize, usize, Vec<u8>)> = conn.query("XA RECOVER").expect("XA RECOVER");
+            rows.iter().map(|(_, _, _, data)| String::from_utf8_lossy(data).into_owned()).collect()
+        }
+    };
+    names.into_iter().filter(|name| name.starts_with(&prefix)).collect()
+}
+
 /// Prepared decree branches of `node` seen by one database, read here with the test's own
 /// query rather than the benchmark's.
 fn prepared_of(kind: DbKind, dsn: &str, node: u32) -> Vec<Xid> {
@@ -107,7 +126,7 @@ fn prepared_of(kind: DbKind, dsn: &str, node: u32) -> Vec<Xid> {
     xids.into_iter().filter(|x| x.origin().is_some_and(|o| o.node == node)).collect()
 }
 
-fn both_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
+fn all_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     let Some((dsn_a, dsn_b)) = dsns(kind) else { return };
     let table = unique_table("t");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -129,11 +148,16 @@ fn both_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     let points = outcome.expect("the benchmark runs and its checks pass");
     let end = (end.0.expect("A after"), end.1.expect("B after"));
 
-    assert_eq!(points.len(), 4, "two modes per thread count: {points:?}");
+    assert_eq!(points.len(), 6, "three modes per thread count: {points:?}");
     let mut moved = 0;
-    for (p, (threads, mode)) in
-        points.iter().zip([(1, "independent"), (1, "2pc"), (2, "independent"), (2, "2pc")])
-    {
+    for (p, (threads, mode)) in points.iter().zip([
+        (1, "independent"),
+        (1, "native-2pc"),
+        (1, "2pc"),
+        (2, "independent"),
+        (2, "native-2pc"),
+        (2, "2pc"),
+    ]) {
         assert_eq!((p.threads, p.mode), (threads, mode));
         assert_eq!(p.transfers, TRANSFERS_PER_THREAD * threads as u64, "{p:?}");
         assert!(p.tps > 0.0 && p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
@@ -143,27 +167,30 @@ fn both_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     }
     assert_eq!(end.0 + end.1, start.0 + start.1, "the total over both databases is unchanged");
     assert_eq!((end.0, end.1), (start.0 - moved, start.1 + moved), "one unit moved per transfer");
-    let ratios: Vec<(usize, f64)> = steps
-        .iter()
-        .filter_map(|s| if let RmStep::Ratio(r) = s { Some((r.threads, r.ratio)) } else { None })
-        .collect();
-    assert_eq!(ratios.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
-    assert!(ratios.iter().all(|r| r.1 > 0.0), "{ratios:?}");
+    let ratios: Vec<_> =
+        steps.iter().filter_map(|s| if let RmStep::Ratio(r) = s { Some(r.clone()) } else { None }).collect();
+    assert_eq!(ratios.iter().map(|r| r.threads).collect::<Vec<_>>(), vec![1, 2]);
+    for r in &ratios {
+        assert!(r.ratio > 0.0 && r.native_ratio > 0.0, "{r:?}");
+        assert!((r.of_native - r.ratio / r.native_ratio).abs() < 1e-9, "{r:?}");
+    }
     // Other suites may hold prepared branches of their own: only this run's node counts.
     for dsn in [&dsn_a, &dsn_b] {
         let ours = prepared_of(kind, dsn, spec.node);
         assert!(ours.is_empty(), "left prepared: {ours:?}");
+        let native = native_prepared_of(kind, dsn, spec.node);
+        assert!(native.is_empty(), "native transactions left prepared: {native:?}");
     }
 }
 
 #[test]
-fn postgres_both_modes_transfer_and_nothing_is_left_prepared() {
-    both_modes_transfer_and_nothing_is_left_prepared(DbKind::Postgres);
+fn postgres_all_modes_transfer_and_nothing_is_left_prepared() {
+    all_modes_transfer_and_nothing_is_left_prepared(DbKind::Postgres);
 }
 
 #[test]
-fn mariadb_both_modes_transfer_and_nothing_is_left_prepared() {
-    both_modes_transfer_and_nothing_is_left_prepared(DbKind::MariaDb);
+fn mariadb_all_modes_transfer_and_nothing_is_left_prepared() {
+    all_modes_transfer_and_nothing_is_left_prepared(DbKind::MariaDb);
 }
 
 /// Prepares a branch of `node` that changed one row of `scratch`, on a connection that is

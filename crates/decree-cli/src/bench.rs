@@ -27,9 +27,11 @@ subdirectory of --dir, removed afterwards; without --dir a temporary directory i
 directory (not /tmp, often a tmpfs) and removed at the end.
 
 With --rm postgres|mariadb and two --dsn (A, then B), every transfer debits an account in A and credits \
-one in B: per thread count, first as two local commits (independent), then as one decree two-phase \
-commit over both databases (2pc, XA statements on MariaDB), followed by the ratio of their tps. After \
-every run the balances must add up and no branch of the run's coordinator may be left prepared.")]
+one in B: per thread count, first as two local commits (independent), then with the databases' own \
+two-phase statements issued by the thread itself, no coordinator and no decision log (native-2pc: the \
+ceiling, what two-phase commit costs the databases), then as one decree two-phase commit over both \
+databases (2pc, XA statements on MariaDB), followed by the ratios of their tps. After every run the \
+balances must add up and no branch of the run's coordinator may be left prepared.")]
 pub struct Args {
     /// Thread counts, comma-separated; one run each [default: 4,8,16,32; 1,4,16 with
     /// --rm postgres|mariadb].

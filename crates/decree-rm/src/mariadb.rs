@@ -156,7 +156,7 @@ fn is_connection_error(err: &mysql::Error) -> bool {
 /// `Queryable::query_drop` is not enough: it reports only the first statement's error and
 /// drops the later result sets unread, so with `XA END x; XA PREPARE x` a failed
 /// prepare would look like a success.
-fn run_checked(conn: &mut Conn, sql: &str) -> mysql::Result<()> {
+pub fn run_checked(conn: &mut Conn, sql: &str) -> mysql::Result<()> {
     let mut result = conn.query_iter(sql)?;
     while let Some(set) = result.iter() {
         for row in set {

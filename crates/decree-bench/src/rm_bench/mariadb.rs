@@ -14,7 +14,7 @@
 use super::{db_error, BranchPair, BranchUpdate, Database, LocalUpdate, Side, BALANCE_START};
 use crate::BenchError;
 use decree_core::RmFactory;
-use decree_rm::mariadb::xid_from_recover_row;
+use decree_rm::mariadb::{run_checked, xid_from_recover_row};
 use decree_rm::{MariaDbFactory, MariaDbHandle, MariaDbRm};
 use mysql::prelude::Queryable;
 use mysql::{Conn, Opts, OptsBuilder, Statement};
@@ -172,6 +172,27 @@ impl LocalUpdate for MariaDbLocal {
 
     fn commit(&mut self) -> Result<(), BenchError> {
         self.conn.query_drop("COMMIT").map_err(|e| db_error(self.side.context("COMMIT"), e))
+    }
+
+    fn begin_native(&mut self, gid: &str) -> Result<(), BenchError> {
+        run_checked(&mut self.conn, &format!("XA START '{gid}'"))
+            .map_err(|e| db_error(self.side.context("XA START"), e))
+    }
+
+    fn prepare_native(&mut self, gid: &str) -> Result<(), BenchError> {
+        // One round trip, as decree's MariaDB RM sends it.
+        run_checked(&mut self.conn, &format!("XA END '{gid}'; XA PREPARE '{gid}'"))
+            .map_err(|e| db_error(self.side.context("XA END; XA PREPARE"), e))
+    }
+
+    fn commit_native(&mut self, gid: &str) -> Result<(), BenchError> {
+        run_checked(&mut self.conn, &format!("XA COMMIT '{gid}'"))
+            .map_err(|e| db_error(self.side.context("XA COMMIT"), e))
+    }
+
+    fn abandon_native(&mut self, gid: &str) {
+        let _ = run_checked(&mut self.conn, &format!("XA END '{gid}'"));
+        let _ = run_checked(&mut self.conn, &format!("XA ROLLBACK '{gid}'"));
     }
 }
 

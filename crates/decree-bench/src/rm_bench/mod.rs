@@ -3,14 +3,21 @@
 //! Two databases of one kind, A and B, each hold `<table>(id int primary key, balance
 //! bigint)` with `accounts` rows. A transfer debits one random account in A by 1 and
 //! credits one random account in B by 1 (uniform ids: low contention). Per thread count,
-//! two runs do the same transfers:
+//! three runs do the same transfers:
 //! - "independent": a local transaction (begin, UPDATE, COMMIT) on A, then the same on B:
 //!   two local commits, no atomicity (a crash between them loses the credit);
+//! - "native-2pc": the databases' own two-phase statements issued by the benchmark thread
+//!   itself (PostgreSQL `BEGIN` ... `PREPARE TRANSACTION` ... `COMMIT PREPARED`, MariaDB
+//!   `XA START` ... `XA END; XA PREPARE` ... `XA COMMIT`), in the order decree issues them,
+//!   without a coordinator or a decision log: what two-phase commit costs the databases
+//!   and their client, i.e. what a coordinator that cost nothing would reach (it is not
+//!   atomic across a crash: nothing records the decision);
 //! - "2pc": both updates in one decree transaction over the embedded coordinator (its
 //!   decisions go to a fresh log of the chosen engine and RPO): begin, the updates through
 //!   the RM handles, commit = prepare both, durable decision, commit both prepared branches.
 //!
-//! The ratio of the two throughputs is the cost of atomicity; nothing asserts on it.
+//! The ratio of the 2PC and independent throughputs is the cost of atomicity; the native
+//! run splits it into the databases' share and decree's. Nothing asserts on them.
 //! Invariants checked after every run (an error, never a silent pass): every transfer
 //! updated exactly one row in each database, the total over both databases is unchanged,
 //! B gained exactly the number of transfers counted, every 2PC commit took the two-phase
@@ -36,6 +43,7 @@ use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,6 +65,9 @@ const LEFTOVER_LISTED_MAX: usize = 10;
 const IDLE_WAIT: Duration = Duration::from_secs(30);
 /// Transfers between two updates of the progress bar.
 const PROGRESS_EVERY: u64 = 64;
+/// Transaction names of the native two-phase mode; never a decree gid (`decree:`), so
+/// decree's recovery and leftover checks leave them alone.
+const NATIVE_GID_PREFIX: &str = "decree-bench-native-";
 
 /// Which kind of database both A and B are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +186,8 @@ pub struct RmBenchSpec {
 pub enum RmMode {
     /// Two local commits, no atomicity.
     Independent,
+    /// The databases' own prepare and commit-prepared statements, no coordinator.
+    Native,
     /// One decree two-phase commit over both databases.
     TwoPhase,
 }
@@ -184,6 +197,7 @@ impl RmMode {
     pub fn name(self) -> &'static str {
         match self {
             RmMode::Independent => "independent",
+            RmMode::Native => "native-2pc",
             RmMode::TwoPhase => "2pc",
         }
     }
@@ -194,7 +208,7 @@ impl RmMode {
 pub struct RmPoint {
     /// Threads of the run.
     pub threads: usize,
-    /// "independent" or "2pc".
+    /// "independent", "native-2pc" or "2pc".
     pub mode: &'static str,
     /// Transfers completed by all threads.
     pub transfers: u64,
@@ -225,6 +239,11 @@ pub struct RmRatio {
     pub threads: usize,
     /// 2PC tps divided by independent tps (1.0 = atomicity is free).
     pub ratio: f64,
+    /// Native two-phase tps divided by independent tps: the databases' own price of
+    /// two-phase commit, the ceiling of `ratio` on this machine.
+    pub native_ratio: f64,
+    /// 2PC tps divided by native two-phase tps: the share of that ceiling decree reaches.
+    pub of_native: f64,
     /// 2PC application CPU per transfer divided by the independent one (0 when the kernel
     /// accounted no CPU time to a run, which short runs can see).
     pub cpu_ratio: f64,
@@ -252,7 +271,8 @@ trait Database: Sync {
     fn prepared_of_node(&self, node: u32) -> Result<Vec<String>, BenchError>;
     /// The coordinator's factory for this database (recovery and phase-two retries).
     fn rm_factory(&self) -> Arc<dyn RmFactory>;
-    /// A plain connection with this side's UPDATE prepared, for the independent mode.
+    /// A plain connection with this side's UPDATE prepared, for the independent and
+    /// native two-phase modes.
     fn local(&self) -> Result<Box<dyn LocalUpdate>, BenchError>;
     /// A resource manager for the coordinator and, on the same connection, this side's
     /// UPDATE prepared, for the 2PC mode.
@@ -270,6 +290,15 @@ trait LocalUpdate {
     fn update(&mut self, id: i32) -> Result<u64, BenchError>;
     /// Commits the local transaction.
     fn commit(&mut self) -> Result<(), BenchError>;
+    /// Starts a transaction that will be prepared as `gid` (native mode).
+    fn begin_native(&mut self, gid: &str) -> Result<(), BenchError>;
+    /// Prepares the open transaction as `gid` (native mode).
+    fn prepare_native(&mut self, gid: &str) -> Result<(), BenchError>;
+    /// Commits the prepared transaction `gid` (native mode).
+    fn commit_native(&mut self, gid: &str) -> Result<(), BenchError>;
+    /// Rolls back `gid` whether it is open or prepared, best effort, after a failure, so
+    /// that no prepared transaction keeps its locks after the benchmark.
+    fn abandon_native(&mut self, gid: &str);
 }
 
 /// One thread's application view of a branch connection in the 2PC mode.
@@ -376,17 +405,22 @@ pub fn run_all(
     }
     let mut points = Vec::new();
     for &threads in &spec.threads {
-        let (mut tps, mut cpu) = ([0.0; 2], [0.0; 2]);
-        for (slot, mode) in [RmMode::Independent, RmMode::TwoPhase].into_iter().enumerate() {
+        let (mut tps, mut cpu) = ([0.0; 3], [0.0; 3]);
+        for (slot, mode) in [RmMode::Independent, RmMode::Native, RmMode::TwoPhase].into_iter().enumerate() {
             progress.set_message(format!("{} {} threads={threads}", spec.kind.name(), mode.name()));
             let point = run_one(spec, dbs, mode, threads, progress)?;
             (tps[slot], cpu[slot]) = (point.tps, point.cpu_us_per_transfer);
             report(RmStep::Measured(point.clone()));
             points.push(point);
         }
-        let ratio = if tps[0] > 0.0 { tps[1] / tps[0] } else { 0.0 };
-        let cpu_ratio = if cpu[0] > 0.0 { cpu[1] / cpu[0] } else { 0.0 };
-        report(RmStep::Ratio(RmRatio { threads, ratio, cpu_ratio }));
+        let over = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        report(RmStep::Ratio(RmRatio {
+            threads,
+            ratio: over(tps[2], tps[0]),
+            cpu_ratio: over(cpu[2], cpu[0]),
+            native_ratio: over(tps[1], tps[0]),
+            of_native: over(tps[2], tps[1]),
+        }));
     }
     Ok(points)
 }
@@ -404,6 +438,9 @@ fn run_one(
     let (out, elapsed) = match mode {
         RmMode::Independent => run_threads(threads, |index, start, failed| {
             independent_loop(spec, dbs, index, start, failed, progress)
+        })?,
+        RmMode::Native => run_threads(threads, |index, start, failed| {
+            native_loop(spec, dbs, index, start, failed, progress)
         })?,
         RmMode::TwoPhase => {
             let dir = fresh_dir(&spec.dir, &format!("rm-2pc-t{threads}"))?;
@@ -575,6 +612,66 @@ fn independent_loop(
     Ok(out)
 }
 
+/// One thread of the native two-phase mode: both transactions begun, updated, prepared,
+/// then both committed, in decree's order, by this thread alone.
+fn native_loop(
+    spec: &RmBenchSpec,
+    dbs: [&dyn Database; 2],
+    index: usize,
+    start: Instant,
+    failed: &AtomicBool,
+    progress: &ProgressBar,
+) -> Result<ThreadOut, BenchError> {
+    let mut locals = [dbs[0].local()?, dbs[1].local()?];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
+    let mut out = ThreadOut::default();
+    // One name per side: PostgreSQL wants a gid unique in the cluster, and A and B may share one.
+    let mut gids = [String::new(), String::new()];
+    let outcome = (|| {
+        while more(spec.stop, out.transfers, start, failed) {
+            let ids = ids(&mut rng, spec.accounts);
+            for (gid, side) in gids.iter_mut().zip(Side::BOTH) {
+                gid.clear();
+                let _ = write!(
+                    gid,
+                    "{NATIVE_GID_PREFIX}{:08x}-{index}-{}-{}",
+                    spec.node,
+                    out.transfers,
+                    side.name()
+                );
+            }
+            let begun = Instant::now();
+            for (local, gid) in locals.iter_mut().zip(&gids) {
+                local.begin_native(gid)?;
+            }
+            for ((local, id), side) in locals.iter_mut().zip(ids).zip(Side::BOTH) {
+                one_row(local.update(id)?, side, id)?;
+            }
+            let committing = Instant::now();
+            for (local, gid) in locals.iter_mut().zip(&gids) {
+                local.prepare_native(gid)?;
+            }
+            for (local, gid) in locals.iter_mut().zip(&gids) {
+                local.commit_native(gid)?;
+            }
+            let end = Instant::now();
+            count(
+                &mut out,
+                end.saturating_duration_since(committing),
+                end.saturating_duration_since(begun),
+                progress,
+            );
+        }
+        Ok(())
+    })();
+    if outcome.is_err() {
+        for (local, gid) in locals.iter_mut().zip(&gids) {
+            local.abandon_native(gid);
+        }
+    }
+    outcome.map(|()| out)
+}
+
 /// One 2PC run: a coordinator over a fresh log in `dir`, `threads` sessions on it.
 fn two_phase_run(
     spec: &RmBenchSpec,
@@ -701,11 +798,12 @@ pub fn table_row(p: &RmPoint) -> String {
     )
 }
 
-/// The ratio line under a thread count's two rows.
+/// The ratio lines under a thread count's three rows.
 pub fn ratio_line(r: &RmRatio) -> String {
     format!(
-        "{:>7} {:<12} 2pc/independent tps = {:.2}x, application CPU per transfer = {:.2}x",
-        r.threads, "ratio", r.ratio, r.cpu_ratio
+        "{:>7} {:<12} native-2pc/independent tps = {:.2}x: the databases' own price, the ceiling\n\
+         {:>7} {:<12} 2pc/independent tps = {:.2}x ({:.2} of the native ceiling), application CPU per transfer = {:.2}x",
+        r.threads, "ceiling", r.native_ratio, r.threads, "ratio", r.ratio, r.of_native, r.cpu_ratio
     )
 }
 
@@ -801,9 +899,14 @@ mod tests {
             assert!(v.get(key).is_some(), "{key} missing in {v}");
         }
         assert_eq!(v["mode"], "2pc");
-        let ratio = RmRatio { threads: 4, ratio: 0.5, cpu_ratio: 2.25 };
+        let ratio = RmRatio { threads: 4, ratio: 0.5, cpu_ratio: 2.25, native_ratio: 0.625, of_native: 0.8 };
         let r: serde_json::Value = serde_json::from_str(&ratio_json(&ratio)).expect("valid JSON");
         assert_eq!((r["ratio"].as_f64(), r["cpu_ratio"].as_f64()), (Some(0.5), Some(2.25)));
-        assert!(ratio_line(&ratio).ends_with("tps = 0.50x, application CPU per transfer = 2.25x"));
+        assert_eq!((r["native_ratio"].as_f64(), r["of_native"].as_f64()), (Some(0.625), Some(0.8)));
+        let line = ratio_line(&ratio);
+        assert!(line.contains("native-2pc/independent tps = 0.62x"), "{line}");
+        assert!(
+            line.ends_with("tps = 0.50x (0.80 of the native ceiling), application CPU per transfer = 2.25x")
+        );
     }
 }

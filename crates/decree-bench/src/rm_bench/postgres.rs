@@ -44,7 +44,7 @@ impl Database for PgDatabase {
                  INSERT INTO {table} SELECT g, {BALANCE_START} FROM generate_series(1, {accounts}) g \
                  ON CONFLICT (id) DO NOTHING"
             ))
-            .map_err(|e| db_error(self.side.context(format!("creating {table}")), e))
+            .map_err(|e| db_error(self.side.context(format!("creating {table}")), pg(&e)))
     }
 
     fn total(&self) -> Result<i64, BenchError> {
@@ -52,8 +52,8 @@ impl Database for PgDatabase {
         let row = self
             .connect("to read the total")?
             .query_one(&sql, &[])
-            .map_err(|e| db_error(self.side.context(format!("summing {}", self.table)), e))?;
-        row.try_get(0).map_err(|e| db_error(self.side.context(format!("summing {}", self.table)), e))
+            .map_err(|e| db_error(self.side.context(format!("summing {}", self.table)), pg(&e)))?;
+        row.try_get(0).map_err(|e| db_error(self.side.context(format!("summing {}", self.table)), pg(&e)))
     }
 
     fn prepared_of_node(&self, node: u32) -> Result<Vec<String>, BenchError> {
@@ -63,11 +63,12 @@ impl Database for PgDatabase {
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'decree:%'",
                 &[],
             )
-            .map_err(|e| db_error(self.side.context("listing pg_prepared_xacts"), e))?;
+            .map_err(|e| db_error(self.side.context("listing pg_prepared_xacts"), pg(&e)))?;
         let mut ours = Vec::new();
         for row in rows {
-            let gid: String =
-                row.try_get(0).map_err(|e| db_error(self.side.context("reading pg_prepared_xacts"), e))?;
+            let gid: String = row
+                .try_get(0)
+                .map_err(|e| db_error(self.side.context("reading pg_prepared_xacts"), pg(&e)))?;
             let mine = Xid::from_gid(&gid).ok().and_then(|x| x.origin()).is_some_and(|o| o.node == node);
             if mine {
                 ours.push(gid);
@@ -84,7 +85,7 @@ impl Database for PgDatabase {
         let mut client = self.connect("for the independent mode")?;
         let update = client
             .prepare(&self.side.update_sql(&self.table, "$1"))
-            .map_err(|e| db_error(self.side.context("preparing the UPDATE"), e))?;
+            .map_err(|e| db_error(self.side.context("preparing the UPDATE"), pg(&e)))?;
         Ok(Box::new(PgLocal { client, update, side: self.side }))
     }
 
@@ -114,17 +115,38 @@ struct PgLocal {
 
 impl LocalUpdate for PgLocal {
     fn begin(&mut self) -> Result<(), BenchError> {
-        self.client.batch_execute("BEGIN").map_err(|e| db_error(self.side.context("BEGIN"), e))
+        self.client.batch_execute("BEGIN").map_err(|e| db_error(self.side.context("BEGIN"), pg(&e)))
     }
 
     fn update(&mut self, id: i32) -> Result<u64, BenchError> {
         self.client
             .execute(&self.update, &[&id])
-            .map_err(|e| db_error(self.side.context(self.side.verb()), e))
+            .map_err(|e| db_error(self.side.context(self.side.verb()), pg(&e)))
     }
 
     fn commit(&mut self) -> Result<(), BenchError> {
-        self.client.batch_execute("COMMIT").map_err(|e| db_error(self.side.context("COMMIT"), e))
+        self.client.batch_execute("COMMIT").map_err(|e| db_error(self.side.context("COMMIT"), pg(&e)))
+    }
+
+    fn begin_native(&mut self, _gid: &str) -> Result<(), BenchError> {
+        self.begin()
+    }
+
+    fn prepare_native(&mut self, gid: &str) -> Result<(), BenchError> {
+        self.client
+            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .map_err(|e| db_error(self.side.context("PREPARE TRANSACTION"), pg(&e)))
+    }
+
+    fn commit_native(&mut self, gid: &str) -> Result<(), BenchError> {
+        self.client
+            .batch_execute(&format!("COMMIT PREPARED '{gid}'"))
+            .map_err(|e| db_error(self.side.context("COMMIT PREPARED"), pg(&e)))
+    }
+
+    fn abandon_native(&mut self, gid: &str) {
+        let _ = self.client.batch_execute("ROLLBACK");
+        let _ = self.client.batch_execute(&format!("ROLLBACK PREPARED '{gid}'"));
     }
 }
 
@@ -139,6 +161,15 @@ impl BranchUpdate for PgBranch {
     fn update(&mut self, id: i32) -> Result<u64, BenchError> {
         let what = || self.side.context(self.side.verb());
         let mut client = self.handle.client().map_err(|e| db_error(what(), e))?;
-        client.execute(&self.update, &[&id]).map_err(|e| db_error(what(), e))
+        client.execute(&self.update, &[&id]).map_err(|e| db_error(what(), pg(&e)))
+    }
+}
+
+/// A PostgreSQL error with its SQLSTATE and the server's message (`postgres::Error`
+/// displays only "db error" for those).
+fn pg(e: &::postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("SQLSTATE {}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
     }
 }
