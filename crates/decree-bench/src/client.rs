@@ -30,9 +30,9 @@ pub trait BenchTarget: Send + Sync {
     fn finish(&self) -> Result<(), BenchError> {
         Ok(())
     }
-    /// Durable log flushes so far, where the target owns the log (embedded): the device
-    /// writes that commits cost, reported per commit.
-    fn log_flushes(&self) -> Option<u64> {
+    /// Durable log flushes so far and how long the synced ones took, where the target owns
+    /// the log (embedded): the device writes that commits cost, reported per commit.
+    fn log_activity(&self) -> Option<(u64, decree_log::WriteTimes)> {
         None
     }
 }

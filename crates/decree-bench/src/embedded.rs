@@ -57,8 +57,8 @@ impl BenchTarget for EmbeddedTarget {
         Ok(Box::new(TmClient::new(self.tm.clone(), self.factories.clone(), self.committed.clone())))
     }
 
-    fn log_flushes(&self) -> Option<u64> {
-        Some(self.log.stats().flushes)
+    fn log_activity(&self) -> Option<(u64, decree_log::WriteTimes)> {
+        Some((self.log.stats().flushes, self.log.write_times()))
     }
 
     fn finish(&self) -> Result<(), BenchError> {

@@ -97,6 +97,8 @@ pub struct RunResult {
     pub latencies: RunLatencies,
     /// Durable log flushes during the run, where the target owns the log.
     pub log_flushes: Option<u64>,
+    /// How long the run's synced log writes took, where the target owns the log.
+    pub log_write_times: Option<decree_log::WriteTimes>,
 }
 
 impl RunResult {
@@ -234,7 +236,7 @@ pub fn run(
     if spec.threads == 0 || spec.threads > THREADS_MAX {
         return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
     }
-    let flushes_before = target.log_flushes();
+    let activity_before = target.log_activity();
     let (outcomes, start, end) = run_together(spec.threads, |index, start, failed| {
         thread_loop(target, index, spec, start, failed, progress)
     });
@@ -244,6 +246,7 @@ pub fn run(
         elapsed: end.saturating_duration_since(start),
         latencies: RunLatencies::default(),
         log_flushes: None,
+        log_write_times: None,
     };
     for outcome in outcomes {
         let (cycles, lat) = outcome.map_err(|panic| BenchError::Panicked(panic_message(&panic)))??;
@@ -251,7 +254,10 @@ pub fn run(
         result.latencies.merge(&lat);
     }
     target.finish()?;
-    result.log_flushes = flushes_before.zip(target.log_flushes()).map(|(before, after)| after - before);
+    if let (Some(before), Some(after)) = (activity_before, target.log_activity()) {
+        result.log_flushes = Some(after.0 - before.0);
+        result.log_write_times = Some(after.1.since(&before.1));
+    }
     Ok(result)
 }
 
@@ -378,6 +384,13 @@ pub struct BenchPoint {
     /// decision per commit at most, fewer when group commit batches them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_flushes_per_commit: Option<f64>,
+    /// Median time of the run's synced log writes in us (embedded journal at rpo 0): the
+    /// device under the run's own load, to set beside the idle floor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_write_p50_us: Option<u64>,
+    /// 95th percentile of the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_write_p95_us: Option<u64>,
 }
 
 impl BenchPoint {
@@ -404,6 +417,8 @@ impl BenchPoint {
                 .log_flushes
                 .filter(|_| run.cycles > 0)
                 .map(|flushes| flushes as f64 / run.cycles as f64),
+            log_write_p50_us: run.log_write_times.as_ref().and_then(|t| t.quantile_us(0.50)),
+            log_write_p95_us: run.log_write_times.as_ref().and_then(|t| t.quantile_us(0.95)),
         }
     }
 
@@ -592,6 +607,7 @@ mod tests {
             elapsed: Duration::from_millis(250),
             latencies: RunLatencies::default(),
             log_flushes: None,
+            log_write_times: None,
         };
         assert!((run.tps() - 2000.0).abs() < 1e-9);
         assert_eq!(RunResult { elapsed: Duration::ZERO, ..run }.tps(), 0.0);

@@ -18,9 +18,11 @@ pub mod engine;
 pub mod error;
 pub mod io;
 pub mod record;
+pub mod write_times;
 
 pub use config::{EngineKind, LogConfig, SyncPolicy};
 pub use error::LogError;
+pub use write_times::WriteTimes;
 
 /// Identifies the transaction a record belongs to; completion forgets all its records.
 pub type TxnKey = u64;
@@ -75,6 +77,12 @@ pub trait Log: Send + Sync {
 
     /// Totals since open.
     fn stats(&self) -> LogStats;
+
+    /// How long the synced writes on the commit path took since open (the journal under
+    /// `rpo = 0` keeps them; other engines report none).
+    fn write_times(&self) -> WriteTimes {
+        WriteTimes::default()
+    }
 }
 
 /// Opens (creating if needed) the log described by `config`, taking the directory lock.

@@ -602,6 +602,7 @@ fn a_completion_rides_with_the_next_decision_instead_of_its_own_write() {
     let log = Arc::new(JournalLog::open(&config, Arc::new(storage.clone())).expect("journal opens"));
     log.append(0, &payload(0, 0)).expect("append 0");
     let base = log.stats().flushes;
+    let times_before = log.write_times();
     storage.set_sync_delay(Duration::from_millis(200));
     let writer = {
         let log = log.clone();
@@ -620,6 +621,9 @@ fn a_completion_rides_with_the_next_decision_instead_of_its_own_write() {
     log.complete(1).expect("complete 1");
     log.append(2, &payload(2, 0)).expect("append 2");
     assert_eq!(log.stats().flushes - base, 2, "append 2 takes one write, completions included");
+    let times = log.write_times().since(&times_before);
+    assert_eq!(times.count(), 2, "each synced write on the commit path is timed");
+    assert_eq!(times.quantile_us(1.0), Some(100_000), "the 200 ms write reads as 100 ms and more: {times:?}");
     let after = storage.crash();
     drop(log);
     let reopened = open(&after, SyncPolicy::Immediate);

@@ -55,7 +55,9 @@ mod recovery;
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile, DIRECT_ALIGN};
 use crate::record::{self, Decoded, RecordKind, HEADER_BYTES};
-use crate::{DurableCallback, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey};
+use crate::{
+    DurableCallback, LiveRecord, Log, LogConfig, LogError, LogStats, SyncPolicy, TxnKey, WriteTimes,
+};
 use format::{BatchMarker, SegmentHeader, MARKER_BYTES, SEGMENT_HEADER_BYTES};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use recovery::FreeFile;
@@ -697,7 +699,11 @@ impl Shared {
                 return Ok(None);
             }
             let mut writer = self.writer.lock();
+            let started = std::time::Instant::now();
             let written = writer.write_batch(&mut buf, &entries, hint, sync, &self.stats);
+            if sync && self.immediate && written.is_ok() {
+                self.stats.write_times.record(started.elapsed());
+            }
             if writer.free.is_empty() {
                 self.spare_cv.notify_one();
             }
@@ -1277,6 +1283,10 @@ impl Log for JournalLog {
 
     fn stats(&self) -> LogStats {
         self.shared.stats.snapshot()
+    }
+
+    fn write_times(&self) -> WriteTimes {
+        self.shared.stats.write_times.snapshot()
     }
 }
 

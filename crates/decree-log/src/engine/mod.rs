@@ -20,6 +20,8 @@ pub(crate) struct StatCounters {
     pub(crate) completions: AtomicU64,
     pub(crate) flushes: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
+    /// Synced writes on the commit path, by duration (kept by the journal under `rpo = 0`).
+    pub(crate) write_times: crate::write_times::WriteTimeCounters,
 }
 
 impl StatCounters {
@@ -73,6 +75,9 @@ impl Log for Owned {
     }
     fn stats(&self) -> crate::LogStats {
         self.inner.stats()
+    }
+    fn write_times(&self) -> crate::WriteTimes {
+        self.inner.write_times()
     }
 }
 
