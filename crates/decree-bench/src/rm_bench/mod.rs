@@ -39,7 +39,7 @@ use crate::BenchError;
 use decree_core::{
     BranchCalls, CommitKind, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext,
 };
-use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
+use decree_log::{EngineKind, Log, LogConfig, SyncPolicy, WriteTimes};
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -230,6 +230,16 @@ pub struct RmPoint {
     /// per transfer, in us: what atomicity costs the application's machine, apart from the
     /// databases' own work.
     pub cpu_us_per_transfer: f64,
+    /// 2PC only: synced writes of decree's log per transfer (below 1 when group commit
+    /// batches decisions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_writes_per_transfer: Option<f64>,
+    /// 2PC only: median time of those writes in us, under the run's own load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_write_p50_us: Option<u64>,
+    /// 2PC only: their 95th percentile in us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_write_p95_us: Option<u64>,
 }
 
 /// The cost of atomicity at one thread count (one JSON line).
@@ -435,6 +445,7 @@ fn run_one(
 ) -> Result<RmPoint, BenchError> {
     let before = (dbs[0].total()?, dbs[1].total()?);
     let cpu_before = process_cpu();
+    let mut log_use = None;
     let (out, elapsed) = match mode {
         RmMode::Independent => run_threads(threads, |index, start, failed| {
             independent_loop(spec, dbs, index, start, failed, progress)
@@ -446,9 +457,10 @@ fn run_one(
             let dir = fresh_dir(&spec.dir, &format!("rm-2pc-t{threads}"))?;
             let outcome = two_phase_run(spec, dbs, threads, &dir, progress);
             let removed = std::fs::remove_dir_all(&dir);
-            let result = outcome?;
+            let (out, elapsed, used) = outcome?;
             removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
-            result
+            log_use = Some(used);
+            (out, elapsed)
         }
     };
     let cpu = process_cpu().saturating_sub(cpu_before);
@@ -472,6 +484,12 @@ fn run_one(
         } else {
             0.0
         },
+        log_writes_per_transfer: log_use
+            .as_ref()
+            .filter(|_| out.transfers > 0)
+            .map(|(flushes, _)| *flushes as f64 / out.transfers as f64),
+        log_write_p50_us: log_use.as_ref().and_then(|(_, times)| times.quantile_us(0.50)),
+        log_write_p95_us: log_use.as_ref().and_then(|(_, times)| times.quantile_us(0.95)),
     })
 }
 
@@ -672,14 +690,15 @@ fn native_loop(
     outcome.map(|()| out)
 }
 
-/// One 2PC run: a coordinator over a fresh log in `dir`, `threads` sessions on it.
+/// One 2PC run: a coordinator over a fresh log in `dir`, `threads` sessions on it. Also
+/// returns the log's synced writes and their times during the run.
 fn two_phase_run(
     spec: &RmBenchSpec,
     dbs: [&dyn Database; 2],
     threads: usize,
     dir: &std::path::Path,
     progress: &ProgressBar,
-) -> Result<(ThreadOut, Duration), BenchError> {
+) -> Result<(ThreadOut, Duration, (u64, WriteTimes)), BenchError> {
     let config = LogConfig::new(dir, spec.engine, SyncPolicy::from_rpo_ms(spec.rpo_ms));
     let log: Arc<dyn Log> = Arc::from(
         decree_log::open(&config)
@@ -692,9 +711,11 @@ fn two_phase_run(
         factories,
     )
     .map_err(|e| db_error("starting the coordinator", e))?;
+    let (flushes_before, times_before) = (log.stats().flushes, log.write_times());
     let (out, elapsed) = run_threads(threads, |index, start, failed| {
         two_phase_loop(spec, &tm, dbs, index, start, failed, progress)
     })?;
+    let used = (log.stats().flushes - flushes_before, log.write_times().since(&times_before));
     if !tm.wait_idle(IDLE_WAIT) {
         return Err(db_error(
             "after the 2PC run",
@@ -708,7 +729,7 @@ fn two_phase_run(
             format!("{} transfers committed but the log holds {appended} decisions", out.transfers),
         ));
     }
-    Ok((out, elapsed))
+    Ok((out, elapsed, used))
 }
 
 /// One thread of the 2PC mode: a TX context over one connection to each database.
@@ -781,9 +802,10 @@ pub fn table_header() -> String {
     )
 }
 
-/// One table row (commit latency percentiles, then the whole transfer's).
+/// One table row (commit latency percentiles, then the whole transfer's), followed for a
+/// 2PC run by what its decisions cost the disk.
 pub fn table_row(p: &RmPoint) -> String {
-    format!(
+    let mut row = format!(
         "{:>7} {:<12} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
         p.threads,
         p.mode,
@@ -795,7 +817,14 @@ pub fn table_row(p: &RmPoint) -> String {
         p.transfer_p50_us,
         p.transfer_p99_us,
         p.cpu_us_per_transfer
-    )
+    );
+    if let Some(per_transfer) = p.log_writes_per_transfer {
+        let _ = write!(row, "\n{:>7} {:<12} {per_transfer:.2} synced log writes per transfer", "", "  log");
+        if let (Some(p50), Some(p95)) = (p.log_write_p50_us, p.log_write_p95_us) {
+            let _ = write!(row, ", each p50 {p50} / p95 {p95} us under this load");
+        }
+    }
+    row
 }
 
 /// The ratio lines under a thread count's three rows.
@@ -893,8 +922,21 @@ mod tests {
             transfer_p50_us: 4.0,
             transfer_p99_us: 5.0,
             cpu_us_per_transfer: 6.0,
+            log_writes_per_transfer: Some(0.75),
+            log_write_p50_us: Some(180),
+            log_write_p95_us: Some(320),
         };
         let v: serde_json::Value = serde_json::from_str(&point_json(&p)).expect("valid JSON");
+        assert_eq!(v["log_writes_per_transfer"].as_f64(), Some(0.75));
+        assert!(table_row(&p)
+            .ends_with("0.75 synced log writes per transfer, each p50 180 / p95 320 us under this load"));
+        let independent =
+            RmPoint { mode: RmMode::Independent.name(), log_writes_per_transfer: None, ..p.clone() };
+        assert!(serde_json::from_str::<serde_json::Value>(&point_json(&independent))
+            .expect("JSON")
+            .get("log_writes_per_transfer")
+            .is_none());
+        assert!(!table_row(&independent).contains('\n'), "one line for a run without a log");
         for key in ["threads", "mode", "tps", "p50_us", "p95_us", "p99_us"] {
             assert!(v.get(key).is_some(), "{key} missing in {v}");
         }
