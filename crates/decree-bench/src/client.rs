@@ -30,9 +30,9 @@ pub trait BenchTarget: Send + Sync {
     fn finish(&self) -> Result<(), BenchError> {
         Ok(())
     }
-    /// Durable log flushes so far and how long the synced ones took, where the target owns
-    /// the log (embedded): the device writes that commits cost, reported per commit.
-    fn log_activity(&self) -> Option<(u64, decree_log::WriteTimes)> {
+    /// The log's totals now, where the target owns the log (embedded): read before and
+    /// after a run to report what its commits cost the log.
+    fn log_use(&self) -> Option<crate::log_use::LogUse> {
         None
     }
 }

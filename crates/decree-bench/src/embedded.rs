@@ -10,6 +10,7 @@
 //! checks against the log's counters.
 
 use crate::client::{BenchClient, BenchTarget};
+use crate::log_use::LogUse;
 use crate::BenchError;
 use decree_core::{DummyFactory, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
 use decree_log::{Log, LogConfig};
@@ -57,8 +58,8 @@ impl BenchTarget for EmbeddedTarget {
         Ok(Box::new(TmClient::new(self.tm.clone(), self.factories.clone(), self.committed.clone())))
     }
 
-    fn log_activity(&self) -> Option<(u64, decree_log::WriteTimes)> {
-        Some((self.log.stats().flushes, self.log.write_times()))
+    fn log_use(&self) -> Option<LogUse> {
+        Some(LogUse::of(&*self.log))
     }
 
     fn finish(&self) -> Result<(), BenchError> {

@@ -23,6 +23,7 @@ pub mod client;
 pub mod embedded;
 pub mod error;
 pub mod log_bench;
+pub mod log_use;
 pub mod rate;
 pub mod remote;
 pub mod report;

@@ -246,11 +246,8 @@ pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> Stri
         if let Some(idle) = idle {
             let _ = write!(out, ", {:.2}x the {}'s", p.total.p95 / idle.p95_us, idle.reference);
         }
-        if let Some(per_commit) = p.log_flushes_per_commit {
-            let _ = write!(out, "; {per_commit:.2} synced log writes per commit");
-        }
-        if let (Some(p50), Some(p95)) = (p.log_write_p50_us, p.log_write_p95_us) {
-            let _ = write!(out, ", each p50 {p50} / p95 {p95} us under this load");
+        if let Some(writes) = &p.log_writes {
+            let _ = write!(out, "; {}", writes.describe("commit"));
         }
         out.push('\n');
     }

@@ -9,6 +9,7 @@
 
 use crate::client::{BenchTarget, Mode};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
+use crate::log_use::{LogUse, LogWrites};
 use crate::rate::Schedule;
 use crate::remote::{RemoteSpec, RemoteTarget};
 use crate::round_trip::RoundTripPoint;
@@ -95,10 +96,8 @@ pub struct RunResult {
     pub elapsed: Duration,
     /// The latencies.
     pub latencies: RunLatencies,
-    /// Durable log flushes during the run, where the target owns the log.
-    pub log_flushes: Option<u64>,
-    /// How long the run's synced log writes took, where the target owns the log.
-    pub log_write_times: Option<decree_log::WriteTimes>,
+    /// What the run cost the log, where the target owns it.
+    pub log_use: Option<LogUse>,
 }
 
 impl RunResult {
@@ -236,7 +235,7 @@ pub fn run(
     if spec.threads == 0 || spec.threads > THREADS_MAX {
         return Err(BenchError::Option(format!("--threads {}: expected 1 to {THREADS_MAX}", spec.threads)));
     }
-    let activity_before = target.log_activity();
+    let log_before = target.log_use();
     let (outcomes, start, end) = run_together(spec.threads, |index, start, failed| {
         thread_loop(target, index, spec, start, failed, progress)
     });
@@ -245,8 +244,7 @@ pub fn run(
         cycles: 0,
         elapsed: end.saturating_duration_since(start),
         latencies: RunLatencies::default(),
-        log_flushes: None,
-        log_write_times: None,
+        log_use: None,
     };
     for outcome in outcomes {
         let (cycles, lat) = outcome.map_err(|panic| BenchError::Panicked(panic_message(&panic)))??;
@@ -254,10 +252,7 @@ pub fn run(
         result.latencies.merge(&lat);
     }
     target.finish()?;
-    if let (Some(before), Some(after)) = (activity_before, target.log_activity()) {
-        result.log_flushes = Some(after.0 - before.0);
-        result.log_write_times = Some(after.1.since(&before.1));
-    }
+    result.log_use = log_before.zip(target.log_use()).map(|(before, after)| after.since(&before));
     Ok(result)
 }
 
@@ -380,17 +375,9 @@ pub struct BenchPoint {
     /// [`crate::round_trip`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub round_trip_floor: Option<RoundTripPoint>,
-    /// Durable log flushes (synced writes) per committed cycle, embedded mode only: one
-    /// decision per commit at most, fewer when group commit batches them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_flushes_per_commit: Option<f64>,
-    /// Median time of the run's synced log writes in us (embedded journal at rpo 0): the
-    /// device under the run's own load, to set beside the idle floor.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_write_p50_us: Option<u64>,
-    /// 95th percentile of the same.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_write_p95_us: Option<u64>,
+    /// Synced log writes per committed cycle and their times, embedded mode only.
+    #[serde(flatten)]
+    pub log_writes: Option<LogWrites>,
 }
 
 impl BenchPoint {
@@ -413,12 +400,7 @@ impl BenchPoint {
             rate: None,
             disk_floor: Vec::new(),
             round_trip_floor: None,
-            log_flushes_per_commit: run
-                .log_flushes
-                .filter(|_| run.cycles > 0)
-                .map(|flushes| flushes as f64 / run.cycles as f64),
-            log_write_p50_us: run.log_write_times.as_ref().and_then(|t| t.quantile_us(0.50)),
-            log_write_p95_us: run.log_write_times.as_ref().and_then(|t| t.quantile_us(0.95)),
+            log_writes: run.log_use.as_ref().and_then(|used| used.per_commit(run.cycles)),
         }
     }
 
@@ -606,8 +588,7 @@ mod tests {
             cycles: 500,
             elapsed: Duration::from_millis(250),
             latencies: RunLatencies::default(),
-            log_flushes: None,
-            log_write_times: None,
+            log_use: None,
         };
         assert!((run.tps() - 2000.0).abs() < 1e-9);
         assert_eq!(RunResult { elapsed: Duration::ZERO, ..run }.tps(), 0.0);

@@ -11,9 +11,10 @@ const FINE_BUCKETS: usize = 100;
 /// The tiers after the fine one: (bucket width, buckets), 1 to 10 ms, then 10 to 100 ms.
 const TIERS: [(u64, usize); 3] = [(FINE_WIDTH_US, FINE_BUCKETS), (100, 90), (1_000, 90)];
 /// Every tier's buckets and one for 100 ms and more.
-const BUCKETS: usize = FINE_BUCKETS + 90 + 90 + 1;
+const BUCKETS: usize = TIERS[0].1 + TIERS[1].1 + TIERS[2].1 + 1;
 /// Where the last bucket starts, in microseconds.
-const OVERFLOW_US: u64 = 100_000;
+const OVERFLOW_US: u64 =
+    TIERS[0].0 * TIERS[0].1 as u64 + TIERS[1].0 * TIERS[1].1 as u64 + TIERS[2].0 * TIERS[2].1 as u64;
 
 /// The bucket of a duration: 10 us wide below 1 ms, 100 us below 10 ms, 1 ms below 100 ms.
 fn bucket_of(elapsed: Duration) -> usize {

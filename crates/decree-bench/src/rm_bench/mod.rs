@@ -33,13 +33,14 @@
 mod mariadb;
 mod postgres;
 
+use crate::log_use::{LogUse, LogWrites};
 use crate::stats::Latencies;
 use crate::tx::{fresh_dir, panic_message, Stop, THREADS_MAX};
 use crate::BenchError;
 use decree_core::{
     BranchCalls, CommitKind, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext,
 };
-use decree_log::{EngineKind, Log, LogConfig, SyncPolicy, WriteTimes};
+use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -230,16 +231,9 @@ pub struct RmPoint {
     /// per transfer, in us: what atomicity costs the application's machine, apart from the
     /// databases' own work.
     pub cpu_us_per_transfer: f64,
-    /// 2PC only: synced writes of decree's log per transfer (below 1 when group commit
-    /// batches decisions).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_writes_per_transfer: Option<f64>,
-    /// 2PC only: median time of those writes in us, under the run's own load.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_write_p50_us: Option<u64>,
-    /// 2PC only: their 95th percentile in us.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_write_p95_us: Option<u64>,
+    /// 2PC only: synced writes of decree's log per transfer and their times.
+    #[serde(flatten)]
+    pub log_writes: Option<LogWrites>,
 }
 
 /// The cost of atomicity at one thread count (one JSON line).
@@ -484,12 +478,7 @@ fn run_one(
         } else {
             0.0
         },
-        log_writes_per_transfer: log_use
-            .as_ref()
-            .filter(|_| out.transfers > 0)
-            .map(|(flushes, _)| *flushes as f64 / out.transfers as f64),
-        log_write_p50_us: log_use.as_ref().and_then(|(_, times)| times.quantile_us(0.50)),
-        log_write_p95_us: log_use.as_ref().and_then(|(_, times)| times.quantile_us(0.95)),
+        log_writes: log_use.and_then(|used| used.per_commit(out.transfers)),
     })
 }
 
@@ -586,6 +575,12 @@ fn one_row(changed: u64, side: Side, id: i32) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// The account-id generator of benchmark thread `index` (seed + index, so every mode
+/// draws the same transfers).
+fn thread_rng(spec: &RmBenchSpec, index: usize) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64))
+}
+
 /// The accounts of one transfer: the one debited in A, the one credited in B.
 fn ids(rng: &mut rand::rngs::StdRng, accounts: u32) -> [i32; 2] {
     let top = i32::try_from(accounts).unwrap_or(i32::MAX);
@@ -612,7 +607,7 @@ fn independent_loop(
     progress: &ProgressBar,
 ) -> Result<ThreadOut, BenchError> {
     let mut locals = [dbs[0].local()?, dbs[1].local()?];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
+    let mut rng = thread_rng(spec, index);
     let mut out = ThreadOut::default();
     while more(spec.stop, out.transfers, start, failed) {
         let ids = ids(&mut rng, spec.accounts);
@@ -641,7 +636,7 @@ fn native_loop(
     progress: &ProgressBar,
 ) -> Result<ThreadOut, BenchError> {
     let mut locals = [dbs[0].local()?, dbs[1].local()?];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
+    let mut rng = thread_rng(spec, index);
     let mut out = ThreadOut::default();
     // One name per side: PostgreSQL wants a gid unique in the cluster, and A and B may share one.
     let mut gids = [String::new(), String::new()];
@@ -698,7 +693,7 @@ fn two_phase_run(
     threads: usize,
     dir: &std::path::Path,
     progress: &ProgressBar,
-) -> Result<(ThreadOut, Duration, (u64, WriteTimes)), BenchError> {
+) -> Result<(ThreadOut, Duration, LogUse), BenchError> {
     let config = LogConfig::new(dir, spec.engine, SyncPolicy::from_rpo_ms(spec.rpo_ms));
     let log: Arc<dyn Log> = Arc::from(
         decree_log::open(&config)
@@ -711,11 +706,11 @@ fn two_phase_run(
         factories,
     )
     .map_err(|e| db_error("starting the coordinator", e))?;
-    let (flushes_before, times_before) = (log.stats().flushes, log.write_times());
+    let log_before = LogUse::of(&*log);
     let (out, elapsed) = run_threads(threads, |index, start, failed| {
         two_phase_loop(spec, &tm, dbs, index, start, failed, progress)
     })?;
-    let used = (log.stats().flushes - flushes_before, log.write_times().since(&times_before));
+    let used = LogUse::of(&*log).since(&log_before);
     if !tm.wait_idle(IDLE_WAIT) {
         return Err(db_error(
             "after the 2PC run",
@@ -746,7 +741,7 @@ fn two_phase_loop(
     let (rm_b, update_b) = dbs[1].branch()?;
     let mut updates = [update_a, update_b];
     let mut tx = TxContext::open(tm, vec![rm_a, rm_b]).map_err(|e| db_error("tx_open", e))?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed.wrapping_add(index as u64));
+    let mut rng = thread_rng(spec, index);
     let mut out = ThreadOut::default();
     let outcome = (|| {
         while more(spec.stop, out.transfers, start, failed) {
@@ -818,11 +813,8 @@ pub fn table_row(p: &RmPoint) -> String {
         p.transfer_p99_us,
         p.cpu_us_per_transfer
     );
-    if let Some(per_transfer) = p.log_writes_per_transfer {
-        let _ = write!(row, "\n{:>7} {:<12} {per_transfer:.2} synced log writes per transfer", "", "  log");
-        if let (Some(p50), Some(p95)) = (p.log_write_p50_us, p.log_write_p95_us) {
-            let _ = write!(row, ", each p50 {p50} / p95 {p95} us under this load");
-        }
+    if let Some(writes) = &p.log_writes {
+        let _ = write!(row, "\n{:>7} {:<12} {}", "", "  log", writes.describe("transfer"));
     }
     row
 }
@@ -922,19 +914,20 @@ mod tests {
             transfer_p50_us: 4.0,
             transfer_p99_us: 5.0,
             cpu_us_per_transfer: 6.0,
-            log_writes_per_transfer: Some(0.75),
-            log_write_p50_us: Some(180),
-            log_write_p95_us: Some(320),
+            log_writes: Some(LogWrites {
+                log_writes_per_commit: 0.75,
+                log_write_p50_us: Some(180),
+                log_write_p95_us: Some(320),
+            }),
         };
         let v: serde_json::Value = serde_json::from_str(&point_json(&p)).expect("valid JSON");
-        assert_eq!(v["log_writes_per_transfer"].as_f64(), Some(0.75));
+        assert_eq!(v["log_writes_per_commit"].as_f64(), Some(0.75));
         assert!(table_row(&p)
             .ends_with("0.75 synced log writes per transfer, each p50 180 / p95 320 us under this load"));
-        let independent =
-            RmPoint { mode: RmMode::Independent.name(), log_writes_per_transfer: None, ..p.clone() };
+        let independent = RmPoint { mode: RmMode::Independent.name(), log_writes: None, ..p.clone() };
         assert!(serde_json::from_str::<serde_json::Value>(&point_json(&independent))
             .expect("JSON")
-            .get("log_writes_per_transfer")
+            .get("log_writes_per_commit")
             .is_none());
         assert!(!table_row(&independent).contains('\n'), "one line for a run without a log");
         for key in ["threads", "mode", "tps", "p50_us", "p95_us", "p99_us"] {

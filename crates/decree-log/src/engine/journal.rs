@@ -817,7 +817,12 @@ impl Shared {
         !st.callbacks.is_empty()
             || !st.overflow.is_empty()
             || st.sync_wanted_lsn > st.durable_lsn
-            || st.pending.len() >= COMPLETION_FLUSH_BYTES.min(self.pending_bytes_max / 2)
+            || self.completions_fill_a_write(st)
+    }
+
+    /// Buffered completions are enough to be worth a write of their own.
+    fn completions_fill_a_write(&self, st: &State) -> bool {
+        st.pending.len() >= COMPLETION_FLUSH_BYTES.min(self.pending_bytes_max / 2)
     }
 
     /// Asks the flusher thread for a flush; it is woken once per request, not per record
@@ -1247,8 +1252,7 @@ impl Log for JournalLog {
         let limit = 2 * shared.pending_bytes_max;
         shared.enqueue(&mut st, RecordKind::Completion, txn, &[], limit, WhenFull::Wait)?;
         shared.stats.completions.fetch_add(1, Ordering::Relaxed);
-        if !st.flush_in_flight && st.pending.len() >= COMPLETION_FLUSH_BYTES.min(shared.pending_bytes_max / 2)
-        {
+        if !st.flush_in_flight && shared.completions_fill_a_write(&st) {
             st.flusher_wanted = true;
             shared.flusher_cv.notify_one();
         } else if st.flusher_asleep {
