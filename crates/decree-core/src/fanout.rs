@@ -15,73 +15,44 @@
 //! as `std::thread::scope` would; when a helper cannot be started the branch runs on the
 //! calling thread instead. Helpers exit when the session drops its [`Fanout`].
 
-use crate::rm::{ResourceManager, RmError, Vote};
+use crate::rm::{BranchAnswer, BranchCall, ResourceManager, RmError, Vote};
 use crate::xid::Xid;
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-/// The calls a session runs on several branches at once.
+/// Runs a call on one branch, blocking until its answer.
+fn call_on(call: BranchCall, rm: &mut dyn ResourceManager, xid: &Xid) -> BranchAnswer {
+    match call {
+        BranchCall::Start => BranchAnswer::Ack(rm.start(xid)),
+        BranchCall::Prepare => BranchAnswer::Vote(rm.prepare(xid)),
+        BranchCall::Commit => BranchAnswer::Ack(rm.commit(xid, false)),
+    }
+}
+
+/// How one round of calls on several branches runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Call {
-    /// Starting a branch (XA xa_start).
-    Start,
-    /// Phase one.
-    Prepare,
-    /// Phase two of a prepared branch.
-    Commit,
-}
-
-/// A branch's answer to a [`Call`].
-#[derive(Debug)]
-pub(crate) enum Answer {
-    /// The answer to [`Call::Prepare`].
-    Vote(Result<Vote, RmError>),
-    /// The answer to [`Call::Commit`].
-    Ack(Result<(), RmError>),
-}
-
-impl Answer {
-    /// The vote, for the votes vector (`None` would mean "not asked", so a mismatched
-    /// answer becomes a protocol error instead).
-    pub(crate) fn into_vote(self) -> Option<Result<Vote, RmError>> {
-        Some(match self {
-            Answer::Vote(v) => v,
-            Answer::Ack(_) => Err(RmError::Protocol("a commit answer where a vote was expected".into())),
-        })
-    }
-
-    /// The phase-two acknowledgement, for the acks vector.
-    pub(crate) fn into_ack(self) -> Option<Result<(), RmError>> {
-        Some(match self {
-            Answer::Ack(a) => a,
-            Answer::Vote(_) => Err(RmError::Protocol("a vote where a commit answer was expected".into())),
-        })
-    }
-}
-
-impl Call {
-    fn on(self, rm: &mut dyn ResourceManager, xid: &Xid) -> Answer {
-        match self {
-            Call::Start => Answer::Ack(rm.start(xid)),
-            Call::Prepare => Answer::Vote(rm.prepare(xid)),
-            Call::Commit => Answer::Ack(rm.commit(xid, false)),
-        }
-    }
+pub(crate) struct Spread {
+    /// Send every request first and take the answers after, where the RM has split-phase
+    /// calls ([`ResourceManager::send`]).
+    pub(crate) split_phase: bool,
+    /// Hand the branches without split-phase calls to helper threads (else the caller runs
+    /// them one after another).
+    pub(crate) helpers: bool,
 }
 
 /// A connection on its way to a helper, with what to do on it.
 struct Job {
     rm: Box<dyn ResourceManager>,
     xid: Xid,
-    call: Call,
+    call: BranchCall,
 }
 
 /// A connection on its way back, with the answer or the panic that interrupted the call.
 struct Reply {
     rm: Box<dyn ResourceManager>,
-    answer: Result<Answer, Box<dyn Any + Send>>,
+    answer: Result<BranchAnswer, Box<dyn Any + Send>>,
 }
 
 /// One helper thread and its two channels.
@@ -99,7 +70,8 @@ impl Helper {
         let (outbox, replies) = mpsc::sync_channel::<Reply>(1);
         let thread = std::thread::Builder::new().name("decree-branch".into()).spawn(move || {
             for mut job in inbox {
-                let answer = panic::catch_unwind(AssertUnwindSafe(|| job.call.on(job.rm.as_mut(), &job.xid)));
+                let answer =
+                    panic::catch_unwind(AssertUnwindSafe(|| call_on(job.call, job.rm.as_mut(), &job.xid)));
                 if outbox.send(Reply { rm: job.rm, answer }).is_err() {
                     return;
                 }
@@ -167,33 +139,73 @@ pub(crate) struct Fanout {
     helpers: Vec<Helper>,
     /// Slot of the connection each busy helper holds, in helper order.
     lent: Vec<usize>,
+    /// Slots whose request was sent and whose answer is still to be received.
+    in_flight: Vec<usize>,
+    /// Slots that take blocking calls (no split-phase calls), in slot order.
+    blocking: Vec<usize>,
 }
 
 impl Fanout {
-    /// Runs `call` on every connection `i` for which `selected(i)` holds, at the same time,
-    /// and hands each answer to `deliver(i, answer)` (in slot order).
+    /// Runs `call` on every connection `i` for which `selected(i)` holds, at the same time
+    /// as `spread` allows, and hands each answer to `deliver(i, answer)`.
+    ///
+    /// Order: the split-phase requests go out first, then the blocking calls run (the
+    /// first on this thread, the others on helpers when `spread.helpers`), then the
+    /// split-phase answers are received, so every branch's work overlaps.
     pub(crate) fn run(
         &mut self,
         rms: &mut [Box<dyn ResourceManager>],
         xids: &[Xid],
         selected: impl Fn(usize) -> bool,
-        call: Call,
-        mut deliver: impl FnMut(usize, Answer),
+        call: BranchCall,
+        spread: Spread,
+        mut deliver: impl FnMut(usize, BranchAnswer),
     ) {
-        let mut chosen = (0..rms.len()).filter(|&i| selected(i));
-        let Some(own) = chosen.next() else { return };
+        self.in_flight.clear();
+        self.blocking.clear();
+        for i in (0..rms.len()).filter(|&i| selected(i)) {
+            if spread.split_phase && rms[i].send(call, &xids[i]) {
+                self.in_flight.push(i);
+            } else {
+                self.blocking.push(i);
+            }
+        }
+        let blocking = std::mem::take(&mut self.blocking);
+        if spread.helpers {
+            self.run_blocking_on_helpers(rms, xids, &blocking, call, &mut deliver);
+        } else {
+            for &i in &blocking {
+                deliver(i, call_on(call, rms[i].as_mut(), &xids[i]));
+            }
+        }
+        self.blocking = blocking;
+        for &i in &self.in_flight {
+            deliver(i, rms[i].receive());
+        }
+    }
+
+    /// Runs the first of `slots` on this thread and lends the others to helpers.
+    fn run_blocking_on_helpers(
+        &mut self,
+        rms: &mut [Box<dyn ResourceManager>],
+        xids: &[Xid],
+        slots: &[usize],
+        call: BranchCall,
+        deliver: &mut impl FnMut(usize, BranchAnswer),
+    ) {
+        let Some((&own, others)) = slots.split_first() else { return };
         self.lent.clear();
         let mut inline = Vec::new();
-        for i in chosen {
+        for &i in others {
             if self.lend(rms, xids, i, call) {
                 self.lent.push(i);
             } else {
                 inline.push(i);
             }
         }
-        deliver(own, call.on(rms[own].as_mut(), &xids[own]));
+        deliver(own, call_on(call, rms[own].as_mut(), &xids[own]));
         for i in inline {
-            deliver(i, call.on(rms[i].as_mut(), &xids[i]));
+            deliver(i, call_on(call, rms[i].as_mut(), &xids[i]));
         }
         let mut panicked = None;
         for (h, &i) in self.lent.iter().enumerate() {
@@ -207,7 +219,7 @@ impl Fanout {
                 }
                 // Unreachable while the helper loop catches panics; the connection is
                 // lost with the helper, and the slot keeps refusing every call.
-                Err(_) => deliver(i, call.lost()),
+                Err(_) => deliver(i, lost(call)),
             }
         }
         if let Some(payload) = panicked {
@@ -217,7 +229,13 @@ impl Fanout {
 
     /// Sends connection `i` to the next free helper, starting one if needed; false when no
     /// helper could take it (the caller then runs it itself).
-    fn lend(&mut self, rms: &mut [Box<dyn ResourceManager>], xids: &[Xid], i: usize, call: Call) -> bool {
+    fn lend(
+        &mut self,
+        rms: &mut [Box<dyn ResourceManager>],
+        xids: &[Xid],
+        i: usize,
+        call: BranchCall,
+    ) -> bool {
         let h = self.lent.len();
         if h == self.helpers.len() {
             match Helper::spawn() {
@@ -242,13 +260,12 @@ impl Fanout {
     }
 }
 
-impl Call {
-    fn lost(self) -> Answer {
-        let e = RmError::Protocol("the branch helper thread died holding the connection".into());
-        match self {
-            Call::Prepare => Answer::Vote(Err(e)),
-            Call::Start | Call::Commit => Answer::Ack(Err(e)),
-        }
+/// The answer for a connection whose helper died.
+fn lost(call: BranchCall) -> BranchAnswer {
+    let e = RmError::Protocol("the branch helper thread died holding the connection".into());
+    match call {
+        BranchCall::Prepare => BranchAnswer::Vote(Err(e)),
+        BranchCall::Start | BranchCall::Commit => BranchAnswer::Ack(Err(e)),
     }
 }
 
@@ -258,6 +275,8 @@ mod tests {
     use crate::dummy::{DummyConfig, DummyFactory};
     use crate::xid::Origin;
     use std::sync::{Arc, Barrier};
+
+    const HELPERS: Spread = Spread { split_phase: false, helpers: true };
 
     fn xid(seq: u64) -> Xid {
         Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: seq })
@@ -323,9 +342,10 @@ mod tests {
                 &mut rms,
                 &xids,
                 |_| true,
-                Call::Prepare,
+                BranchCall::Prepare,
+                HELPERS,
                 |i, a| {
-                    assert!(matches!(a, Answer::Vote(Ok(Vote::Commit))), "{a:?}");
+                    assert!(matches!(a, BranchAnswer::Vote(Ok(Vote::Commit))), "{a:?}");
                     seen.push(i);
                 },
             );
@@ -357,9 +377,10 @@ mod tests {
             &mut rms,
             &xids,
             |i| i != 1,
-            Call::Prepare,
+            BranchCall::Prepare,
+            HELPERS,
             |i, a| {
-                assert!(matches!(a, Answer::Vote(Ok(Vote::Commit))), "{a:?}");
+                assert!(matches!(a, BranchAnswer::Vote(Ok(Vote::Commit))), "{a:?}");
                 seen.push(i);
             },
         );
@@ -379,7 +400,7 @@ mod tests {
         let xids = [xid(1), xid(2)];
         let mut fanout = Fanout::default();
         let result = panic::catch_unwind(AssertUnwindSafe(|| {
-            fanout.run(&mut rms, &xids, |_| true, Call::Commit, |_, _| {});
+            fanout.run(&mut rms, &xids, |_| true, BranchCall::Commit, HELPERS, |_, _| {});
         }));
         let payload = result.expect_err("the helper's panic is resumed");
         assert_eq!(payload.downcast_ref::<&str>(), Some(&"commit panicked on purpose"));

@@ -56,7 +56,7 @@ pub mod xid;
 pub use dummy::{DummyConfig, DummyFactory, DummyRm};
 pub use embedded::LogDecisions;
 pub use error::{HeuristicReport, TmError};
-pub use rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
+pub use rm::{BranchAnswer, BranchCall, HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
 pub use session::{CommitKind, CommitReport, Session, Transaction};
 pub use store::{BranchRecord, Decision, DecisionStore, Outcome, StoreError};
 pub use tm::{BranchCalls, RecoveryReport, TmConfig, TransactionManager};

@@ -48,6 +48,48 @@ pub enum HeuristicOutcome {
     Mixed,
 }
 
+/// A call a session makes on several branches of one transaction at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchCall {
+    /// Starting a branch (XA xa_start).
+    Start,
+    /// Phase one.
+    Prepare,
+    /// Phase two of a prepared branch.
+    Commit,
+}
+
+/// A branch's answer to a [`BranchCall`].
+#[derive(Debug)]
+pub enum BranchAnswer {
+    /// The answer to [`BranchCall::Prepare`].
+    Vote(Result<Vote, RmError>),
+    /// The answer to [`BranchCall::Start`] and [`BranchCall::Commit`].
+    Ack(Result<(), RmError>),
+}
+
+impl BranchAnswer {
+    /// The vote; an acknowledgement where a vote was expected is a protocol error.
+    pub fn into_vote(self) -> Result<Vote, RmError> {
+        match self {
+            BranchAnswer::Vote(v) => v,
+            BranchAnswer::Ack(_) => {
+                Err(RmError::Protocol("a commit answer where a vote was expected".into()))
+            }
+        }
+    }
+
+    /// The acknowledgement; a vote where one was expected is a protocol error.
+    pub fn into_ack(self) -> Result<(), RmError> {
+        match self {
+            BranchAnswer::Ack(a) => a,
+            BranchAnswer::Vote(_) => {
+                Err(RmError::Protocol("a vote where a commit answer was expected".into()))
+            }
+        }
+    }
+}
+
 /// One connection to a resource that can take part in two-phase commit.
 pub trait ResourceManager: Send {
     /// A short name for reports and errors (from the configuration).
@@ -74,6 +116,19 @@ pub trait ResourceManager: Send {
     /// RMs, where each call waits for a round trip); in-memory RMs are faster in sequence.
     fn prefers_parallel(&self) -> bool {
         false
+    }
+    /// Split-phase calls, first half: sends `call`'s request and returns without waiting
+    /// for the answer, so that one thread keeps every branch's request in flight at once
+    /// (no helper threads, no hand-offs). Returns false, having sent nothing, when this RM
+    /// has no split-phase calls; after true the caller must take the answer with
+    /// [`ResourceManager::receive`] before any other call.
+    fn send(&mut self, _call: BranchCall, _xid: &Xid) -> bool {
+        false
+    }
+    /// Split-phase calls, second half: waits for the answer to the request
+    /// [`ResourceManager::send`] left in flight.
+    fn receive(&mut self) -> BranchAnswer {
+        BranchAnswer::Ack(Err(RmError::Protocol("receive without a request in flight".into())))
     }
 }
 

@@ -15,9 +15,9 @@
 
 use crate::cpu_spare;
 use crate::error::{HeuristicReport, TmError};
-use crate::fanout::{Call, Fanout};
+use crate::fanout::{Fanout, Spread};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
-use crate::rm::{ResourceManager, RmError, Vote};
+use crate::rm::{BranchCall, ResourceManager, RmError, Vote};
 use crate::store::{BranchRecord, Decision};
 use crate::tm::{BranchCalls, TransactionManager};
 use crate::xid::{Origin, Xid};
@@ -234,20 +234,20 @@ impl Session {
     }
 
     /// Enlists and starts every connection not enlisted yet, numbered in connection order.
-    /// The starts run at once on the helper threads under the same rule as prepare and
-    /// phase two (see [`Session::use_parallel`]), else one after another. When a start
+    /// The starts run at once under the same rule as prepare and phase two (see
+    /// [`Session::spread`]), else one after another. When a start
     /// fails, every branch that did start stays enlisted, so that a rollback reaches it, and
     /// the error names the first failure in connection order.
     pub(crate) fn enlist_all(&mut self) -> Result<(), TmError> {
         let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "enlist" }) };
         let waiting = |s: &Session, i: usize| s.branch_of[i] == NOT_ENLISTED;
         let candidates = (0..self.rms.len()).filter(|&i| waiting(self, i) && self.parallel[i]).count();
-        if candidates < 2 || !self.parallel_allowed() {
+        let Some(spread) = self.spread(candidates) else {
             for i in 0..self.rms.len() {
                 self.enlist(i)?;
             }
             return Ok(());
-        }
+        };
         let first = self.next_branch;
         let mut number = first;
         for i in 0..self.rms.len() {
@@ -262,8 +262,9 @@ impl Session {
             &mut self.rms,
             &self.branch_xids,
             |i| branch_of[i] == NOT_ENLISTED,
-            Call::Start,
-            |i, answer| acks[i] = answer.into_ack(),
+            BranchCall::Start,
+            spread,
+            |i, answer| acks[i] = Some(answer.into_ack()),
         );
         let mut first_error = None;
         let mut number = first;
@@ -372,16 +373,17 @@ impl Session {
 
     fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
         // Phase one.
-        let parallel = self.use_parallel();
-        if parallel {
+        let spread = self.spread_enlisted();
+        if let Some(spread) = spread {
             let (branch_of, votes) = (&self.branch_of, &mut self.votes);
             votes.iter_mut().for_each(|v| *v = None);
             self.fanout.run(
                 &mut self.rms,
                 &self.branch_xids,
                 |i| branch_of[i] != NOT_ENLISTED,
-                Call::Prepare,
-                |i, answer| votes[i] = answer.into_vote(),
+                BranchCall::Prepare,
+                spread,
+                |i, answer| votes[i] = Some(answer.into_vote()),
             );
         } else {
             for i in 0..self.rms.len() {
@@ -420,15 +422,16 @@ impl Session {
         }
         // Phase two on the branches that voted commit.
         let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
-        if parallel {
+        if let Some(spread) = spread {
             let (votes, acks) = (&self.votes, &mut self.acks);
             acks.iter_mut().for_each(|a| *a = None);
             self.fanout.run(
                 &mut self.rms,
                 &self.branch_xids,
                 |i| voted_commit(&votes[i]),
-                Call::Commit,
-                |i, answer| acks[i] = answer.into_ack(),
+                BranchCall::Commit,
+                spread,
+                |i, answer| acks[i] = Some(answer.into_ack()),
             );
         } else {
             for i in 0..self.rms.len() {
@@ -543,20 +546,24 @@ impl Session {
         self.branch_of.iter_mut().for_each(|b| *b = NOT_ENLISTED);
     }
 
-    /// Whether the enlisted branches' prepare and phase-two calls run at once: at least two
-    /// of them prefer it and the policy allows it.
-    fn use_parallel(&self) -> bool {
+    /// How the enlisted branches' prepare and phase-two calls run at once, or `None` for
+    /// one after another (see [`Session::spread`]).
+    fn spread_enlisted(&self) -> Option<Spread> {
         let candidates =
             self.branch_of.iter().zip(&self.parallel).filter(|(b, p)| **b != NOT_ENLISTED && **p).count();
-        candidates >= 2 && self.parallel_allowed()
+        self.spread(candidates)
     }
 
-    /// The session's [`BranchCalls`] policy, asked now.
-    fn parallel_allowed(&self) -> bool {
+    /// The session's [`BranchCalls`] policy for a round of calls on `candidates` branches
+    /// that prefer parallel calls, asked now: `None` runs the calls one after another.
+    fn spread(&self, candidates: usize) -> Option<Spread> {
+        if candidates < 2 {
+            return None;
+        }
         match self.tm.config().branch_calls {
-            BranchCalls::Parallel => true,
-            BranchCalls::Sequential => false,
-            BranchCalls::Auto => cpu_spare::cpu_to_spare(),
+            BranchCalls::Parallel => Some(Spread { split_phase: false, helpers: true }),
+            BranchCalls::Sequential => None,
+            BranchCalls::Auto => Some(Spread { split_phase: true, helpers: cpu_spare::cpu_to_spare() }),
         }
     }
 

@@ -50,11 +50,13 @@ pub struct TmConfig {
 /// managers prefer parallel calls (`ResourceManager::prefers_parallel`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BranchCalls {
-    /// In parallel while the machine has a CPU to spare, one after another when it is busy
-    /// (see `cpu_spare.rs` for the measurements behind it).
+    /// At once from the session's own thread where the resource managers have split-phase
+    /// calls (every request sent, then every answer taken: PostgreSQL); for the others in
+    /// parallel on helper threads while the machine has a CPU to spare and one after
+    /// another when it is busy (see `cpu_spare.rs` for the measurements behind it).
     #[default]
     Auto,
-    /// Always in parallel (helper threads).
+    /// Always in parallel on helper threads, split-phase calls unused.
     Parallel,
     /// Always one after another on the caller's thread.
     Sequential,

@@ -17,6 +17,7 @@ mod branch;
 pub mod config;
 pub mod detaching;
 pub mod mariadb;
+pub mod pg_client;
 pub mod postgres;
 pub mod shared;
 

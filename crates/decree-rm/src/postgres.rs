@@ -38,12 +38,13 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use ::postgres::config::Host;
-use ::postgres::{Client, Config, NoTls, SimpleQueryMessage};
-use decree_core::{ResourceManager, RmError, RmFactory, Vote, Xid};
+use decree_core::{BranchAnswer, BranchCall, ResourceManager, RmError, RmFactory, Vote, Xid};
 use parking_lot::MappedMutexGuard;
+use tokio_postgres::config::Host;
+use tokio_postgres::{Config, SimpleQueryMessage};
 
 use crate::branch::{sql_literal, BranchState};
+use crate::pg_client::{Client, Sent};
 use crate::shared::{BranchConnection, SharedHandle, SharedRm};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
@@ -128,7 +129,7 @@ pub fn classify_error(rm: &str, op: PgOp, sqlstate: Option<&str>, message: &str)
     }
 }
 
-fn map_error(rm: &str, op: PgOp, err: &::postgres::Error) -> RmError {
+fn map_error(rm: &str, op: PgOp, err: &tokio_postgres::Error) -> RmError {
     match err.as_db_error() {
         Some(db) => classify_error(rm, op, Some(db.code().code()), db.message()),
         None => classify_error(rm, op, None, &err.to_string()),
@@ -166,8 +167,7 @@ fn describe(config: &Config) -> String {
 }
 
 fn open_client(name: &str, address: &str, config: &Config) -> Result<Client, RmError> {
-    config
-        .connect(NoTls)
+    Client::connect(config)
         .map_err(|e| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}")))
 }
 
@@ -178,13 +178,39 @@ pub struct PgConnection {
     config: Config,
     client: Option<Client>,
     state: BranchState,
+    /// The split-phase call whose answer is still to be received.
+    in_flight: Option<InFlight>,
+}
+
+/// A split-phase call between `send` and `receive`.
+struct InFlight {
+    call: BranchCall,
+    xid: Xid,
+    request: Request,
+}
+
+/// What `send` did with a split-phase call.
+enum Request {
+    /// Refused before any statement (wrong branch state, no connection): the answer.
+    Refused(RmError),
+    /// The statement could not be sent: its failure, handled like an answer.
+    Failed(RmError),
+    /// The statement is on its way.
+    Sent(Sent),
 }
 
 impl PgConnection {
     fn connect_new(name: String, config: Config) -> Result<PgConnection, RmError> {
         let address = describe(&config);
         let client = open_client(&name, &address, &config)?;
-        Ok(PgConnection { name, address, config, client: Some(client), state: BranchState::Idle })
+        Ok(PgConnection {
+            name,
+            address,
+            config,
+            client: Some(client),
+            state: BranchState::Idle,
+            in_flight: None,
+        })
     }
 
     fn connected(&self) -> bool {
@@ -206,28 +232,160 @@ impl PgConnection {
     /// Runs `sql` with the simple query protocol (one round trip, several statements
     /// allowed). On an IO failure the connection is dropped so the next call reconnects.
     fn run(&mut self, op: PgOp, sql: &str) -> Result<Vec<SimpleQueryMessage>, RmError> {
-        let client = match self.client.as_mut() {
-            Some(c) if !c.is_closed() => c,
-            _ => {
+        self.settle_in_flight();
+        let client = self.live_client(op)?;
+        let answer = client.simple_query(sql);
+        self.answered(op, answer)
+    }
+
+    /// Sends `sql` like [`PgConnection::run`] without waiting for its answer.
+    fn send_statement(&mut self, op: PgOp, sql: String) -> Result<Sent, RmError> {
+        Ok(self.live_client(op)?.send(sql))
+    }
+
+    /// The answer to a statement [`PgConnection::send_statement`] sent.
+    fn receive_statement(&mut self, op: PgOp, sent: Sent) -> Result<Vec<SimpleQueryMessage>, RmError> {
+        let client = self.live_client(op)?;
+        let answer = client.receive(sent);
+        self.answered(op, answer)
+    }
+
+    /// The client, or an error when the connection is closed (it is then forgotten).
+    fn live_client(&mut self, op: PgOp) -> Result<&mut Client, RmError> {
+        if !self.connected() {
+            self.client = None;
+            return Err(RmError::Unavailable(format!(
+                "{}: {}: connection to {} is closed",
+                self.name,
+                op.as_str(),
+                self.address
+            )));
+        }
+        match self.client.as_mut() {
+            Some(client) => Ok(client),
+            None => Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address))),
+        }
+    }
+
+    /// Maps a statement's answer; after an IO failure the connection is dropped so the
+    /// next call reconnects.
+    fn answered(
+        &mut self,
+        op: PgOp,
+        answer: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    ) -> Result<Vec<SimpleQueryMessage>, RmError> {
+        answer.map_err(|e| {
+            let mapped = map_error(&self.name, op, &e);
+            if e.as_db_error().is_none() || !self.connected() {
                 self.client = None;
-                return Err(RmError::Unavailable(format!(
-                    "{}: {}: connection to {} is closed",
-                    self.name,
-                    op.as_str(),
-                    self.address
-                )));
             }
+            mapped
+        })
+    }
+
+    /// Takes the answer of a split-phase call nobody received (its caller failed between
+    /// the halves), so that the next statement's answer is its own.
+    fn settle_in_flight(&mut self) {
+        if self.in_flight.is_some() {
+            let answer = self.receive_in_flight();
+            tracing::debug!(rm = %self.name, ?answer, "settled a split-phase call nobody received");
+        }
+    }
+
+    /// Waits for the split-phase call's answer and finishes the call as its blocking form
+    /// would.
+    fn receive_in_flight(&mut self) -> BranchAnswer {
+        let Some(InFlight { call, xid, request }) = self.in_flight.take() else {
+            return BranchAnswer::Ack(Err(RmError::Protocol(format!(
+                "{}: receive without a split-phase call in flight",
+                self.name
+            ))));
         };
-        match client.simple_query(sql) {
-            Ok(messages) => Ok(messages),
-            Err(e) => {
-                let mapped = map_error(&self.name, op, &e);
-                if e.as_db_error().is_none() || client.is_closed() {
-                    self.client = None;
-                }
-                Err(mapped)
+        let op = match call {
+            BranchCall::Start => PgOp::Begin,
+            BranchCall::Prepare => PgOp::Prepare,
+            BranchCall::Commit => PgOp::CommitPrepared,
+        };
+        let result = match request {
+            Request::Refused(e) => return refused(call, e),
+            Request::Failed(e) => Err(e),
+            Request::Sent(sent) => self.receive_statement(op, sent),
+        };
+        match call {
+            BranchCall::Start => BranchAnswer::Ack(self.started(&xid, result)),
+            BranchCall::Prepare => BranchAnswer::Vote(self.prepared(&xid, result)),
+            BranchCall::Commit => {
+                // As `run_anywhere`: a connection found dead gets one retry on a new one.
+                let result = match result {
+                    Err(RmError::Unavailable(_)) if self.client.is_none() => match self.ensure_connected() {
+                        Ok(_) => self.run(PgOp::CommitPrepared, &commit_prepared_sql(&xid)),
+                        Err(e) => Err(e),
+                    },
+                    other => other,
+                };
+                BranchAnswer::Ack(self.committed_prepared(&xid, result))
             }
         }
+    }
+
+    /// Finishes `start` once `BEGIN` has answered.
+    fn started(
+        &mut self,
+        xid: &Xid,
+        result: Result<Vec<SimpleQueryMessage>, RmError>,
+    ) -> Result<(), RmError> {
+        result?;
+        self.state = BranchState::Active(*xid);
+        Ok(())
+    }
+
+    /// Finishes `prepare` once the prepare statement has answered.
+    fn prepared(
+        &mut self,
+        xid: &Xid,
+        result: Result<Vec<SimpleQueryMessage>, RmError>,
+    ) -> Result<Vote, RmError> {
+        let read_only = match result {
+            Ok(messages) => first_value_is_true(&messages),
+            Err(RmError::Unavailable(m)) => {
+                // The answer was lost: the branch may be prepared.
+                self.state = BranchState::InDoubt(*xid);
+                return Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")));
+            }
+            Err(e) => {
+                self.discard_open_transaction();
+                self.state = BranchState::Idle;
+                return Err(e);
+            }
+        };
+        // The prepared transaction is detached from this session now.
+        self.state = BranchState::Idle;
+        if read_only {
+            // Nothing was written: finish the empty prepared transaction at once and leave
+            // phase two. Should that fail, vote commit instead so that phase two (with its
+            // retries) finishes it like any other branch.
+            return match self.run_anywhere(PgOp::CommitPrepared, &commit_prepared_sql(xid)) {
+                Ok(_) => Ok(Vote::ReadOnly),
+                Err(e) => {
+                    tracing::debug!(rm = %self.name, %xid, "empty branch stays prepared: {e}");
+                    Ok(Vote::Commit)
+                }
+            };
+        }
+        Ok(Vote::Commit)
+    }
+
+    /// Finishes a two-phase `commit` once `COMMIT PREPARED` has answered.
+    fn committed_prepared(
+        &mut self,
+        xid: &Xid,
+        result: Result<Vec<SimpleQueryMessage>, RmError>,
+    ) -> Result<(), RmError> {
+        result?;
+        if self.state.xid() == Some(*xid) {
+            self.state = BranchState::Idle;
+        }
+        Ok(())
     }
 
     /// Runs a statement that names its branch (`COMMIT PREPARED`, `ROLLBACK PREPARED`) or
@@ -273,6 +431,25 @@ impl PgConnection {
     }
 }
 
+/// The prepare statement: the read-only check and `PREPARE TRANSACTION` in one round trip,
+/// the second skipped by the server when the first fails (an aborted transaction fails
+/// every statement but ROLLBACK).
+fn prepare_sql(xid: &Xid) -> String {
+    format!("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION {}", sql_literal(&xid.to_gid()))
+}
+
+fn commit_prepared_sql(xid: &Xid) -> String {
+    format!("COMMIT PREPARED {}", sql_literal(&xid.to_gid()))
+}
+
+/// A refused split-phase call as the answer its caller expects.
+fn refused(call: BranchCall, e: RmError) -> BranchAnswer {
+    match call {
+        BranchCall::Prepare => BranchAnswer::Vote(Err(e)),
+        BranchCall::Start | BranchCall::Commit => BranchAnswer::Ack(Err(e)),
+    }
+}
+
 /// True when the read-only check says no transaction id was assigned.
 fn first_value_is_true(messages: &[SimpleQueryMessage]) -> bool {
     messages.iter().any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t")))
@@ -311,9 +488,8 @@ impl BranchConnection for PgConnection {
     fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
         self.state.check_can_start(&self.name, xid)?;
         self.ensure_connected()?;
-        self.run(PgOp::Begin, "BEGIN")?;
-        self.state = BranchState::Active(*xid);
-        Ok(())
+        let result = self.run(PgOp::Begin, "BEGIN");
+        self.started(xid, result)
     }
 
     fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
@@ -324,39 +500,8 @@ impl BranchConnection for PgConnection {
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
         self.require_open_branch(xid, "prepare")?;
-        // One round trip: the check, then the prepare, which the server skips when the
-        // check fails (an aborted transaction fails every statement but ROLLBACK).
-        let gid = sql_literal(&xid.to_gid());
-        let sql = format!("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION {gid}");
-        let read_only = match self.run(PgOp::Prepare, &sql) {
-            Ok(messages) => first_value_is_true(&messages),
-            Err(RmError::Unavailable(m)) => {
-                // The answer was lost: the branch may be prepared.
-                self.state = BranchState::InDoubt(*xid);
-                return Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")));
-            }
-            Err(e) => {
-                self.discard_open_transaction();
-                self.state = BranchState::Idle;
-                return Err(e);
-            }
-        };
-        // The prepared transaction is detached from this session now.
-        self.state = BranchState::Idle;
-        if read_only {
-            // Nothing was written: finish the empty prepared transaction at once and leave
-            // phase two. Should that fail, vote commit instead so that phase two (with its
-            // retries) finishes it like any other branch.
-            let sql = format!("COMMIT PREPARED {gid}");
-            return match self.run_anywhere(PgOp::CommitPrepared, &sql) {
-                Ok(_) => Ok(Vote::ReadOnly),
-                Err(e) => {
-                    tracing::debug!(rm = %self.name, %xid, "empty branch stays prepared: {e}");
-                    Ok(Vote::Commit)
-                }
-            };
-        }
-        Ok(Vote::Commit)
+        let result = self.run(PgOp::Prepare, &prepare_sql(xid));
+        self.prepared(xid, result)
     }
 
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
@@ -376,12 +521,35 @@ impl BranchConnection for PgConnection {
             };
         }
         self.require_no_open_branch(xid, "COMMIT PREPARED")?;
-        let sql = format!("COMMIT PREPARED {}", sql_literal(&xid.to_gid()));
-        self.run_anywhere(PgOp::CommitPrepared, &sql)?;
-        if self.state.xid() == Some(*xid) {
-            self.state = BranchState::Idle;
+        let result = self.run_anywhere(PgOp::CommitPrepared, &commit_prepared_sql(xid));
+        self.committed_prepared(xid, result)
+    }
+
+    fn send(&mut self, call: BranchCall, xid: &Xid) -> bool {
+        self.settle_in_flight();
+        let request = match call {
+            BranchCall::Start => {
+                self.state.check_can_start(&self.name, xid).and_then(|()| self.ensure_connected().map(|_| ()))
+            }
+            BranchCall::Prepare => self.require_open_branch(xid, "prepare"),
+            BranchCall::Commit => self
+                .require_no_open_branch(xid, "COMMIT PREPARED")
+                .and_then(|()| self.ensure_connected().map(|_| ())),
         }
-        Ok(())
+        .map_or_else(Request::Refused, |_| {
+            let (op, sql) = match call {
+                BranchCall::Start => (PgOp::Begin, "BEGIN".to_string()),
+                BranchCall::Prepare => (PgOp::Prepare, prepare_sql(xid)),
+                BranchCall::Commit => (PgOp::CommitPrepared, commit_prepared_sql(xid)),
+            };
+            self.send_statement(op, sql).map_or_else(Request::Failed, Request::Sent)
+        });
+        self.in_flight = Some(InFlight { call, xid: *xid, request });
+        true
+    }
+
+    fn receive(&mut self) -> BranchAnswer {
+        self.receive_in_flight()
     }
 
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {

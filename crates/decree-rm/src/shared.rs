@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use decree_core::{ResourceManager, RmError, Vote, Xid};
+use decree_core::{BranchAnswer, BranchCall, ResourceManager, RmError, Vote, Xid};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use crate::branch::lock_connection;
@@ -42,6 +42,14 @@ pub trait BranchConnection: Send + 'static {
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError>;
     /// XA xa_recover, filtered to decree's Xids.
     fn recover(&mut self) -> Result<Vec<Xid>, RmError>;
+    /// Split-phase calls' first half ([`ResourceManager::send`]); none by default.
+    fn send(&mut self, _call: BranchCall, _xid: &Xid) -> bool {
+        false
+    }
+    /// Split-phase calls' second half ([`ResourceManager::receive`]).
+    fn receive(&mut self) -> BranchAnswer {
+        BranchAnswer::Ack(Err(RmError::Protocol("receive without a request in flight".into())))
+    }
 }
 
 /// One connection taking part in two-phase commit; see the database modules' aliases
@@ -143,6 +151,17 @@ impl<C: BranchConnection> ResourceManager for SharedRm<C> {
         // Neither PostgreSQL nor MariaDB completes a prepared branch on its own: nothing
         // heuristic to forget.
         Ok(())
+    }
+    fn send(&mut self, call: BranchCall, xid: &Xid) -> bool {
+        // A connection that cannot be locked sends nothing: the blocking call then reports
+        // why.
+        self.conn("send").is_ok_and(|mut c| c.send(call, xid))
+    }
+    fn receive(&mut self) -> BranchAnswer {
+        match self.conn("receive") {
+            Ok(mut c) => c.receive(),
+            Err(e) => BranchAnswer::Ack(Err(e)),
+        }
     }
     fn prefers_parallel(&self) -> bool {
         // Each call waits for a network round trip (and prepare/commit for a log flush),
