@@ -94,8 +94,9 @@ pub struct Args {
     /// `host=... dbname=...` for postgres, `mysql://user:password@host:port/db` for mariadb.
     #[arg(long)]
     pub dsn: Vec<String>,
-    /// With --rm postgres|mariadb: how decree calls the two branches at prepare and commit
-    /// (auto: in parallel while the machine has a CPU to spare, else one after another).
+    /// With --rm postgres|mariadb: how decree calls the two branches at start, prepare and
+    /// commit (auto: PostgreSQL's statements sent to both at once from the session's thread;
+    /// MariaDB's on helper threads while a CPU is spare, else one after another).
     #[arg(long, value_enum, default_value_t = BranchCallsChoice::Auto)]
     pub branch_calls: BranchCallsChoice,
 }
@@ -103,9 +104,10 @@ pub struct Args {
 /// The `--branch-calls` values (decree_core::BranchCalls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BranchCallsChoice {
-    /// In parallel while a CPU is idle enough, one after another when the machine is busy.
+    /// Split-phase where the RM has it (PostgreSQL); else helper threads while a CPU is
+    /// idle enough, one after another when the machine is busy.
     Auto,
-    /// Always in parallel (helper threads).
+    /// Always in parallel on helper threads.
     Parallel,
     /// Always one after another.
     Sequential,

@@ -1,16 +1,20 @@
-//! Helper threads that let one session drive several branches at the same time.
+//! How one session drives several branches at the same time.
 //!
-//! Network resource managers spend each prepare and phase-two commit waiting for a round
-//! trip (and a WAL flush on the database side), so a session with two such branches runs
-//! their calls at once. Spawning a thread per call costs more than the call itself when
-//! the machine is busy (stack mmap/munmap serialises on the process's address-space lock),
-//! so each session keeps its helpers for its whole life: the calling thread runs the first
-//! branch itself and hands each other one to a helper, then waits for their answers.
+//! Network resource managers spend each start, prepare and phase-two commit waiting for a
+//! round trip (and a WAL flush on the database side), so a session with two such branches
+//! runs their calls at once, in one of two ways. Resource managers with split-phase calls
+//! ([`ResourceManager::send`], PostgreSQL) get every request sent first and every answer
+//! taken after, from the session's own thread: no hand-off, no extra thread. The others go
+//! to helper threads: the calling thread runs the first branch itself and hands each other
+//! one to a helper, then waits for their answers. Spawning a thread per call costs more
+//! than the call itself when the machine is busy (stack mmap/munmap serialises on the
+//! process's address-space lock), so each session keeps its helpers for its whole life.
 //!
 //! A connection is lent to its helper by moving its `Box<dyn ResourceManager>` through a
 //! channel and back (the slot holds a zero-sized [`Lent`] stand-in meanwhile, which does
 //! not allocate), so no reference crosses threads and no `unsafe` is needed. Invariants:
-//! every lent connection is back in its slot when [`Fanout::run`] returns; a panic inside
+//! every lent connection is back in its slot, and every split-phase request sent has been
+//! received, when [`Fanout::run`] returns; a panic inside
 //! a resource manager is resumed on the calling thread after the connection is put back,
 //! as `std::thread::scope` would; when a helper cannot be started the branch runs on the
 //! calling thread instead. Helpers exit when the session drops its [`Fanout`].
@@ -325,6 +329,119 @@ mod tests {
         fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
             Ok(())
         }
+    }
+
+    /// Records the order of its calls in a log shared by all connections; split-phase when
+    /// `split` is set.
+    struct Recorder {
+        id: usize,
+        split: bool,
+        log: CallLog,
+        in_flight: bool,
+    }
+
+    impl Recorder {
+        fn note(&self, what: &str) {
+            self.log.lock().push(format!("{what} {}", self.id));
+        }
+    }
+
+    impl ResourceManager for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn open(&mut self) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn close(&mut self) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn start(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn end(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn prepare(&mut self, _xid: &Xid) -> Result<Vote, RmError> {
+            self.note("call");
+            Ok(Vote::Commit)
+        }
+        fn commit(&mut self, _xid: &Xid, _one_phase: bool) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn rollback(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
+            Ok(Vec::new())
+        }
+        fn forget(&mut self, _xid: &Xid) -> Result<(), RmError> {
+            Ok(())
+        }
+        fn send(&mut self, call: BranchCall, _xid: &Xid) -> bool {
+            if !self.split {
+                return false;
+            }
+            assert_eq!(call, BranchCall::Prepare);
+            assert!(!self.in_flight, "a second send before the first answer was taken");
+            self.in_flight = true;
+            self.note("send");
+            true
+        }
+        fn receive(&mut self) -> BranchAnswer {
+            assert!(self.in_flight, "receive without send");
+            self.in_flight = false;
+            self.note("receive");
+            BranchAnswer::Vote(Ok(Vote::ReadOnly))
+        }
+    }
+
+    /// The order of calls, shared by every [`Recorder`].
+    type CallLog = Arc<parking_lot::Mutex<Vec<String>>>;
+
+    fn recorders(split: &[bool]) -> (Vec<Box<dyn ResourceManager>>, CallLog) {
+        let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let rms = split
+            .iter()
+            .enumerate()
+            .map(|(id, &split)| {
+                Box::new(Recorder { id, split, log: log.clone(), in_flight: false })
+                    as Box<dyn ResourceManager>
+            })
+            .collect();
+        (rms, log)
+    }
+
+    #[test]
+    fn split_phase_requests_all_go_out_before_any_answer_is_awaited() {
+        let (mut rms, log) = recorders(&[true, false, true, true]);
+        let xids = [xid(1), xid(2), xid(3), xid(4)];
+        let mut fanout = Fanout::default();
+        let mut answers = vec![None; 4];
+        let spread = Spread { split_phase: true, helpers: false };
+        fanout.run(
+            &mut rms,
+            &xids,
+            |i| i != 3,
+            BranchCall::Prepare,
+            spread,
+            |i, a| {
+                answers[i] = Some(a.into_vote().expect("vote"));
+            },
+        );
+        assert_eq!(
+            *log.lock(),
+            ["send 0", "send 2", "call 1", "receive 0", "receive 2"],
+            "sends first, then the blocking call, then the answers; slot 3 was not selected"
+        );
+        assert_eq!(answers, [Some(Vote::ReadOnly), Some(Vote::Commit), Some(Vote::ReadOnly), None]);
+        assert!(fanout.helpers.is_empty(), "no helper thread without helpers allowed");
+
+        // Without split-phase calls every branch takes the blocking call.
+        log.lock().clear();
+        let spread = Spread { split_phase: false, helpers: false };
+        fanout.run(&mut rms, &xids, |_| true, BranchCall::Prepare, spread, |_, _| {});
+        assert_eq!(*log.lock(), ["call 0", "call 1", "call 2", "call 3"]);
     }
 
     #[test]

@@ -24,9 +24,9 @@ use std::task::Poll;
 use tokio::runtime::Runtime;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{
-    Config, Connection, Error, NoTls, Row, SimpleQueryMessage, Socket, Statement, ToStatement,
-};
+use tokio_postgres::{Connection, NoTls, Socket, ToStatement};
+
+pub use tokio_postgres::{Config, Error, Row, SimpleQueryMessage, Statement};
 
 /// Why a connection could not be opened.
 #[derive(Debug, thiserror::Error)]

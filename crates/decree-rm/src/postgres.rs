@@ -31,6 +31,15 @@
 //!   [`Xid::to_gid`]) are returned; the server bounds the list by
 //!   `max_prepared_transactions`.
 //!
+//! `start`, `prepare` and the two-phase `commit` also come split in two
+//! ([`ResourceManager::send`] and [`ResourceManager::receive`]): the statement above is sent
+//! and its answer taken later, so that a session keeps both databases working at once from
+//! its own thread. That is why the connection is a [`crate::pg_client::Client`] (blocking,
+//! over tokio-postgres, with the `postgres` crate's method names for the application)
+//! rather than a `postgres::Client`, which has no way to send without waiting. Each entry
+//! point first takes any answer left unreceived, so the branch state and the answers stay
+//! in step.
+//!
 //! The gid is [`Xid::to_gid`]: at most 200 bytes, hex only, so quoting cannot go wrong.
 //! A server with `max_prepared_transactions = 0` (the default) refuses every prepare; the
 //! error says how to fix it.
@@ -284,7 +293,8 @@ impl PgConnection {
     }
 
     /// Takes the answer of a split-phase call nobody received (its caller failed between
-    /// the halves), so that the next statement's answer is its own.
+    /// the halves) and finishes the call, so that the branch state is right and the next
+    /// statement's answer is its own. Every entry point calls it first.
     fn settle_in_flight(&mut self) {
         if self.in_flight.is_some() {
             let answer = self.receive_in_flight();
@@ -465,6 +475,7 @@ impl BranchConnection for PgConnection {
     /// Connects when needed; fails when the connection was lost while a branch was open,
     /// because the server has then rolled that work back.
     fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
+        self.settle_in_flight();
         let connected = self.connected();
         self.state.check_usable(connected, &self.name, &self.address)?;
         self.ensure_connected()
@@ -479,6 +490,7 @@ impl BranchConnection for PgConnection {
     }
 
     fn close(&mut self) -> Result<(), RmError> {
+        self.in_flight = None;
         // Dropping the client terminates the session; the server rolls back open work.
         self.client = None;
         self.state = BranchState::Idle;
@@ -486,6 +498,7 @@ impl BranchConnection for PgConnection {
     }
 
     fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.settle_in_flight();
         self.state.check_can_start(&self.name, xid)?;
         self.ensure_connected()?;
         let result = self.run(PgOp::Begin, "BEGIN");
@@ -493,18 +506,21 @@ impl BranchConnection for PgConnection {
     }
 
     fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.settle_in_flight();
         self.require_open_branch(xid, "end")?;
         self.state = BranchState::Ended(*xid);
         Ok(())
     }
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
+        self.settle_in_flight();
         self.require_open_branch(xid, "prepare")?;
         let result = self.run(PgOp::Prepare, &prepare_sql(xid));
         self.prepared(xid, result)
     }
 
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
+        self.settle_in_flight();
         if one_phase {
             self.require_open_branch(xid, "one-phase commit")?;
             let result = self.run(PgOp::CommitOnePhase, "SELECT 1; COMMIT");
@@ -553,6 +569,7 @@ impl BranchConnection for PgConnection {
     }
 
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
+        self.settle_in_flight();
         match self.state {
             BranchState::Active(x) | BranchState::Ended(x) if x == *xid => {
                 // A lost connection rolls the transaction back as well, so only a server
