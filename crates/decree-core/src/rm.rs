@@ -112,8 +112,9 @@ pub trait ResourceManager: Send {
     fn recover(&mut self) -> Result<Vec<Xid>, RmError>;
     /// Forgets a heuristically completed branch.
     fn forget(&mut self, xid: &Xid) -> Result<(), RmError>;
-    /// Whether prepare and commit gain from running on several threads at once (network
-    /// RMs, where each call waits for a round trip); in-memory RMs are faster in sequence.
+    /// Whether start, prepare and commit gain from overlapping with other branches' calls
+    /// (network RMs, where each call waits for a round trip): they then overlap through
+    /// split-phase calls or helper threads; in-memory RMs are faster in sequence.
     fn prefers_parallel(&self) -> bool {
         false
     }
