@@ -81,6 +81,15 @@ pub enum PgOp {
 }
 
 impl PgOp {
+    /// The statement a split-phase call sends.
+    fn of(call: BranchCall) -> PgOp {
+        match call {
+            BranchCall::Start => PgOp::Begin,
+            BranchCall::Prepare => PgOp::Prepare,
+            BranchCall::Commit => PgOp::CommitPrepared,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             PgOp::Connect => "connect",
@@ -292,6 +301,35 @@ impl PgConnection {
         })
     }
 
+    /// The first half of `start`, `prepare` and a two-phase `commit`, which are this plus
+    /// [`PgConnection::receive_in_flight`]: checks the branch state and the connection,
+    /// then sends the call's statement; the outcome waits in `in_flight`.
+    fn send_call(&mut self, call: BranchCall, xid: &Xid) {
+        self.settle_in_flight();
+        let checked = match call {
+            BranchCall::Start => {
+                self.state.check_can_start(&self.name, xid).and_then(|()| self.ensure_connected().map(drop))
+            }
+            BranchCall::Prepare => self.require_open_branch(xid, "prepare"),
+            // `COMMIT PREPARED` may run on any connection: reconnect if this one was lost.
+            BranchCall::Commit => self
+                .require_no_open_branch(xid, "COMMIT PREPARED")
+                .and_then(|()| self.ensure_connected().map(drop)),
+        };
+        let request = match checked {
+            Err(e) => Request::Refused(e),
+            Ok(()) => {
+                let sql = match call {
+                    BranchCall::Start => "BEGIN".to_string(),
+                    BranchCall::Prepare => prepare_sql(xid),
+                    BranchCall::Commit => commit_prepared_sql(xid),
+                };
+                self.send_statement(PgOp::of(call), sql).map_or_else(Request::Failed, Request::Sent)
+            }
+        };
+        self.in_flight = Some(InFlight { call, xid: *xid, request });
+    }
+
     /// Takes the answer of a split-phase call nobody received (its caller failed between
     /// the halves) and finishes the call, so that the branch state is right and the next
     /// statement's answer is its own. Every entry point calls it first.
@@ -311,15 +349,10 @@ impl PgConnection {
                 self.name
             ))));
         };
-        let op = match call {
-            BranchCall::Start => PgOp::Begin,
-            BranchCall::Prepare => PgOp::Prepare,
-            BranchCall::Commit => PgOp::CommitPrepared,
-        };
         let result = match request {
             Request::Refused(e) => return refused(call, e),
             Request::Failed(e) => Err(e),
-            Request::Sent(sent) => self.receive_statement(op, sent),
+            Request::Sent(sent) => self.receive_statement(PgOp::of(call), sent),
         };
         match call {
             BranchCall::Start => BranchAnswer::Ack(self.started(&xid, result)),
@@ -498,11 +531,8 @@ impl BranchConnection for PgConnection {
     }
 
     fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
-        self.settle_in_flight();
-        self.state.check_can_start(&self.name, xid)?;
-        self.ensure_connected()?;
-        let result = self.run(PgOp::Begin, "BEGIN");
-        self.started(xid, result)
+        self.send_call(BranchCall::Start, xid);
+        self.receive_in_flight().into_ack()
     }
 
     fn end(&mut self, xid: &Xid) -> Result<(), RmError> {
@@ -513,10 +543,8 @@ impl BranchConnection for PgConnection {
     }
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
-        self.settle_in_flight();
-        self.require_open_branch(xid, "prepare")?;
-        let result = self.run(PgOp::Prepare, &prepare_sql(xid));
-        self.prepared(xid, result)
+        self.send_call(BranchCall::Prepare, xid);
+        self.receive_in_flight().into_vote()
     }
 
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
@@ -536,31 +564,12 @@ impl BranchConnection for PgConnection {
                 }
             };
         }
-        self.require_no_open_branch(xid, "COMMIT PREPARED")?;
-        let result = self.run_anywhere(PgOp::CommitPrepared, &commit_prepared_sql(xid));
-        self.committed_prepared(xid, result)
+        self.send_call(BranchCall::Commit, xid);
+        self.receive_in_flight().into_ack()
     }
 
     fn send(&mut self, call: BranchCall, xid: &Xid) -> bool {
-        self.settle_in_flight();
-        let request = match call {
-            BranchCall::Start => {
-                self.state.check_can_start(&self.name, xid).and_then(|()| self.ensure_connected().map(|_| ()))
-            }
-            BranchCall::Prepare => self.require_open_branch(xid, "prepare"),
-            BranchCall::Commit => self
-                .require_no_open_branch(xid, "COMMIT PREPARED")
-                .and_then(|()| self.ensure_connected().map(|_| ())),
-        }
-        .map_or_else(Request::Refused, |_| {
-            let (op, sql) = match call {
-                BranchCall::Start => (PgOp::Begin, "BEGIN".to_string()),
-                BranchCall::Prepare => (PgOp::Prepare, prepare_sql(xid)),
-                BranchCall::Commit => (PgOp::CommitPrepared, commit_prepared_sql(xid)),
-            };
-            self.send_statement(op, sql).map_or_else(Request::Failed, Request::Sent)
-        });
-        self.in_flight = Some(InFlight { call, xid: *xid, request });
+        self.send_call(call, xid);
         true
     }
 
