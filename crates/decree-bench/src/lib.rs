@@ -22,6 +22,7 @@ pub mod chart;
 pub mod client;
 pub mod embedded;
 pub mod error;
+pub mod host_cpu;
 pub mod log_bench;
 pub mod log_use;
 pub mod rate;

@@ -163,6 +163,9 @@ fn all_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
         assert!(p.tps > 0.0 && p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
         // The kernel accounts CPU time in ticks: a short run may show none, never less.
         assert!(p.cpu_us_per_transfer.is_finite() && p.cpu_us_per_transfer >= 0.0, "{p:?}");
+        // The machine ran at least this process (and on Linux its counters are readable).
+        let host = p.host_cpu_us_per_transfer.expect("/proc/stat read on Linux");
+        assert!(host.is_finite() && host >= 0.0, "{p:?}");
         moved += p.transfers as i64;
     }
     assert_eq!(end.0 + end.1, start.0 + start.1, "the total over both databases is unchanged");

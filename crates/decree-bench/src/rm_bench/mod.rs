@@ -33,6 +33,7 @@
 mod mariadb;
 mod postgres;
 
+use crate::host_cpu::HostCpu;
 use crate::log_use::{LogUse, LogWrites};
 use crate::stats::Latencies;
 use crate::tx::{fresh_dir, panic_message, Stop, THREADS_MAX};
@@ -231,6 +232,12 @@ pub struct RmPoint {
     /// per transfer, in us: what atomicity costs the application's machine, apart from the
     /// databases' own work.
     pub cpu_us_per_transfer: f64,
+    /// Busy CPU time of the whole machine per transfer, in us: the databases' work too when
+    /// they run on this host, which then bounds tps (`None` without `/proc/stat`).
+    pub host_cpu_us_per_transfer: Option<f64>,
+    /// Share of the run's CPU time the hypervisor gave to other guests (steal), in percent
+    /// of the busy time: a high value marks a run slowed from outside the machine.
+    pub steal_pct: Option<f64>,
     /// 2PC only: synced writes of decree's log per transfer and their times.
     #[serde(flatten)]
     pub log_writes: Option<LogWrites>,
@@ -251,6 +258,8 @@ pub struct RmRatio {
     /// 2PC application CPU per transfer divided by the independent one (0 when the kernel
     /// accounted no CPU time to a run, which short runs can see).
     pub cpu_ratio: f64,
+    /// 2PC machine CPU per transfer divided by the independent one (0 when unknown).
+    pub host_cpu_ratio: f64,
 }
 
 /// One result, reported as soon as it is known.
@@ -409,11 +418,12 @@ pub fn run_all(
     }
     let mut points = Vec::new();
     for &threads in &spec.threads {
-        let (mut tps, mut cpu) = ([0.0; 3], [0.0; 3]);
+        let (mut tps, mut cpu, mut host_cpu) = ([0.0; 3], [0.0; 3], [0.0; 3]);
         for (slot, mode) in [RmMode::Independent, RmMode::Native, RmMode::TwoPhase].into_iter().enumerate() {
             progress.set_message(format!("{} {} threads={threads}", spec.kind.name(), mode.name()));
             let point = run_one(spec, dbs, mode, threads, progress)?;
             (tps[slot], cpu[slot]) = (point.tps, point.cpu_us_per_transfer);
+            host_cpu[slot] = point.host_cpu_us_per_transfer.unwrap_or(0.0);
             report(RmStep::Measured(point.clone()));
             points.push(point);
         }
@@ -422,6 +432,7 @@ pub fn run_all(
             threads,
             ratio: over(tps[2], tps[0]),
             cpu_ratio: over(cpu[2], cpu[0]),
+            host_cpu_ratio: over(host_cpu[2], host_cpu[0]),
             native_ratio: over(tps[1], tps[0]),
             of_native: over(tps[2], tps[1]),
         }));
@@ -439,6 +450,7 @@ fn run_one(
 ) -> Result<RmPoint, BenchError> {
     let before = (dbs[0].total()?, dbs[1].total()?);
     let cpu_before = process_cpu();
+    let host_before = HostCpu::now();
     let mut log_use = None;
     let (out, elapsed) = match mode {
         RmMode::Independent => run_threads(threads, |index, start, failed| {
@@ -458,6 +470,7 @@ fn run_one(
         }
     };
     let cpu = process_cpu().saturating_sub(cpu_before);
+    let host = host_before.zip(HostCpu::now()).map(|(before, now)| now.since(&before));
     let after = (dbs[0].total()?, dbs[1].total()?);
     check_totals(mode, threads, before, after, out.transfers)?;
     check_nothing_prepared(dbs, spec.node, mode, threads)?;
@@ -478,6 +491,12 @@ fn run_one(
         } else {
             0.0
         },
+        host_cpu_us_per_transfer: host
+            .filter(|_| out.transfers > 0)
+            .map(|h| h.busy.as_secs_f64() * 1e6 / out.transfers as f64),
+        steal_pct: host
+            .filter(|h| !h.busy.is_zero())
+            .map(|h| h.steal.as_secs_f64() * 100.0 / h.busy.as_secs_f64()),
         log_writes: log_use.and_then(|used| used.per_commit(out.transfers)),
     })
 }
@@ -782,7 +801,7 @@ fn two_phase_loop(
 /// The table's header line.
 pub fn table_header() -> String {
     format!(
-        "{:>7} {:<12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12}\n{}",
+        "{:>7} {:<12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>12} {:>12} {:>12} {:>13} {:>6}\n{}",
         "threads",
         "mode",
         "transfers",
@@ -793,15 +812,18 @@ pub fn table_header() -> String {
         "xfer_p50_us",
         "xfer_p99_us",
         "cpu_us/xfer",
-        "-".repeat(110)
+        "host_us/xfer",
+        "steal%",
+        "-".repeat(131)
     )
 }
 
 /// One table row (commit latency percentiles, then the whole transfer's), followed for a
 /// 2PC run by what its decisions cost the disk.
 pub fn table_row(p: &RmPoint) -> String {
+    let unknown = || "-".to_string();
     let mut row = format!(
-        "{:>7} {:<12} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
+        "{:>7} {:<12} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>12.1} {:>13} {:>6}",
         p.threads,
         p.mode,
         p.transfers,
@@ -811,7 +833,9 @@ pub fn table_row(p: &RmPoint) -> String {
         p.p99_us,
         p.transfer_p50_us,
         p.transfer_p99_us,
-        p.cpu_us_per_transfer
+        p.cpu_us_per_transfer,
+        p.host_cpu_us_per_transfer.map_or_else(unknown, |us| format!("{us:.1}")),
+        p.steal_pct.map_or_else(unknown, |pct| format!("{pct:.1}")),
     );
     if let Some(writes) = &p.log_writes {
         let _ = write!(row, "\n{:>7} {:<12} {}", "", "  log", writes.describe("transfer"));
@@ -823,8 +847,17 @@ pub fn table_row(p: &RmPoint) -> String {
 pub fn ratio_line(r: &RmRatio) -> String {
     format!(
         "{:>7} {:<12} native-2pc/independent tps = {:.2}x: the databases' own price, the ceiling\n\
-         {:>7} {:<12} 2pc/independent tps = {:.2}x ({:.2} of the native ceiling), application CPU per transfer = {:.2}x",
-        r.threads, "ceiling", r.native_ratio, r.threads, "ratio", r.ratio, r.of_native, r.cpu_ratio
+         {:>7} {:<12} 2pc/independent tps = {:.2}x ({:.2} of the native ceiling), CPU per transfer = {:.2}x \
+         (application) {:.2}x (machine)",
+        r.threads,
+        "ceiling",
+        r.native_ratio,
+        r.threads,
+        "ratio",
+        r.ratio,
+        r.of_native,
+        r.cpu_ratio,
+        r.host_cpu_ratio
     )
 }
 
@@ -914,6 +947,8 @@ mod tests {
             transfer_p50_us: 4.0,
             transfer_p99_us: 5.0,
             cpu_us_per_transfer: 6.0,
+            host_cpu_us_per_transfer: Some(12.5),
+            steal_pct: None,
             log_writes: Some(LogWrites {
                 log_writes_per_commit: 0.75,
                 log_write_p50_us: Some(180),
@@ -922,6 +957,12 @@ mod tests {
         };
         let v: serde_json::Value = serde_json::from_str(&point_json(&p)).expect("valid JSON");
         assert_eq!(v["log_writes_per_commit"].as_f64(), Some(0.75));
+        assert_eq!(v["host_cpu_us_per_transfer"].as_f64(), Some(12.5));
+        assert!(v["steal_pct"].is_null(), "unknown steal is null: {v}");
+        assert!(
+            table_row(&p).lines().next().is_some_and(|l| l.ends_with("6.0          12.5      -")),
+            "{p:?}"
+        );
         assert!(table_row(&p)
             .ends_with("0.75 synced log writes per transfer, each p50 180 / p95 320 us under this load"));
         let independent = RmPoint { mode: RmMode::Independent.name(), log_writes: None, ..p.clone() };
@@ -934,14 +975,25 @@ mod tests {
             assert!(v.get(key).is_some(), "{key} missing in {v}");
         }
         assert_eq!(v["mode"], "2pc");
-        let ratio = RmRatio { threads: 4, ratio: 0.5, cpu_ratio: 2.25, native_ratio: 0.625, of_native: 0.8 };
+        let ratio = RmRatio {
+            threads: 4,
+            ratio: 0.5,
+            cpu_ratio: 2.25,
+            native_ratio: 0.625,
+            of_native: 0.8,
+            host_cpu_ratio: 1.5,
+        };
         let r: serde_json::Value = serde_json::from_str(&ratio_json(&ratio)).expect("valid JSON");
         assert_eq!((r["ratio"].as_f64(), r["cpu_ratio"].as_f64()), (Some(0.5), Some(2.25)));
         assert_eq!((r["native_ratio"].as_f64(), r["of_native"].as_f64()), (Some(0.625), Some(0.8)));
+        assert_eq!(r["host_cpu_ratio"].as_f64(), Some(1.5));
         let line = ratio_line(&ratio);
         assert!(line.contains("native-2pc/independent tps = 0.62x"), "{line}");
         assert!(
-            line.ends_with("tps = 0.50x (0.80 of the native ceiling), application CPU per transfer = 2.25x")
+            line.ends_with(
+                "tps = 0.50x (0.80 of the native ceiling), CPU per transfer = 2.25x (application) 1.50x (machine)"
+            ),
+            "{line}"
         );
     }
 }
