@@ -68,6 +68,7 @@ fn spec(kind: DbKind, dsn_a: &str, dsn_b: &str, table: &str, threads: Vec<usize>
         seed: 7,
         node: rm_bench::node_id(),
         branch_calls: BranchCalls::Parallel,
+        rounds: 1,
     }
 }
 
@@ -130,7 +131,7 @@ fn all_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     let Some((dsn_a, dsn_b)) = dsns(kind) else { return };
     let table = unique_table("t");
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = spec(kind, &dsn_a, &dsn_b, &table, vec![1, 2], dir.path());
+    let spec = RmBenchSpec { rounds: 2, ..spec(kind, &dsn_a, &dsn_b, &table, vec![1, 2], dir.path()) };
     // Setup is idempotent: running it first and again inside run_all changes nothing.
     rm_bench::setup(kind, Side::A, &dsn_a, &table, spec.accounts).expect("setup A");
     rm_bench::setup(kind, Side::B, &dsn_b, &table, spec.accounts).expect("setup B");
@@ -148,16 +149,13 @@ fn all_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     let points = outcome.expect("the benchmark runs and its checks pass");
     let end = (end.0.expect("A after"), end.1.expect("B after"));
 
-    assert_eq!(points.len(), 6, "three modes per thread count: {points:?}");
+    assert_eq!(points.len(), 12, "three modes per round, two rounds per thread count: {points:?}");
     let mut moved = 0;
-    for (p, (threads, mode)) in points.iter().zip([
-        (1, "independent"),
-        (1, "native-2pc"),
-        (1, "2pc"),
-        (2, "independent"),
-        (2, "native-2pc"),
-        (2, "2pc"),
-    ]) {
+    // The second round of each thread count starts one mode further.
+    let round_one = ["independent", "native-2pc", "2pc"];
+    let round_two = ["native-2pc", "2pc", "independent"];
+    let expected = [1, 2].into_iter().flat_map(|t| round_one.iter().chain(&round_two).map(move |&m| (t, m)));
+    for (p, (threads, mode)) in points.iter().zip(expected) {
         assert_eq!((p.threads, p.mode), (threads, mode));
         assert_eq!(p.transfers, TRANSFERS_PER_THREAD * threads as u64, "{p:?}");
         assert!(p.tps > 0.0 && p.p50_us > 0.0 && p.p99_us >= p.p50_us, "{p:?}");
@@ -172,7 +170,20 @@ fn all_modes_transfer_and_nothing_is_left_prepared(kind: DbKind) {
     assert_eq!((end.0, end.1), (start.0 - moved, start.1 + moved), "one unit moved per transfer");
     let ratios: Vec<_> =
         steps.iter().filter_map(|s| if let RmStep::Ratio(r) = s { Some(r.clone()) } else { None }).collect();
-    assert_eq!(ratios.iter().map(|r| r.threads).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(
+        ratios.iter().map(|r| (r.threads, r.round)).collect::<Vec<_>>(),
+        vec![(1, 1), (1, 2), (2, 1), (2, 2)]
+    );
+    let summaries: Vec<_> = steps
+        .iter()
+        .filter_map(|s| if let RmStep::Summary(x) = s { Some(x.clone()) } else { None })
+        .collect();
+    assert_eq!(summaries.iter().map(|x| (x.threads, x.rounds)).collect::<Vec<_>>(), vec![(1, 2), (2, 2)]);
+    for (x, pair) in summaries.iter().zip(ratios.chunks(2)) {
+        let (low, high) = (pair[0].ratio.min(pair[1].ratio), pair[0].ratio.max(pair[1].ratio));
+        assert_eq!((x.ratio_min, x.ratio_max), (low, high), "{x:?}");
+        assert!((x.ratio_median - (low + high) / 2.0).abs() < 1e-9, "{x:?}");
+    }
     for r in &ratios {
         assert!(r.ratio > 0.0 && r.native_ratio > 0.0, "{r:?}");
         assert!((r.of_native - r.ratio / r.native_ratio).abs() < 1e-9, "{r:?}");
@@ -292,6 +303,7 @@ fn an_unreachable_database_is_an_error_not_a_hang() {
             seed: 1,
             node: rm_bench::node_id(),
             branch_calls: BranchCalls::Auto,
+            rounds: 1,
         };
         let err =
             rm_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).expect_err("nothing listens on port 1");

@@ -99,6 +99,11 @@ pub struct Args {
     /// MariaDB's on helper threads while a CPU is spare, else one after another).
     #[arg(long, value_enum, default_value_t = BranchCallsChoice::Auto)]
     pub branch_calls: BranchCallsChoice,
+    /// With --rm postgres|mariadb: repeat the three runs this many times per thread count,
+    /// each round starting with the next mode, and print the median and range of the
+    /// rounds' ratios (a noisy machine drifts less between runs close in time).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
 }
 
 /// The `--branch-calls` values (decree_core::BranchCalls).
@@ -198,6 +203,9 @@ impl Args {
         if self.rate.is_some() || self.chart.is_some() {
             return Err(format!("--rate and --chart are not supported with {rm}"));
         }
+        if self.rounds == 0 || self.rounds > rm_bench::ROUNDS_MAX {
+            return Err(format!("--rounds {}: expected 1 to {}", self.rounds, rm_bench::ROUNDS_MAX));
+        }
         let [engine] = self.engine[..] else {
             return Err(format!("{rm} takes one --engine"));
         };
@@ -222,6 +230,7 @@ impl Args {
             seed: self.seed,
             node: rm_bench::node_id(),
             branch_calls: self.branch_calls.policy(),
+            rounds: self.rounds,
         })
     }
 }
@@ -254,6 +263,8 @@ fn run_rm(args: Args) -> CliResult {
             (RmStep::Measured(p), Format::Json) => println!("{}", rm_bench::point_json(&p)),
             (RmStep::Ratio(r), Format::Table) => println!("{}", rm_bench::ratio_line(&r)),
             (RmStep::Ratio(r), Format::Json) => println!("{}", rm_bench::ratio_json(&r)),
+            (RmStep::Summary(s), Format::Table) => println!("{}", rm_bench::summary_line(&s)),
+            (RmStep::Summary(s), Format::Json) => println!("{}", rm_bench::summary_json(&s)),
         })
     });
     progress.finish_and_clear();
@@ -276,6 +287,9 @@ pub fn run(args: Args) -> CliResult {
         return Err(
             "--branch-calls needs --rm postgres or --rm mariadb (the dummy RMs answer at once)".into()
         );
+    }
+    if args.rounds != 1 {
+        return Err("--rounds needs --rm postgres or --rm mariadb".into());
     }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
@@ -509,6 +523,14 @@ mod tests {
             assert_eq!(parse(&line).rm_spec(PathBuf::new()).expect("valid").branch_calls, policy);
         }
         assert!(Cli::try_parse_from("decree bench --branch-calls sometimes".split_whitespace()).is_err());
+        assert_eq!(spec.rounds, 1, "one round unless asked");
+        let line = "decree bench --rm postgres --dsn a --dsn b --rounds 5";
+        assert_eq!(parse(line).rm_spec(PathBuf::new()).expect("valid").rounds, 5);
+        for rounds in ["0", "101"] {
+            let line = format!("decree bench --rm postgres --dsn a --dsn b --rounds {rounds}");
+            let err = parse(&line).rm_spec(PathBuf::new()).expect_err("out of range");
+            assert!(err.contains("--rounds"), "{err}");
+        }
     }
 
     #[test]

@@ -77,6 +77,9 @@ fn bad_options_fail_clearly() {
     let (ok, _, stderr) = decree(&["bench", "--branch-calls", "sequential"], dir.path());
     assert!(!ok);
     assert!(stderr.contains("--branch-calls needs --rm"), "{stderr}");
+    let (ok, _, stderr) = decree(&["bench", "--rounds", "3"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("--rounds needs --rm"), "{stderr}");
 }
 
 /// The one run of `decree bench --format json` with `extra`; its same-run disk floor,

@@ -17,7 +17,11 @@
 //!   the RM handles, commit = prepare both, durable decision, commit both prepared branches.
 //!
 //! The ratio of the 2PC and independent throughputs is the cost of atomicity; the native
-//! run splits it into the databases' share and decree's. Nothing asserts on them.
+//! run splits it into the databases' share and decree's. Nothing asserts on them. With
+//! `rounds` > 1 the three runs are repeated, each round starting with the next mode (so no
+//! mode always runs first or last), and a summary gives the median and range of the rounds'
+//! ratios: on a shared or virtual machine the speed drifts by tens of percent within a
+//! minute, and runs that follow each other closely see the same drift.
 //! Invariants checked after every run (an error, never a silent pass): every transfer
 //! updated exactly one row in each database, the total over both databases is unchanged,
 //! B gained exactly the number of transfers counted, every 2PC commit took the two-phase
@@ -61,6 +65,8 @@ pub const ACCOUNTS_MAX: u32 = 1_000_000;
 pub const TABLE_BYTES_MAX: usize = 63;
 /// Balance of every account created by setup (far from overflow and from zero).
 pub const BALANCE_START: i64 = 1_000_000_000;
+/// Most rounds of the three runs per thread count.
+pub const ROUNDS_MAX: usize = 100;
 /// Prepared branches listed in full in the leftover error; the rest are counted.
 const LEFTOVER_LISTED_MAX: usize = 10;
 /// How long to wait for background phase-two work after a 2PC run.
@@ -181,6 +187,8 @@ pub struct RmBenchSpec {
     pub node: u32,
     /// How the coordinator calls the two branches at prepare and commit.
     pub branch_calls: BranchCalls,
+    /// Rounds of the three runs per thread count (1 to [`ROUNDS_MAX`]).
+    pub rounds: usize,
 }
 
 /// How the two updates of a transfer are committed.
@@ -248,6 +256,8 @@ pub struct RmPoint {
 pub struct RmRatio {
     /// Threads of both runs.
     pub threads: usize,
+    /// Which round of the thread count this is (1-based).
+    pub round: usize,
     /// 2PC tps divided by independent tps (1.0 = atomicity is free).
     pub ratio: f64,
     /// Native two-phase tps divided by independent tps: the databases' own price of
@@ -262,13 +272,64 @@ pub struct RmRatio {
     pub host_cpu_ratio: f64,
 }
 
+/// The rounds of one thread count taken together (one JSON line, `rounds` > 1 only).
+#[derive(Debug, Clone, Serialize)]
+pub struct RmSummary {
+    /// Threads of the runs.
+    pub threads: usize,
+    /// Rounds summarised.
+    pub rounds: usize,
+    /// Median of the rounds' 2PC/independent tps ratios.
+    pub ratio_median: f64,
+    /// Lowest round's ratio.
+    pub ratio_min: f64,
+    /// Highest round's ratio.
+    pub ratio_max: f64,
+    /// Median of the rounds' native-2pc/independent ratios (the ceiling).
+    pub native_ratio_median: f64,
+    /// Median of the rounds' 2PC/native-2pc ratios (the share of the ceiling reached).
+    pub of_native_median: f64,
+    /// Median of the rounds' machine CPU ratios (0 when unknown).
+    pub host_cpu_ratio_median: f64,
+}
+
+impl RmSummary {
+    /// Summarises the ratios of one thread count's rounds; `None` without any.
+    pub fn of(ratios: &[RmRatio]) -> Option<RmSummary> {
+        let first = ratios.first()?;
+        let median = |get: fn(&RmRatio) -> f64| {
+            let mut values: Vec<f64> = ratios.iter().map(get).collect();
+            values.sort_by(f64::total_cmp);
+            let mid = values.len() / 2;
+            if values.len() % 2 == 1 {
+                values[mid]
+            } else {
+                (values[mid - 1] + values[mid]) / 2.0
+            }
+        };
+        let ratio = ratios.iter().map(|r| r.ratio);
+        Some(RmSummary {
+            threads: first.threads,
+            rounds: ratios.len(),
+            ratio_median: median(|r| r.ratio),
+            ratio_min: ratio.clone().fold(f64::INFINITY, f64::min),
+            ratio_max: ratio.fold(f64::NEG_INFINITY, f64::max),
+            native_ratio_median: median(|r| r.native_ratio),
+            of_native_median: median(|r| r.of_native),
+            host_cpu_ratio_median: median(|r| r.host_cpu_ratio),
+        })
+    }
+}
+
 /// One result, reported as soon as it is known.
 #[derive(Debug, Clone)]
 pub enum RmStep {
     /// A run finished.
     Measured(RmPoint),
-    /// Both runs of a thread count finished.
+    /// The three runs of a round finished.
     Ratio(RmRatio),
+    /// Every round of a thread count finished (`rounds` > 1).
+    Summary(RmSummary),
 }
 
 /// One database of the pair, as the runner sees it; one implementation per kind. Every
@@ -362,6 +423,9 @@ pub fn check(spec: &RmBenchSpec) -> Result<(), BenchError> {
     if let Some(t) = spec.threads.iter().find(|&&t| t == 0 || t > THREADS_MAX) {
         return Err(BenchError::Option(format!("--threads {t}: expected 1 to {THREADS_MAX}")));
     }
+    if spec.rounds == 0 || spec.rounds > ROUNDS_MAX {
+        return Err(BenchError::Option(format!("--rounds {}: expected 1 to {ROUNDS_MAX}", spec.rounds)));
+    }
     if spec.dsn_a.trim().is_empty() || spec.dsn_b.trim().is_empty() {
         return Err(BenchError::Option("--dsn: both DSNs must be non-empty".into()));
     }
@@ -417,27 +481,56 @@ pub fn run_all(
         db.setup(spec.accounts)?;
     }
     let mut points = Vec::new();
+    let modes = [RmMode::Independent, RmMode::Native, RmMode::TwoPhase];
     for &threads in &spec.threads {
-        let (mut tps, mut cpu, mut host_cpu) = ([0.0; 3], [0.0; 3], [0.0; 3]);
-        for (slot, mode) in [RmMode::Independent, RmMode::Native, RmMode::TwoPhase].into_iter().enumerate() {
-            progress.set_message(format!("{} {} threads={threads}", spec.kind.name(), mode.name()));
-            let point = run_one(spec, dbs, mode, threads, progress)?;
-            (tps[slot], cpu[slot]) = (point.tps, point.cpu_us_per_transfer);
-            host_cpu[slot] = point.host_cpu_us_per_transfer.unwrap_or(0.0);
-            report(RmStep::Measured(point.clone()));
-            points.push(point);
+        let mut ratios = Vec::with_capacity(spec.rounds);
+        for round in 0..spec.rounds {
+            let (mut tps, mut cpu, mut host_cpu) = ([0.0; 3], [0.0; 3], [0.0; 3]);
+            for slot in round_order(round) {
+                let mode = modes[slot];
+                let counter = if spec.rounds > 1 {
+                    format!(" round {}/{}", round + 1, spec.rounds)
+                } else {
+                    String::new()
+                };
+                progress.set_message(format!(
+                    "{} {} threads={threads}{counter}",
+                    spec.kind.name(),
+                    mode.name()
+                ));
+                let point = run_one(spec, dbs, mode, threads, progress)?;
+                (tps[slot], cpu[slot]) = (point.tps, point.cpu_us_per_transfer);
+                host_cpu[slot] = point.host_cpu_us_per_transfer.unwrap_or(0.0);
+                report(RmStep::Measured(point.clone()));
+                points.push(point);
+            }
+            let over = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+            let ratio = RmRatio {
+                threads,
+                round: round + 1,
+                ratio: over(tps[2], tps[0]),
+                cpu_ratio: over(cpu[2], cpu[0]),
+                host_cpu_ratio: over(host_cpu[2], host_cpu[0]),
+                native_ratio: over(tps[1], tps[0]),
+                of_native: over(tps[2], tps[1]),
+            };
+            report(RmStep::Ratio(ratio.clone()));
+            ratios.push(ratio);
         }
-        let over = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-        report(RmStep::Ratio(RmRatio {
-            threads,
-            ratio: over(tps[2], tps[0]),
-            cpu_ratio: over(cpu[2], cpu[0]),
-            host_cpu_ratio: over(host_cpu[2], host_cpu[0]),
-            native_ratio: over(tps[1], tps[0]),
-            of_native: over(tps[2], tps[1]),
-        }));
+        if spec.rounds > 1 {
+            if let Some(summary) = RmSummary::of(&ratios) {
+                report(RmStep::Summary(summary));
+            }
+        }
     }
     Ok(points)
+}
+
+/// The order of the three modes (independent, native, 2PC) in round `round`: each round
+/// starts one mode further, so that every mode takes each place equally often.
+pub fn round_order(round: usize) -> [usize; 3] {
+    let first = round % 3;
+    [first, (first + 1) % 3, (first + 2) % 3]
 }
 
 /// One run of one mode at one thread count, with the invariants checked after it.
@@ -861,6 +954,28 @@ pub fn ratio_line(r: &RmRatio) -> String {
     )
 }
 
+/// The summary line under a thread count's rounds.
+pub fn summary_line(s: &RmSummary) -> String {
+    format!(
+        "{:>7} {:<12} 2pc/independent tps over {} rounds: median {:.2}x (lowest {:.2}x, highest {:.2}x); \
+         medians: native ceiling {:.2}x, {:.2} of it, machine CPU per transfer {:.2}x",
+        s.threads,
+        "median",
+        s.rounds,
+        s.ratio_median,
+        s.ratio_min,
+        s.ratio_max,
+        s.native_ratio_median,
+        s.of_native_median,
+        s.host_cpu_ratio_median
+    )
+}
+
+/// One JSON line for a summary.
+pub fn summary_json(s: &RmSummary) -> String {
+    serde_json::to_string(s).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
 /// One JSON line for a run.
 pub fn point_json(p: &RmPoint) -> String {
     serde_json::to_string(p).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
@@ -890,6 +1005,7 @@ mod tests {
             seed: 1,
             node: node_id(),
             branch_calls: BranchCalls::Auto,
+            rounds: 1,
         }
     }
 
@@ -904,6 +1020,8 @@ mod tests {
             RmBenchSpec { threads: vec![0], ..spec() },
             RmBenchSpec { stop: Stop::Cycles(0), ..spec() },
             RmBenchSpec { dsn_b: " ".into(), ..spec() },
+            RmBenchSpec { rounds: 0, ..spec() },
+            RmBenchSpec { rounds: ROUNDS_MAX + 1, ..spec() },
             RmBenchSpec { kind: DbKind::MariaDb, table: "a-b".into(), ..spec() },
         ];
         for s in bad {
@@ -931,6 +1049,38 @@ mod tests {
         assert!(check_totals(RmMode::TwoPhase, 1, (100, 50), (90, 60), 10).is_ok());
         assert!(check_totals(RmMode::TwoPhase, 1, (100, 50), (90, 59), 10).is_err(), "lost a credit");
         assert!(check_totals(RmMode::Independent, 1, (100, 50), (91, 59), 10).is_err(), "miscounted");
+    }
+
+    #[test]
+    fn rounds_rotate_the_modes_and_summarise_to_medians() {
+        let orders: Vec<[usize; 3]> = (0..4).map(round_order).collect();
+        assert_eq!(orders, vec![[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]);
+        for place in 0..3 {
+            let firsts: Vec<usize> = (0..3).map(|r| round_order(r)[place]).collect();
+            assert_eq!(firsts.iter().copied().collect::<std::collections::BTreeSet<_>>().len(), 3);
+        }
+        let round = |n: usize, ratio: f64, native: f64| RmRatio {
+            threads: 16,
+            round: n,
+            ratio,
+            native_ratio: native,
+            of_native: ratio / native,
+            cpu_ratio: 2.0,
+            host_cpu_ratio: 1.0 / ratio,
+        };
+        assert!(RmSummary::of(&[]).is_none());
+        let odd =
+            RmSummary::of(&[round(1, 0.40, 0.6), round(2, 0.55, 0.7), round(3, 0.50, 0.5)]).expect("some");
+        assert_eq!((odd.threads, odd.rounds), (16, 3));
+        assert_eq!((odd.ratio_median, odd.ratio_min, odd.ratio_max), (0.50, 0.40, 0.55));
+        assert_eq!(odd.native_ratio_median, 0.6);
+        assert_eq!(odd.host_cpu_ratio_median, 1.0 / 0.50);
+        let even = RmSummary::of(&[round(1, 0.40, 0.6), round(2, 0.60, 0.7)]).expect("some");
+        assert!((even.ratio_median - 0.50).abs() < 1e-12, "{even:?}");
+        let line = summary_line(&odd);
+        assert!(line.contains("over 3 rounds: median 0.50x (lowest 0.40x, highest 0.55x)"), "{line}");
+        let v: serde_json::Value = serde_json::from_str(&summary_json(&odd)).expect("JSON");
+        assert_eq!((v["rounds"].as_u64(), v["ratio_median"].as_f64()), (Some(3), Some(0.5)));
     }
 
     #[test]
@@ -977,6 +1127,7 @@ mod tests {
         assert_eq!(v["mode"], "2pc");
         let ratio = RmRatio {
             threads: 4,
+            round: 1,
             ratio: 0.5,
             cpu_ratio: 2.25,
             native_ratio: 0.625,
