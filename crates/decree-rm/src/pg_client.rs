@@ -105,6 +105,14 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// Polls `request` once without the connection: a first poll queues its message, a
+    /// later one takes an answer the connection has already delivered.
+    fn poll_request<T>(&mut self, mut request: Pin<&mut (dyn Future<Output = T> + Send)>) -> Poll<T> {
+        self.runtime.block_on(poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))))
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         // The client was dropped first (field order in `Client`): one poll lets the
@@ -208,7 +216,35 @@ impl Client {
         Sent { state }
     }
 
-    /// Waits for the answer to a statement sent with [`Client::send`] on this client.
+    /// Queues `query` (simple query protocol) without writing it: the next call that drives
+    /// the connection (the application's next statement, or [`Client::receive`]) writes it
+    /// ahead of its own, in one write, and the server runs both in order. Take its answer
+    /// with [`Client::receive`].
+    pub fn queue(&mut self, query: String) -> Sent {
+        let client = Arc::clone(&self.client);
+        let mut request: Pin<Box<dyn Future<Output = Answer> + Send>> =
+            Box::pin(async move { client.simple_query(&query).await });
+        let polled = self.driver.poll_request(request.as_mut());
+        let state = match polled {
+            Poll::Ready(answer) => SentState::Done(answer),
+            Poll::Pending => SentState::Waiting(request),
+        };
+        Sent { state }
+    }
+
+    /// True once the answer of `sent` has arrived (never waits, never drives the
+    /// connection): a later statement's wait read it from the socket.
+    pub fn is_answered(&mut self, sent: &mut Sent) -> bool {
+        if let SentState::Waiting(request) = &mut sent.state {
+            if let Poll::Ready(answer) = self.driver.poll_request(request.as_mut()) {
+                sent.state = SentState::Done(answer);
+            }
+        }
+        matches!(sent.state, SentState::Done(_))
+    }
+
+    /// Waits for the answer to a statement sent with [`Client::send`] or [`Client::queue`] on
+    /// this client.
     pub fn receive(&mut self, sent: Sent) -> Answer {
         match sent.state {
             SentState::Done(answer) => answer,

@@ -4,8 +4,17 @@
 //! a [`PgHandle`] while the coordinator owns the [`PgRm`]) between `start` and `prepare`,
 //! so its work is the branch. The statements, and why:
 //!
-//! - `start` → `BEGIN`: PostgreSQL has no XA association, a branch is simply the open
-//!   transaction of this connection. `end` does nothing.
+//! - `start` → `BEGIN READ WRITE`, queued, not sent: PostgreSQL has no XA association, a
+//!   branch is simply the open transaction of this connection, and the `BEGIN` goes out in
+//!   one write with the application's first statement (or with the prepare), so a branch
+//!   costs no round trip of its own. Its answer is taken at the next coordinator call.
+//!   Should it fail while the session lives (a cancel, out of memory), the statements after
+//!   it would run on their own and commit at once; so every connection opens with
+//!   `default_transaction_read_only = on` (a startup option), where such a statement cannot
+//!   write, and the failed `BEGIN` makes the branch vote no. While the application uses the
+//!   connection outside a branch, the RM queues `SET default_transaction_read_only = off`
+//!   ahead of its statements; the next `start` sets it back on and waits for that answer
+//!   before it queues the `BEGIN`. `end` does nothing.
 //! - `prepare` → `SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION '<gid>'`
 //!   in one round trip. The SELECT catches a transaction that an earlier statement
 //!   aborted: PostgreSQL answers `PREPARE TRANSACTION` (and `COMMIT`) in an aborted
@@ -58,6 +67,11 @@ use crate::shared::{BranchConnection, SharedHandle, SharedRm};
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Startup option of every connection: outside a transaction block nothing can be
+/// written, so the statements after a failed queued `BEGIN` change nothing.
+const READ_ONLY_OPTION: &str = "-c default_transaction_read_only=on";
+/// The statement `start` queues.
+const BEGIN_SQL: &str = "BEGIN READ WRITE";
 
 /// The statement (or step) that failed, for messages and for the error mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +175,12 @@ fn parse_dsn(rm: &str, dsn: &str) -> Result<Config, RmError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT_DEFAULT);
     }
+    // Appended, so that it wins over a setting of the same name in the DSN's options.
+    let options = match config.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {READ_ONLY_OPTION}"),
+        _ => READ_ONLY_OPTION.to_string(),
+    };
+    config.options(&options);
     Ok(config)
 }
 
@@ -198,6 +218,17 @@ pub struct PgConnection {
     state: BranchState,
     /// The split-phase call whose answer is still to be received.
     in_flight: Option<InFlight>,
+    /// The queued `BEGIN` of the open branch, until its answer is taken.
+    begin: Option<Sent>,
+    /// The branch whose queued `BEGIN` failed while the session lived, and why: its
+    /// prepare votes no and its rollback has nothing to do.
+    begin_failed: Option<(Xid, RmError)>,
+    /// Whether the session's `default_transaction_read_only` is on (it is at connect).
+    read_only_default: bool,
+    /// A queued `SET default_transaction_read_only = off`, until its answer is taken.
+    read_write_set: Option<Sent>,
+    /// What `start` queues ([`BEGIN_SQL`]; a fault test may make it fail).
+    begin_sql: String,
 }
 
 /// A split-phase call between `send` and `receive`.
@@ -215,6 +246,8 @@ enum Request {
     Failed(RmError),
     /// The statement is on its way.
     Sent(Sent),
+    /// `start`'s `BEGIN` is queued: the call itself is done, its answer comes later.
+    Queued,
 }
 
 impl PgConnection {
@@ -228,6 +261,11 @@ impl PgConnection {
             client: Some(client),
             state: BranchState::Idle,
             in_flight: None,
+            begin: None,
+            begin_failed: None,
+            read_only_default: true,
+            read_write_set: None,
+            begin_sql: BEGIN_SQL.to_string(),
         })
     }
 
@@ -239,7 +277,10 @@ impl PgConnection {
         if !self.connected() {
             self.client = None;
             self.state.lose_open_branch();
-            self.client = Some(open_client(&self.name, &self.address, &self.config)?);
+            let client = open_client(&self.name, &self.address, &self.config)?;
+            // A new session: read-only by default again, nothing queued on it.
+            (self.begin, self.read_write_set, self.read_only_default) = (None, None, true);
+            self.client = Some(client);
         }
         match self.client.as_mut() {
             Some(client) => Ok(client),
@@ -257,8 +298,11 @@ impl PgConnection {
     }
 
     /// Sends `sql` like [`PgConnection::run`] without waiting for its answer.
-    fn send_statement(&mut self, op: PgOp, sql: String) -> Result<Sent, RmError> {
-        Ok(self.live_client(op)?.send(sql))
+    fn send_statement(&mut self, op: PgOp, sql: String) -> Request {
+        match self.live_client(op) {
+            Ok(client) => Request::Sent(client.send(sql)),
+            Err(e) => Request::Failed(e),
+        }
     }
 
     /// The answer to a statement [`PgConnection::send_statement`] sent.
@@ -318,26 +362,89 @@ impl PgConnection {
         };
         let request = match checked {
             Err(e) => Request::Refused(e),
-            Ok(()) => {
-                let sql = match call {
-                    BranchCall::Start => "BEGIN".to_string(),
-                    BranchCall::Prepare => prepare_sql(xid),
-                    BranchCall::Commit => commit_prepared_sql(xid),
-                };
-                self.send_statement(PgOp::of(call), sql).map_or_else(Request::Failed, Request::Sent)
-            }
+            Ok(()) => match call {
+                BranchCall::Start => self.queue_begin(xid),
+                BranchCall::Prepare => self.send_statement(PgOp::Prepare, prepare_sql(xid)),
+                BranchCall::Commit => self.send_statement(PgOp::CommitPrepared, commit_prepared_sql(xid)),
+            },
         };
         self.in_flight = Some(InFlight { call, xid: *xid, request });
     }
 
+    /// `start` once the branch state and connection are checked: makes sure the session
+    /// writes nothing outside a transaction block, then queues the `BEGIN` (see the module
+    /// documentation).
+    fn queue_begin(&mut self, xid: &Xid) -> Request {
+        self.begin_failed = None;
+        if !self.read_only_default {
+            // Waited for: only a confirmed read-only default makes the queued BEGIN safe.
+            if let Err(e) = self.run(PgOp::Begin, "SET default_transaction_read_only = on") {
+                return Request::Failed(e);
+            }
+            self.read_only_default = true;
+        }
+        let sql = self.begin_sql.clone();
+        match self.live_client(PgOp::Begin) {
+            Ok(client) => {
+                self.begin = Some(client.queue(sql));
+                self.state = BranchState::Active(*xid);
+                Request::Queued
+            }
+            Err(e) => Request::Failed(e),
+        }
+    }
+
     /// Takes the answer of a split-phase call nobody received (its caller failed between
     /// the halves) and finishes the call, so that the branch state is right and the next
-    /// statement's answer is its own. Every entry point calls it first.
+    /// statement's answer is its own; then the answers of the queued `BEGIN` and `SET`.
+    /// Every entry point calls it first.
     fn settle_in_flight(&mut self) {
         if self.in_flight.is_some() {
             let answer = self.receive_in_flight();
             tracing::debug!(rm = %self.name, ?answer, "settled a split-phase call nobody received");
         }
+        if let Some(sent) = self.begin.take() {
+            self.settle_begin(sent);
+        }
+        if let Some(sent) = self.read_write_set.take() {
+            if let Ok(client) = self.live_client(PgOp::Begin) {
+                if let Err(e) = client.receive(sent) {
+                    // Still read-only then: the application's writes outside a branch fail
+                    // and say so; the next start sets it on anyway.
+                    tracing::debug!(rm = %self.name, "SET default_transaction_read_only = off failed: {e}");
+                    self.read_only_default = true;
+                }
+            }
+        }
+    }
+
+    /// Takes the queued `BEGIN`'s answer. A failure on a live session leaves no transaction
+    /// open: the branch's statements ran read-only on their own and changed nothing, so the
+    /// branch can only vote no.
+    fn settle_begin(&mut self, sent: Sent) {
+        let answer = match self.live_client(PgOp::Begin) {
+            Ok(client) => client.receive(sent),
+            Err(_) => {
+                self.state.lose_open_branch();
+                return;
+            }
+        };
+        let Err(e) = self.answered(PgOp::Begin, answer) else { return };
+        if !self.connected() {
+            self.state.lose_open_branch();
+            return;
+        }
+        let Some(xid) = self.state.xid() else { return };
+        tracing::warn!(rm = %self.name, %xid, "BEGIN failed: {e}");
+        self.state = BranchState::Idle;
+        self.begin_failed = Some((
+            xid,
+            RmError::RolledBack(format!(
+                "{}: BEGIN of branch {xid} failed ({e}): its statements ran outside a transaction, \
+                 read-only, and changed nothing",
+                self.name
+            )),
+        ));
     }
 
     /// Waits for the split-phase call's answer and finishes the call as its blocking form
@@ -351,6 +458,7 @@ impl PgConnection {
         };
         let result = match request {
             Request::Refused(e) => return refused(call, e),
+            Request::Queued => return BranchAnswer::Ack(Ok(())),
             Request::Failed(e) => Err(e),
             Request::Sent(sent) => self.receive_statement(PgOp::of(call), sent),
         };
@@ -456,8 +564,13 @@ impl PgConnection {
         }
     }
 
+    /// Checks that `xid` is the branch open on this connection; a branch whose `BEGIN`
+    /// failed gets that failure until it is rolled back.
     fn require_open_branch(&mut self, xid: &Xid, what: &str) -> Result<(), RmError> {
-        self.state.check_open(&self.name, xid, what)
+        match &self.begin_failed {
+            Some((failed, e)) if failed == xid => Err(e.clone()),
+            _ => self.state.check_open(&self.name, xid, what),
+        }
     }
 
     /// Checks that the connection holds no open branch, as `COMMIT PREPARED` and `ROLLBACK
@@ -508,10 +621,33 @@ impl BranchConnection for PgConnection {
     /// Connects when needed; fails when the connection was lost while a branch was open,
     /// because the server has then rolled that work back.
     fn client_for_application(&mut self) -> Result<&mut Client, RmError> {
+        // The queued BEGIN stays queued (it goes out with this statement); its answer is
+        // only looked at if it already came back.
+        let begin = self.begin.take();
         self.settle_in_flight();
+        if let Some(mut sent) = begin {
+            let answered = self.client.as_mut().is_some_and(|client| client.is_answered(&mut sent));
+            if answered {
+                self.settle_begin(sent);
+            } else {
+                self.begin = Some(sent);
+            }
+        }
+        if let Some((_, e)) = &self.begin_failed {
+            return Err(e.clone());
+        }
         let connected = self.connected();
         self.state.check_usable(connected, &self.name, &self.address)?;
-        self.ensure_connected()
+        self.ensure_connected()?;
+        let in_branch = matches!(self.state, BranchState::Active(_) | BranchState::Ended(_));
+        if !in_branch && self.read_only_default {
+            // Outside a branch the application writes as on any connection.
+            if let Some(client) = self.client.as_mut() {
+                self.read_write_set = Some(client.queue("SET default_transaction_read_only = off".into()));
+                self.read_only_default = false;
+            }
+        }
+        self.live_client(PgOp::Connect)
     }
 
     fn client_mut(&mut self) -> Option<&mut Client> {
@@ -524,6 +660,7 @@ impl BranchConnection for PgConnection {
 
     fn close(&mut self) -> Result<(), RmError> {
         self.in_flight = None;
+        (self.begin, self.begin_failed, self.read_write_set) = (None, None, None);
         // Dropping the client terminates the session; the server rolls back open work.
         self.client = None;
         self.state = BranchState::Idle;
@@ -579,6 +716,11 @@ impl BranchConnection for PgConnection {
 
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
         self.settle_in_flight();
+        if self.begin_failed.as_ref().is_some_and(|(failed, _)| failed == xid) {
+            // No transaction was ever open on the server.
+            self.begin_failed = None;
+            return Ok(());
+        }
         match self.state {
             BranchState::Active(x) | BranchState::Ended(x) if x == *xid => {
                 // A lost connection rolls the transaction back as well, so only a server
@@ -651,6 +793,15 @@ impl SharedRm<PgConnection> {
 
     fn with_config(name: String, config: Config) -> Result<PgRm, RmError> {
         Ok(SharedRm::new(name.clone(), PgConnection::connect_new(name, config)?))
+    }
+
+    /// Fault injection for tests: makes `start` queue `sql` instead of `BEGIN READ WRITE`
+    /// (a statement the server rejects plays a `BEGIN` that fails on a live session).
+    #[doc(hidden)]
+    pub fn inject_begin_statement(&self, sql: &str) -> Result<(), RmError> {
+        let mut connection = self.conn("inject_begin_statement")?;
+        connection.begin_sql = sql.to_string();
+        Ok(())
     }
 }
 

@@ -107,7 +107,7 @@ impl<C: BranchConnection> SharedRm<C> {
         &self.address
     }
 
-    fn conn(&self, op: &str) -> Result<MutexGuard<'_, C>, RmError> {
+    pub(crate) fn conn(&self, op: &str) -> Result<MutexGuard<'_, C>, RmError> {
         lock_connection(&self.name, &self.shared, op)
     }
 }

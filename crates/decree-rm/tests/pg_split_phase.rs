@@ -150,3 +150,98 @@ fn split_phase_start_prepare_and_commit_finish_a_branch_like_the_blocking_calls(
     rm.rollback(&lost).expect("rollback of the lost branch");
     observer.client().expect("connected").batch_execute(&format!("DROP TABLE {table}")).expect("drop");
 }
+
+/// The session state and transaction start of backend `pid`, as another connection sees it.
+fn backend_state(observer: &PgRm, pid: i32) -> (String, bool) {
+    let row = observer
+        .client()
+        .expect("connected")
+        .query_one("SELECT state, xact_start IS NOT NULL FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .expect("pg_stat_activity");
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn start_queues_its_begin_until_the_first_statement_carries_it() {
+    let dsn = require_dsn!(PG_A);
+    let mut rm = PgRm::connect("pg-a", &dsn).expect("connect");
+    let observer = PgRm::connect("pg-a", &dsn).expect("connect");
+    let table = common::table("queued");
+    create_table(&mut rm, &table);
+    let pid: i32 =
+        rm.client().expect("connected").query_one("SELECT pg_backend_pid()", &[]).expect("pid").get(0);
+
+    let xid = common::fresh_xid();
+    rm.start(&xid).expect("start");
+    // Nothing went to the server: the session is idle, outside any transaction.
+    assert_eq!(backend_state(&observer, pid), ("idle".to_string(), false));
+    rm.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (1)"), &[]).expect("insert");
+    // The insert went out behind the BEGIN: the session now holds an open transaction and
+    // the row is not visible elsewhere.
+    assert_eq!(backend_state(&observer, pid), ("idle in transaction".to_string(), true));
+    assert_eq!(count(&observer, &table, 1), 0, "the insert runs inside the branch");
+    let read_only: String =
+        rm.client().expect("connected").query_one("SHOW transaction_read_only", &[]).expect("show").get(0);
+    assert_eq!(read_only, "off", "the branch's transaction writes");
+    assert_eq!(rm.prepare(&xid).expect("prepare"), Vote::Commit);
+    rm.commit(&xid, false).expect("commit prepared");
+    assert_eq!(count(&observer, &table, 1), 1);
+
+    // A branch whose application ran nothing prepares too: the prepare carries the BEGIN.
+    let empty = common::fresh_xid();
+    rm.start(&empty).expect("start");
+    assert_eq!(rm.prepare(&empty).expect("prepare of an empty branch"), Vote::ReadOnly);
+    observer.client().expect("connected").batch_execute(&format!("DROP TABLE {table}")).expect("drop");
+}
+
+#[test]
+fn statements_after_a_failed_begin_cannot_write_and_the_branch_votes_no() {
+    let dsn = require_dsn!(PG_A);
+    let mut rm = PgRm::connect("pg-a", &dsn).expect("connect");
+    let observer = PgRm::connect("pg-a", &dsn).expect("connect");
+    let table = common::table("nobegin");
+    // Outside a branch the application writes as on any connection.
+    create_table(&mut rm, &table);
+    rm.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (1)"), &[]).expect("insert");
+
+    // A BEGIN the server rejects while the session lives (as a cancel would make it), on a
+    // new connection (read-only from its startup options)...
+    let mut fresh = PgRm::connect("pg-a", &dsn).expect("connect");
+    fresh.inject_begin_statement("BEGIN READ WRITE NOT_A_MODE").expect("inject");
+    let first = common::fresh_xid();
+    fresh.start(&first).expect("start only queues the BEGIN");
+    let insert = fresh.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (5)"), &[]);
+    let code = insert.as_ref().err().and_then(|e| e.as_db_error()).map(|db| db.code().code().to_string());
+    assert_eq!(code.as_deref(), Some("25006"), "read-only transaction: {insert:?}");
+    assert!(matches!(fresh.prepare(&first), Err(RmError::RolledBack(_))));
+    fresh.rollback(&first).expect("nothing to roll back");
+
+    // ... and on one the application used outside a branch (set read-only again at start).
+    rm.inject_begin_statement("BEGIN READ WRITE NOT_A_MODE").expect("inject");
+    let xid = common::fresh_xid();
+    rm.start(&xid).expect("start only queues the BEGIN");
+    let insert = rm.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (2)"), &[]);
+    let err = insert.expect_err("a write after a failed BEGIN must not run on its own");
+    let code = err.as_db_error().map(|db| db.code().code().to_string());
+    assert_eq!(code.as_deref(), Some("25006"), "read-only transaction: {err}");
+    // The application learns it at its next use of the connection, the coordinator at prepare.
+    let next = rm.client().map(drop);
+    assert!(matches!(&next, Err(RmError::RolledBack(m)) if m.contains("BEGIN")), "{next:?}");
+    let vote = rm.prepare(&xid);
+    assert!(matches!(&vote, Err(RmError::RolledBack(m)) if m.contains("BEGIN of branch")), "{vote:?}");
+    rm.rollback(&xid).expect("nothing to roll back");
+    assert_eq!(count(&observer, &table, 2) + count(&observer, &table, 5), 0, "the inserts changed nothing");
+
+    // The connection serves the next branch, whose work commits only with it.
+    rm.inject_begin_statement("BEGIN READ WRITE").expect("heal");
+    let next = common::fresh_xid();
+    rm.start(&next).expect("start");
+    rm.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (3)"), &[]).expect("insert");
+    assert_eq!(count(&observer, &table, 3), 0, "inside the branch");
+    rm.commit(&next, true).expect("one-phase commit");
+    assert_eq!(count(&observer, &table, 3), 1);
+    // And outside a branch again, it writes as before.
+    rm.client().expect("connected").execute(&format!("INSERT INTO {table} VALUES (4)"), &[]).expect("insert");
+    assert_eq!(count(&observer, &table, 4), 1);
+    observer.client().expect("connected").batch_execute(&format!("DROP TABLE {table}")).expect("drop");
+}
