@@ -9,6 +9,10 @@
 //! to every branch and then receives each answer, so the databases work at the same time
 //! with no helper thread and no hand-off.
 //!
+//! [`Client::queue`] goes one step less: it queues a statement without writing it, so the
+//! next call that drives the connection writes both in one write (the resource manager's
+//! `BEGIN` rides with the application's first statement this way).
+//!
 //! The application's methods (`execute`, `query`, `query_one`, `query_opt`, `prepare`,
 //! `simple_query`, `batch_execute`) keep the `postgres` crate's names and types.
 //!
