@@ -4,7 +4,7 @@
 //! Each database module implements [`BranchConnection`] for its connection type (the XA
 //! statements and their error mapping); [`SharedRm`] and [`SharedHandle`] add what does not
 //! depend on the database: the lock the coordinator and the application take turns on
-//! (never waited for, see [`lock_connection`]), the application's client guard, and the
+//! (never waited for, see `lock_connection`), the application's client guard, and the
 //! delegation of every XA call. Invariant: every call goes through the lock, so a client
 //! guard kept across a coordinator call is reported instead of deadlocking.
 
