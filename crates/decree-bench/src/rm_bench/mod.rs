@@ -27,7 +27,11 @@
 //! B gained exactly the number of transfers counted, every 2PC commit took the two-phase
 //! path and wrote one decision, and no branch of this benchmark's coordinator node is
 //! left prepared in either database. Statements are prepared once per connection, in both
-//! modes, so neither pays an extra parse round trip.
+//! modes, so neither pays an extra parse round trip. The independent and native modes send
+//! `BEGIN` (`XA START`) as a statement of its own and wait for it, as an application on the
+//! `postgres` or `mysql` client does; decree's PostgreSQL RM queues its `BEGIN` behind the
+//! first UPDATE instead (see `decree_rm::postgres`), so on PostgreSQL the 2PC mode saves
+//! that round trip and can pass the native "ceiling" when round trips, not CPU, limit.
 //!
 //! This module holds everything the kinds share: the spec, the runner and its two loops,
 //! the invariants and the reports. What differs per kind (connecting, setup, the sum, the
