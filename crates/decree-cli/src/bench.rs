@@ -254,17 +254,25 @@ fn run_rm(args: Args) -> CliResult {
             spec.engine,
             spec.rpo_ms
         );
-        println!("{}", rm_bench::table_header());
     }
     let progress = progress_bar(None);
+    // Under the databases' durability lines, which come first.
+    let mut header = args.format == Format::Table;
     let outcome = rm_bench::run_all(&spec, &progress, |step| {
         progress.suspend(|| match (step, args.format) {
-            (RmStep::Measured(p), Format::Table) => println!("{}", rm_bench::table_row(&p)),
+            (RmStep::Measured(p), Format::Table) => {
+                if std::mem::take(&mut header) {
+                    println!("{}", rm_bench::table_header());
+                }
+                println!("{}", rm_bench::table_row(&p))
+            }
             (RmStep::Measured(p), Format::Json) => println!("{}", rm_bench::point_json(&p)),
             (RmStep::Ratio(r), Format::Table) => println!("{}", rm_bench::ratio_line(&r)),
             (RmStep::Ratio(r), Format::Json) => println!("{}", rm_bench::ratio_json(&r)),
             (RmStep::Summary(s), Format::Table) => println!("{}", rm_bench::summary_line(&s)),
             (RmStep::Summary(s), Format::Json) => println!("{}", rm_bench::summary_json(&s)),
+            (RmStep::Durability(d), Format::Table) => println!("{}", rm_bench::durability_line(&d)),
+            (RmStep::Durability(d), Format::Json) => println!("{}", rm_bench::durability_json(&d)),
         })
     });
     progress.finish_and_clear();

@@ -66,7 +66,28 @@ fn insert_batch_sql(table: &str, first: u32, last: u32) -> String {
     sql
 }
 
+/// Whether InnoDB's COMMIT waits for its redo log on disk (`innodb_flush_log_at_trx_commit`
+/// = 1) and, with the binary log on, for the binary log too (`sync_binlog` = 1).
+fn mariadb_durability(flush_at_commit: u64, sync_binlog: u64, log_bin: bool) -> (String, bool) {
+    let settings = format!(
+        "MariaDB innodb_flush_log_at_trx_commit={flush_at_commit} log_bin={} sync_binlog={sync_binlog}",
+        if log_bin { "ON" } else { "OFF" }
+    );
+    (settings, flush_at_commit == 1 && (!log_bin || sync_binlog == 1))
+}
+
 impl Database for MariaDbDatabase {
+    fn durability(&self) -> Result<(String, bool), BenchError> {
+        let row: Option<(u64, u64, u64)> = self
+            .connect("to read its settings")?
+            .query_first("SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin")
+            .map_err(|e| db_error(self.side.context("reading its durability settings"), e))?;
+        let (flush_at_commit, sync_binlog, log_bin) = row.ok_or_else(|| {
+            db_error(self.side.context("reading its durability settings"), "no row returned")
+        })?;
+        Ok(mariadb_durability(flush_at_commit, sync_binlog, log_bin != 0))
+    }
+
     fn setup(&self, accounts: u32) -> Result<(), BenchError> {
         let table = &self.table;
         let mut conn = self.connect("for setup")?;
@@ -215,6 +236,18 @@ impl BranchUpdate for MariaDbBranch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_flush_at_every_commit_is_durable() {
+        assert!(mariadb_durability(1, 0, false).1);
+        assert!(mariadb_durability(1, 1, true).1);
+        assert!(!mariadb_durability(2, 1, false).1, "flushed once a second");
+        assert!(!mariadb_durability(1, 0, true).1, "binary log not synced");
+        assert_eq!(
+            mariadb_durability(1, 0, false).0,
+            "MariaDB innodb_flush_log_at_trx_commit=1 log_bin=OFF sync_binlog=0"
+        );
+    }
 
     #[test]
     fn setup_batches_list_every_id_once() {

@@ -334,6 +334,38 @@ pub enum RmStep {
     Ratio(RmRatio),
     /// Every round of a thread count finished (`rounds` > 1).
     Summary(RmSummary),
+    /// A database's durability settings, read before the runs.
+    Durability(DbDurability),
+}
+
+/// How durable one database's local commits are, read from its settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct DbDurability {
+    /// "A" or "B".
+    pub side: &'static str,
+    /// The settings read, as `name=value` pairs.
+    pub settings: String,
+    /// True when a local COMMIT returns only after the database's log is on disk.
+    pub durable: bool,
+}
+
+/// The line under the table's header that says how durable a database is.
+pub fn durability_line(d: &DbDurability) -> String {
+    if d.durable {
+        format!("database {}: {}: local commits are durable", d.side, d.settings)
+    } else {
+        format!(
+            "database {}: {}: local commits are NOT durable, so the independent runs skip a cost the \
+             2PC runs pay (decree syncs its decision): the ratio then counts durability as well as \
+             atomicity; run the databases durable to measure atomicity alone",
+            d.side, d.settings
+        )
+    }
+}
+
+/// One JSON line for a database's durability.
+pub fn durability_json(d: &DbDurability) -> String {
+    serde_json::to_string(d).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// One database of the pair, as the runner sees it; one implementation per kind. Every
@@ -344,6 +376,9 @@ trait Database: Sync {
     fn setup(&self, accounts: u32) -> Result<(), BenchError>;
     /// The sum of all balances of the table.
     fn total(&self) -> Result<i64, BenchError>;
+    /// The settings that make a local commit durable, as `name=value` pairs, and whether
+    /// they do.
+    fn durability(&self) -> Result<(String, bool), BenchError>;
     /// Decree branches minted by coordinator `node` still prepared where this database
     /// can see them, printable.
     fn prepared_of_node(&self, node: u32) -> Result<Vec<String>, BenchError>;
@@ -481,8 +516,10 @@ pub fn run_all(
         open(spec.kind, Side::B, &spec.dsn_b, &spec.table)?,
     ];
     let dbs = [dbs[0].as_ref(), dbs[1].as_ref()];
-    for db in dbs {
+    for (db, side) in dbs.into_iter().zip(Side::BOTH) {
         db.setup(spec.accounts)?;
+        let (settings, durable) = db.durability()?;
+        report(RmStep::Durability(DbDurability { side: side.name(), settings, durable }));
     }
     let mut points = Vec::new();
     let modes = [RmMode::Independent, RmMode::Native, RmMode::TwoPhase];

@@ -56,6 +56,17 @@ impl Database for PgDatabase {
         row.try_get(0).map_err(|e| db_error(self.side.context(format!("summing {}", self.table)), pg(&e)))
     }
 
+    fn durability(&self) -> Result<(String, bool), BenchError> {
+        let what = || self.side.context("reading fsync and synchronous_commit");
+        let row = self
+            .connect("to read its settings")?
+            .query_one("SELECT current_setting('fsync'), current_setting('synchronous_commit')", &[])
+            .map_err(|e| db_error(what(), pg(&e)))?;
+        let fsync: String = row.try_get(0).map_err(|e| db_error(what(), pg(&e)))?;
+        let synchronous_commit: String = row.try_get(1).map_err(|e| db_error(what(), pg(&e)))?;
+        Ok(postgres_durability(&fsync, &synchronous_commit))
+    }
+
     fn prepared_of_node(&self, node: u32) -> Result<Vec<String>, BenchError> {
         let rows = self
             .connect("to list prepared branches")?
@@ -165,11 +176,33 @@ impl BranchUpdate for PgBranch {
     }
 }
 
+/// Whether PostgreSQL's COMMIT waits for its WAL on disk: `fsync` on, and
+/// `synchronous_commit` anything but `off` (`local`, `remote_write`, `on`, `remote_apply`
+/// all flush the local WAL first).
+fn postgres_durability(fsync: &str, synchronous_commit: &str) -> (String, bool) {
+    let settings = format!("PostgreSQL fsync={fsync} synchronous_commit={synchronous_commit}");
+    (settings, fsync == "on" && synchronous_commit != "off")
+}
+
 /// A PostgreSQL error with its SQLSTATE and the server's message (`postgres::Error`
 /// displays only "db error" for those).
 fn pg(e: &::postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("SQLSTATE {}: {}", db.code().code(), db.message()),
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::postgres_durability;
+
+    #[test]
+    fn only_fsync_with_a_synchronous_commit_is_durable() {
+        assert!(postgres_durability("on", "on").1);
+        assert!(postgres_durability("on", "local").1);
+        assert!(!postgres_durability("off", "on").1, "fsync off");
+        assert!(!postgres_durability("on", "off").1, "asynchronous commit");
+        assert_eq!(postgres_durability("on", "on").0, "PostgreSQL fsync=on synchronous_commit=on");
     }
 }
