@@ -349,7 +349,7 @@ pub struct DbDurability {
     pub durable: bool,
 }
 
-/// The line under the table's header that says how durable a database is.
+/// The line, printed before the table, that says how durable a database's local commits are.
 pub fn durability_line(d: &DbDurability) -> String {
     if d.durable {
         format!("database {}: {}: local commits are durable", d.side, d.settings)
