@@ -91,29 +91,25 @@ impl Driver {
         }))
     }
 
-    /// Polls `request` once (tokio-postgres queues its message on the first poll) and the
-    /// connection once (which writes the message to the socket); never waits.
-    fn poll_once<T>(&mut self, request: Pin<&mut (dyn Future<Output = T> + Send)>) -> Poll<T> {
+    /// Polls `request` once without the connection: a first poll queues its message
+    /// (tokio-postgres sends on the first poll), a later one takes an answer the connection
+    /// has already delivered. Never waits.
+    fn poll_request<T>(&mut self, mut request: Pin<&mut (dyn Future<Output = T> + Send)>) -> Poll<T> {
+        self.runtime.block_on(poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))))
+    }
+
+    /// Polls the connection once, which writes every queued message to the socket; never
+    /// waits. A connection found ended is dropped: the next wait reports it.
+    fn flush(&mut self) {
         let Driver { runtime, connection } = self;
-        let mut request = request;
         runtime.block_on(poll_fn(|cx| {
-            let answer = request.as_mut().poll(cx);
             if let Some(conn) = connection.as_mut() {
                 if conn.as_mut().poll(cx).is_ready() {
-                    // Ended: the next wait reports it through the request.
                     *connection = None;
                 }
             }
-            Poll::Ready(answer)
+            Poll::Ready(())
         }))
-    }
-}
-
-impl Driver {
-    /// Polls `request` once without the connection: a first poll queues its message, a
-    /// later one takes an answer the connection has already delivered.
-    fn poll_request<T>(&mut self, mut request: Pin<&mut (dyn Future<Output = T> + Send)>) -> Poll<T> {
-        self.runtime.block_on(poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))))
     }
 }
 
@@ -210,14 +206,9 @@ impl Client {
     /// Sends `query` (simple query protocol) and returns without its answer; take it with
     /// [`Client::receive`]. Statements sent on one connection are answered in order.
     pub fn send(&mut self, query: String) -> Sent {
-        let client = Arc::clone(&self.client);
-        let mut request: Pin<Box<dyn Future<Output = Answer> + Send>> =
-            Box::pin(async move { client.simple_query(&query).await });
-        let state = match self.driver.poll_once(request.as_mut()) {
-            Poll::Ready(answer) => SentState::Done(answer),
-            Poll::Pending => SentState::Waiting(request),
-        };
-        Sent { state }
+        let sent = self.queue(query);
+        self.driver.flush();
+        sent
     }
 
     /// Queues `query` (simple query protocol) without writing it: the next call that drives

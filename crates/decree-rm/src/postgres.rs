@@ -463,7 +463,9 @@ impl PgConnection {
             Request::Sent(sent) => self.receive_statement(PgOp::of(call), sent),
         };
         match call {
-            BranchCall::Start => BranchAnswer::Ack(self.started(&xid, result)),
+            // `start` sends nothing (its BEGIN is queued, `Request::Queued` answered above):
+            // only a failure of `queue_begin` comes here.
+            BranchCall::Start => BranchAnswer::Ack(result.map(drop)),
             BranchCall::Prepare => BranchAnswer::Vote(self.prepared(&xid, result)),
             BranchCall::Commit => {
                 // As `run_anywhere`: a connection found dead gets one retry on a new one.
@@ -477,17 +479,6 @@ impl PgConnection {
                 BranchAnswer::Ack(self.committed_prepared(&xid, result))
             }
         }
-    }
-
-    /// Finishes `start` once `BEGIN` has answered.
-    fn started(
-        &mut self,
-        xid: &Xid,
-        result: Result<Vec<SimpleQueryMessage>, RmError>,
-    ) -> Result<(), RmError> {
-        result?;
-        self.state = BranchState::Active(*xid);
-        Ok(())
     }
 
     /// Finishes `prepare` once the prepare statement has answered.
