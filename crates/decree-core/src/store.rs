@@ -5,6 +5,7 @@
 //! which writes them to its log. Both sit behind [`DecisionStore`], so the coordinator's
 //! code is the same in both modes.
 
+use crate::rm::HeuristicOutcome;
 use crate::xid::Xid;
 
 /// One branch named in a decision record: which resource, which branch number.
@@ -39,15 +40,22 @@ pub enum StoreError {
     Malformed(String),
 }
 
-/// What is known of a transaction's outcome when a client asks again by Xid.
+/// What is known of a transaction's outcome when a client asks again by Xid; every answer
+/// is true, and `Unknown` is given whenever the server cannot prove one of the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// A decision record exists: the transaction commits.
+    /// A decision record exists or its completion is remembered: the transaction commits.
     Committed,
-    /// The owning session is live and has not decided yet.
+    /// The owning session is live and has not decided yet, or the server has not finished
+    /// its first recovery pass since it started.
     InProgress,
-    /// No decision and no live owner: presumed abort.
+    /// The server rolled it back itself, or no decision can exist for it any more.
     RolledBack,
+    /// A branch decided on its own (a heuristic outcome) during phase two.
+    Heuristic,
+    /// The server cannot prove any of the other answers (memory evicted, another
+    /// incarnation, a decision whose write failed and that only a restart can settle).
+    Unknown,
 }
 
 /// The durable side of the coordinator: the embedded log or a state server.
@@ -64,6 +72,13 @@ pub trait DecisionStore: Send + Sync {
     fn decide(&self, decision: &Decision) -> Result<(), StoreError>;
     /// Records that every branch of `xid` is finished; lazy, never waits for the disk.
     fn complete(&self, xid: &Xid) -> Result<(), StoreError>;
+    /// Records that every branch of `xid` is finished and that at least one of them
+    /// decided on its own (`outcome`), so that the store can answer "heuristic" when
+    /// asked; stores that keep no outcomes just complete.
+    fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
+        let _ = outcome;
+        self.complete(xid)
+    }
 }
 
 impl Decision {

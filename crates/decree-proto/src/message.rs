@@ -281,6 +281,8 @@ pub fn outcome_byte(outcome: Outcome) -> u8 {
         Outcome::Committed => 1,
         Outcome::InProgress => 2,
         Outcome::RolledBack => 3,
+        Outcome::Unknown => 4,
+        Outcome::Heuristic => 5,
     }
 }
 
