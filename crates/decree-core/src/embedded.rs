@@ -1,15 +1,18 @@
 //! The decision store of embedded mode: decisions go straight to the process's own log.
 //!
 //! [`LogDecisions`] maps the [`DecisionStore`] calls onto a [`decree_log::Log`]: a decision
-//! is one appended record keyed by the transaction's [`Xid::log_key`], a completion is the
-//! log's lazy completion of that key. The node id comes from the configuration, the
+//! is one appended record under a key from a [`KeyAllocator`] (never one a live record
+//! uses), a completion is the log's lazy completion of that key, found again by Xid. The node id comes from the configuration, the
 //! incarnation from the log (a new one at every open), and session ids from a counter,
 //! which is enough since sessions only need to be unique within one incarnation.
 
+use crate::keys::KeyAllocator;
 use crate::store::{Decision, DecisionStore, StoreError};
 use crate::xid::Xid;
 use decree_log::{Log, LogError};
+use parking_lot::Mutex;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,25 +24,63 @@ thread_local! {
     static ENCODE_BUFFER: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
 }
 
+/// Shards of the key map, so that sessions deciding at once rarely share a lock.
+const KEY_SHARDS: usize = 16;
+
 /// [`DecisionStore`] over the process's own log (embedded mode).
 pub struct LogDecisions {
     log: Arc<dyn Log>,
     node: u32,
     incarnation: u64,
     sessions: AtomicU64,
+    keys: KeyAllocator,
+    /// The log keys of live decisions by Xid (a recovered Xid may have several records);
+    /// grows with live transactions only: an entry leaves at completion.
+    live: Vec<Mutex<HashMap<Xid, Vec<u64>>>>,
 }
 
 impl LogDecisions {
-    /// A store writing to `log` and minting Xids for `node`.
+    /// A store writing to `log`, which holds no live decision, and minting Xids for `node`.
     pub fn new(log: Arc<dyn Log>, node: u32) -> Self {
+        Self::with_recovered(log, node, Vec::new())
+    }
+
+    /// A store over a log whose live decisions (found at open) are `recovered`: (Xid, log
+    /// key) pairs; their keys are never handed out again while they live.
+    pub fn with_recovered(log: Arc<dyn Log>, node: u32, recovered: Vec<(Xid, u64)>) -> Self {
         let incarnation = log.incarnation();
-        LogDecisions { log, node, incarnation, sessions: AtomicU64::new(1) }
+        let keys = KeyAllocator::new(recovered.iter().map(|(_, k)| *k));
+        let live: Vec<Mutex<HashMap<Xid, Vec<u64>>>> =
+            (0..KEY_SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+        for (xid, key) in recovered {
+            live[shard(&xid)].lock().entry(xid).or_default().push(key);
+        }
+        LogDecisions { log, node, incarnation, sessions: AtomicU64::new(1), keys, live }
+    }
+
+    /// The key a decision of `xid` is appended under: the one it already has (a decision
+    /// written again), else a fresh one.
+    fn key_for(&self, xid: &Xid) -> u64 {
+        let mut shard = self.live[shard(xid)].lock();
+        let keys = shard.entry(*xid).or_default();
+        if keys.is_empty() {
+            keys.push(self.keys.next());
+        }
+        keys[0]
     }
 
     /// The log behind this store (recovery reads what it recovered).
     pub fn log(&self) -> &Arc<dyn Log> {
         &self.log
     }
+}
+
+/// The shard of the key map that holds `xid` (the sequence spreads one session's Xids).
+fn shard(xid: &Xid) -> usize {
+    let g = xid.gtrid();
+    let last = g.last().copied().unwrap_or(0) as usize;
+    let session = if g.len() > 19 { g[19] as usize } else { 0 };
+    (last ^ session.rotate_left(2)) % KEY_SHARDS
 }
 
 fn log_error(err: LogError) -> StoreError {
@@ -64,7 +105,7 @@ impl DecisionStore for LogDecisions {
     }
 
     fn decide(&self, decision: &Decision) -> Result<(), StoreError> {
-        let key = decision.xid.log_key();
+        let key = self.key_for(&decision.xid);
         ENCODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => {
                 buf.clear();
@@ -81,7 +122,11 @@ impl DecisionStore for LogDecisions {
     }
 
     fn complete(&self, xid: &Xid) -> Result<(), StoreError> {
-        self.log.complete(xid.log_key()).map_err(log_error)
+        let keys = self.live[shard(xid)].lock().remove(xid).unwrap_or_default();
+        for key in keys {
+            self.log.complete(key).map_err(log_error)?;
+        }
+        Ok(())
     }
 }
 
@@ -114,6 +159,29 @@ mod tests {
         store.complete(&xid).unwrap();
         assert_eq!(log.live_records(), 0);
         assert_eq!(log.stats().completions, 1);
+    }
+
+    #[test]
+    fn completing_a_transaction_forgets_only_its_own_decision_when_the_old_keys_collide() {
+        // Session 5 of incarnation 6 at sequence 2^20 + 3 and session 5 of incarnation 7 at
+        // sequence 3 had the same derived key: completing the second forgot the first.
+        let old = Xid::decree(Origin { node: 1, incarnation: 6, session: 5, sequence: (1 << 20) + 3 });
+        let new = Xid::decree(Origin { node: 1, incarnation: 7, session: 5, sequence: 3 });
+        assert_eq!(old.log_key(), new.log_key(), "the pair collides under the derived key");
+        let log = Arc::new(VolatileLog::new());
+        let in_doubt = Decision { xid: old, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
+        log.append(old.log_key(), &in_doubt.encode()).unwrap();
+        let store = LogDecisions::with_recovered(log.clone(), 1, vec![(old, old.log_key())]);
+        let decision = Decision { xid: new, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
+        store.decide(&decision).unwrap();
+        store.decide(&decision).unwrap(); // written again: same key, one completion forgets both
+        assert_eq!(log.live_records(), 3);
+        store.complete(&new).unwrap();
+        assert_eq!(log.live_records(), 1, "the in-doubt decision of incarnation 6 is still live");
+        store.complete(&old).unwrap();
+        assert_eq!(log.live_records(), 0);
+        store.complete(&old).unwrap(); // completing twice completes nothing more
+        assert_eq!(log.stats().completions, 2);
     }
 
     #[test]

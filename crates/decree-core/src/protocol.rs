@@ -108,6 +108,16 @@ pub fn heuristic_is_damage(outcome: HeuristicOutcome, commit: bool) -> bool {
     }
 }
 
+/// The heuristic outcome of a transaction after one more branch reported `next`: the
+/// same outcome on every branch stays that outcome, different ones make it mixed.
+pub fn combine_heuristic(so_far: Option<HeuristicOutcome>, next: HeuristicOutcome) -> HeuristicOutcome {
+    match so_far {
+        None => next,
+        Some(h) if h == next => h,
+        Some(_) => HeuristicOutcome::Mixed,
+    }
+}
+
 /// What recovery does with a prepared branch it found in a resource manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecoveryStep {
@@ -145,6 +155,15 @@ mod tests {
 
     fn no() -> Option<Result<Vote, RmError>> {
         Some(Err(RmError::RolledBack("no".into())))
+    }
+
+    #[test]
+    fn heuristics_combine_into_mixed_only_when_they_differ() {
+        use HeuristicOutcome::*;
+        assert_eq!(combine_heuristic(None, RolledBack), RolledBack);
+        assert_eq!(combine_heuristic(Some(Committed), Committed), Committed);
+        assert_eq!(combine_heuristic(Some(Committed), RolledBack), Mixed);
+        assert_eq!(combine_heuristic(Some(Mixed), Committed), Mixed);
     }
 
     #[test]

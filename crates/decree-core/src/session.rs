@@ -465,12 +465,17 @@ impl Session {
         }
         self.clear();
         let phase_two_pending = retry.len();
+        let heuristic = heuristics.iter().fold(None, |h, r| Some(protocol::combine_heuristic(h, r.outcome)));
         if retry.is_empty() {
-            if let Err(e) = self.tm.store().complete(&xid) {
+            let completed = match heuristic {
+                Some(h) => self.tm.store().complete_heuristic(&xid, h),
+                None => self.tm.store().complete(&xid),
+            };
+            if let Err(e) = completed {
                 tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
             }
         } else {
-            self.tm.defer(xid, true, retry);
+            self.tm.defer(xid, true, retry, heuristic);
         }
         if heuristics.iter().any(|h| protocol::heuristic_is_damage(h.outcome, true)) {
             return Err(TmError::Heuristic { xid: Box::new(xid), reports: heuristics });
@@ -534,7 +539,7 @@ impl Session {
         if !retry.is_empty() {
             // The RM will also drop a branch that was never prepared when its connection
             // dies; the background rollback covers branches that may be prepared.
-            self.tm.defer(xid, false, retry);
+            self.tm.defer(xid, false, retry, None);
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -15,8 +15,8 @@
 use crate::embedded::LogDecisions;
 use crate::error::{HeuristicReport, TmError};
 use crate::protocol::{self, PhaseTwoStep, RecoveryStep};
-use crate::rm::{ResourceManager, RmError, RmFactory};
-use crate::store::{BranchRecord, Decision, DecisionStore, StoreError};
+use crate::rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
+use crate::store::{BranchRecord, Decision, DecisionStore};
 use crate::xid::Xid;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
@@ -98,8 +98,9 @@ pub struct RecoveryReport {
 /// What a background job must do.
 #[derive(Debug)]
 enum JobKind {
-    /// Phase two of a transaction: commit (then complete it) or roll back these branches.
-    PhaseTwo { xid: Xid, commit: bool, branches: Vec<BranchRecord> },
+    /// Phase two of a transaction: commit (then complete it) or roll back these branches;
+    /// `heuristic` is what branches finished so far decided on their own.
+    PhaseTwo { xid: Xid, commit: bool, branches: Vec<BranchRecord>, heuristic: Option<HeuristicOutcome> },
     /// List an RM's prepared branches and resolve ours (recovery of an RM that was down).
     Scan { rm: String },
 }
@@ -151,16 +152,11 @@ impl TransactionManager {
     ) -> Result<Arc<Self>, TmError> {
         let recovered = log.take_recovered();
         let mut decisions: HashMap<Xid, Decision> = HashMap::new();
+        let mut keys = Vec::with_capacity(recovered.len());
         for record in recovered {
             let d = Decision::decode(&record.payload)?;
-            if d.xid.log_key() != record.txn {
-                return Err(TmError::Store(StoreError::Malformed(format!(
-                    "decision for {} stored under log key {:#x}, expected {:#x}",
-                    d.xid,
-                    record.txn,
-                    d.xid.log_key()
-                ))));
-            }
+            // Completing the transaction completes every key its records were written under.
+            keys.push((d.xid, record.txn));
             match decisions.get_mut(&d.xid) {
                 Some(existing) => existing.branches.extend(d.branches),
                 None => {
@@ -168,7 +164,7 @@ impl TransactionManager {
                 }
             }
         }
-        let store: Arc<dyn DecisionStore> = Arc::new(LogDecisions::new(log, config.node));
+        let store: Arc<dyn DecisionStore> = Arc::new(LogDecisions::with_recovered(log, config.node, keys));
         let decided = decisions.keys().copied().collect();
         let mut tm = Self::build(store, config, factories, decided)?;
         let shared = tm.shared.clone();
@@ -295,7 +291,7 @@ impl TransactionManager {
     /// completed in the store once every branch is committed. False when the retry queue
     /// is full (the decision then waits for the next recovery).
     pub fn finish_later(&self, decision: &Decision) -> bool {
-        self.defer(decision.xid.global(), true, decision.branches.clone())
+        self.defer(decision.xid.global(), true, decision.branches.clone(), None)
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -303,9 +299,15 @@ impl TransactionManager {
     }
 
     /// Hands unfinished phase-two work to the background thread.
-    pub(crate) fn defer(&self, xid: Xid, commit: bool, branches: Vec<BranchRecord>) -> bool {
+    pub(crate) fn defer(
+        &self,
+        xid: Xid,
+        commit: bool,
+        branches: Vec<BranchRecord>,
+        heuristic: Option<HeuristicOutcome>,
+    ) -> bool {
         self.shared.push(Job {
-            kind: JobKind::PhaseTwo { xid, commit, branches },
+            kind: JobKind::PhaseTwo { xid, commit, branches, heuristic },
             due: Instant::now() + self.shared.config.retry_backoff_min,
             backoff: self.shared.config.retry_backoff_min,
             attempts: 0,
@@ -416,6 +418,7 @@ impl Shared {
         xid: &Xid,
         commit: bool,
         branches: Vec<BranchRecord>,
+        heuristic: &mut Option<HeuristicOutcome>,
     ) -> Vec<BranchRecord> {
         let mut left = Vec::new();
         for b in branches {
@@ -438,6 +441,7 @@ impl Shared {
                     left.push(b);
                 }
                 PhaseTwoStep::Heuristic(outcome) => {
+                    *heuristic = Some(protocol::combine_heuristic(*heuristic, outcome));
                     if let Ok(conn) = conns.get(&b.rm) {
                         let _ = conn.forget(&bx);
                     }
@@ -465,14 +469,15 @@ impl Shared {
                 }
             }
             let total = d.branches.len();
-            let left = self.finish_branches(&mut conns, &d.xid, true, d.branches);
+            let mut heuristic = None;
+            let left = self.finish_branches(&mut conns, &d.xid, true, d.branches, &mut heuristic);
             report.branches_committed += total - left.len();
             if left.is_empty() {
-                self.complete(&d.xid);
+                self.complete(&d.xid, heuristic);
             } else {
                 report.deferred += 1;
                 self.push(Job {
-                    kind: JobKind::PhaseTwo { xid: d.xid, commit: true, branches: left },
+                    kind: JobKind::PhaseTwo { xid: d.xid, commit: true, branches: left, heuristic },
                     due: Instant::now() + self.config.retry_backoff_min,
                     backoff: self.config.retry_backoff_min,
                     attempts: 0,
@@ -538,8 +543,12 @@ impl Shared {
         Ok((rolled_back, left_alone))
     }
 
-    fn complete(&self, xid: &Xid) {
-        if let Err(e) = self.store.complete(xid) {
+    fn complete(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
+        let result = match heuristic {
+            Some(h) => self.store.complete_heuristic(xid, h),
+            None => self.store.complete(xid),
+        };
+        if let Err(e) = result {
             tracing::warn!(%xid, error = %e, "completion record not written; recovery will redo phase two");
         }
     }
@@ -590,13 +599,13 @@ impl Shared {
     /// Runs one job; returns it (with a later due time) when it must be retried.
     fn run_job(&self, conns: &mut Connections<'_>, mut job: Job) -> Option<Job> {
         let done = match &mut job.kind {
-            JobKind::PhaseTwo { xid, commit, branches } => {
+            JobKind::PhaseTwo { xid, commit, branches, heuristic } => {
                 let commit = *commit;
                 let todo = std::mem::take(branches);
-                let left = self.finish_branches(conns, xid, commit, todo);
+                let left = self.finish_branches(conns, xid, commit, todo, heuristic);
                 if left.is_empty() {
                     if commit {
-                        self.complete(xid);
+                        self.complete(xid, *heuristic);
                     }
                     true
                 } else {
