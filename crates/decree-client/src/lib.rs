@@ -11,9 +11,17 @@
 //! connection, opened by [`RemoteDecisions::connect`] (and again when it broke), answers
 //! `node`, `incarnation` and [`RemoteDecisions::outcome`]. Any IO error or timeout breaks that connection: the call
 //! in progress and every later call on it return [`StoreError::Unreachable`].
+//!
+//! Every connection offers protocol versions 1 and 2 in its `Hello` and speaks what the
+//! server chose (a server that answers a plain `HelloOk` speaks version 1; one that refuses
+//! the version list as malformed, a server older than version 2, gets a plain `Hello` on a
+//! new connection). Callers see the same answers in both versions: on a version-1
+//! connection the errors the server sends for an unknown or heuristic outcome become
+//! [`Outcome::Unknown`] and [`Outcome::Heuristic`], and a heuristic completion is sent as
+//! a plain `Complete`.
 
-use decree_core::{Decision, DecisionStore, Outcome, StoreError, Xid};
-use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message};
+use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, Xid};
+use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -151,6 +159,10 @@ struct Session {
     incarnation: u64,
     id: u64,
     frame_bytes_max: usize,
+    /// The protocol version of the session (1 when the server did not negotiate).
+    version: u8,
+    /// Milliseconds of silence after which the server closes the session; 0 = never.
+    idle_timeout_ms: u32,
 }
 
 /// One connection = one server session, used by one caller at a time.
@@ -165,8 +177,35 @@ struct Connection {
     broken: Option<String>,
 }
 
+/// What became of a `Hello`.
+enum Greeting {
+    /// The session is open.
+    Open(Connection),
+    /// The server refused the version list as malformed (it predates protocol version 2)
+    /// and closed the connection.
+    ListRefused,
+}
+
 impl Connection {
+    /// Opens a session, offering every protocol version this client speaks; falls back to
+    /// a plain `Hello` (version 1) for a server that does not know the version list.
     fn open(endpoint: &Endpoint, options: &ClientOptions) -> Result<Connection, StoreError> {
+        match Self::greet(endpoint, options, decree_proto::PROTOCOL_VERSIONS)? {
+            Greeting::Open(conn) => Ok(conn),
+            Greeting::ListRefused => {
+                tracing::debug!(%endpoint, "the state server refused the version list: connecting with protocol version 1");
+                match Self::greet(endpoint, options, &[])? {
+                    Greeting::Open(conn) => Ok(conn),
+                    Greeting::ListRefused => Err(StoreError::Unreachable(format!(
+                        "{endpoint}: the state server refused a plain Hello as malformed"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// One connection and its `Hello` offering `versions` (none: a version-1 hello).
+    fn greet(endpoint: &Endpoint, options: &ClientOptions, versions: &[u8]) -> Result<Greeting, StoreError> {
         let unreachable =
             |e: std::io::Error| StoreError::Unreachable(format!("cannot connect to {endpoint}: {e}"));
         let stream = Stream::connect(endpoint, options).map_err(unreachable)?;
@@ -177,6 +216,8 @@ impl Connection {
                 incarnation: 0,
                 id: 0,
                 frame_bytes_max: decree_proto::FRAME_BYTES_MAX,
+                version: decree_proto::PROTOCOL_VERSION_DEFAULT,
+                idle_timeout_ms: 0,
             },
             endpoint: endpoint.to_string(),
             next_request: 1,
@@ -185,18 +226,41 @@ impl Connection {
             frames: FrameBuffer::new(decree_proto::FRAME_BYTES_MAX),
             broken: None,
         };
-        let hello =
-            Message::Hello { node_expected: options.node_expected, client: options.client_name.clone() };
-        match conn.request(&hello)? {
-            Message::HelloOk { node, incarnation, session, frame_bytes_max, .. } => {
+        let hello = Message::Hello {
+            node_expected: options.node_expected,
+            client: options.client_name.clone(),
+            versions: versions.to_vec(),
+        };
+        let id = conn.next_request;
+        encode_frame(&mut conn.out, id, &hello);
+        match conn.exchange_raw(id)? {
+            Message::HelloOk { node, incarnation, session, frame_bytes_max, negotiated, .. } => {
+                let (version, idle_timeout_ms) = match negotiated {
+                    None => (decree_proto::PROTOCOL_VERSION_DEFAULT, 0),
+                    Some(Negotiated { version, idle_timeout_ms }) if versions.contains(&version) => {
+                        (version, idle_timeout_ms)
+                    }
+                    Some(Negotiated { version, .. }) => {
+                        return Err(conn.break_with(format!(
+                            "the server chose protocol version {version}, which this client did not offer ({versions:?})"
+                        )))
+                    }
+                };
                 conn.session = Session {
                     node,
                     incarnation,
                     id: session,
                     frame_bytes_max: (frame_bytes_max as usize).min(decree_proto::FRAME_BYTES_MAX),
+                    version,
+                    idle_timeout_ms,
                 };
-                Ok(conn)
+                Ok(Greeting::Open(conn))
             }
+            Message::Error { code: ErrorCode::Malformed, message } if !versions.is_empty() => {
+                let _ = conn.break_with(format!("hello refused: {message}"));
+                Ok(Greeting::ListRefused)
+            }
+            Message::Error { code, message } => Err(conn.server_error(code, message)),
             other => Err(conn.break_with(format!("expected HelloOk, got {}", other.kind().name()))),
         }
     }
@@ -206,6 +270,20 @@ impl Connection {
         let id = self.next_request;
         encode_frame(&mut self.out, id, message);
         self.exchange(id)
+    }
+
+    /// Asks what became of `xid`: the same answers whatever the session's version.
+    fn outcome(&mut self, xid: &Xid) -> Result<Outcome, StoreError> {
+        let id = self.next_request;
+        encode_frame(&mut self.out, id, &Message::Outcome(*xid));
+        match self.exchange_raw(id)? {
+            Message::OutcomeIs(o) => Ok(o),
+            // The version-1 answers for outcomes version 1 has no value for.
+            Message::Error { code: ErrorCode::OutcomeUnknown, .. } => Ok(Outcome::Unknown),
+            Message::Error { code: ErrorCode::OutcomeHeuristic, .. } => Ok(Outcome::Heuristic),
+            Message::Error { code, message } => Err(self.server_error(code, message)),
+            other => Err(self.break_with(format!("expected OutcomeIs, got {}", other.kind().name()))),
+        }
     }
 
     /// Stores a decision: one write, one read.
@@ -226,12 +304,18 @@ impl Connection {
         }
     }
 
-    /// Buffers a completion; sends the buffer once it holds enough of them.
-    fn complete(&mut self, xid: &Xid) -> Result<(), StoreError> {
+    /// Buffers a completion (`heuristic`: at least one branch decided on its own); sends
+    /// the buffer once it holds enough of them. Version 1 has no heuristic completion: it
+    /// gets a plain `Complete`.
+    fn complete(&mut self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
         self.check()?;
         let id = self.next_request;
         self.next_request += 1;
-        encode_frame(&mut self.out, id, &Message::Complete(*xid));
+        let message = match heuristic {
+            Some(h) if self.session.version >= 2 => Message::CompleteHeuristic(*xid, h),
+            _ => Message::Complete(*xid),
+        };
+        encode_frame(&mut self.out, id, &message);
         self.completes_buffered += 1;
         if self.completes_buffered >= COMPLETES_BUFFERED_MAX {
             self.flush()?;
@@ -273,23 +357,28 @@ impl Connection {
         None
     }
 
-    /// Writes the buffer (ending with request `id`) and reads frames until `id`'s reply.
+    /// Writes the buffer (ending with request `id`) and reads frames until `id`'s reply;
+    /// an `Error` reply is a [`StoreError`].
     fn exchange(&mut self, id: u64) -> Result<Message, StoreError> {
+        match self.exchange_raw(id)? {
+            Message::Error { code, message } => Err(self.server_error(code, message)),
+            m => Ok(m),
+        }
+    }
+
+    /// Like [`Connection::exchange`], but returns an `Error` reply (with `id` or with
+    /// request id 0, about the connection) as a message, for the caller to interpret.
+    fn exchange_raw(&mut self, id: u64) -> Result<Message, StoreError> {
         self.next_request += 1;
         self.flush()?;
         loop {
             match self.frames.next_message() {
-                Ok(Some((rid, message))) if rid == id => {
-                    return match message {
-                        Message::Error { code, message } => Err(self.server_error(code, message)),
-                        m => Ok(m),
-                    };
-                }
+                Ok(Some((rid, message))) if rid == id => return Ok(message),
                 Ok(Some((rid, Message::Error { code, message }))) => {
                     // A failed completion (they get no reply on success), or a refusal.
                     tracing::warn!(request = rid, ?code, %message, "state server reported an error");
                     if rid == 0 {
-                        return Err(self.server_error(code, message));
+                        return Ok(Message::Error { code, message });
                     }
                 }
                 Ok(Some((rid, other))) => {
@@ -315,6 +404,20 @@ impl Connection {
             ErrorCode::WrongSession => {
                 StoreError::Malformed(format!("refused by the state server: {message}"))
             }
+            // A refused decision: the connection stays open, the decision is not stored.
+            ErrorCode::UnknownRm => StoreError::Malformed(format!(
+                "decision refused by the state server (unknown resource manager): {message}"
+            )),
+            ErrorCode::BranchQualifier => StoreError::Malformed(format!(
+                "decision refused by the state server (the Xid has a branch qualifier; a decision names \
+                 the global transaction): {message}"
+            )),
+            ErrorCode::DuplicateBranch => StoreError::Malformed(format!(
+                "decision refused by the state server (two branches share a branch number): {message}"
+            )),
+            ErrorCode::NoBranches => StoreError::Malformed(format!(
+                "decision refused by the state server (no branches): {message}"
+            )),
             ErrorCode::Busy | ErrorCode::ShuttingDown => self.break_with(message),
             _ => self.break_with(format!("state server error {code:?}: {message}")),
         }
@@ -366,14 +469,25 @@ impl RemoteDecisions {
         })
     }
 
-    /// What became of `xid`: committed, still in progress, or rolled back (presumed abort).
+    /// What became of `xid`: committed, in progress, rolled back, heuristic (a branch
+    /// decided on its own) or unknown (the server cannot prove any of the others); see the
+    /// rules in docs/protocol.md. The same answers on a version-1 server, which sends
+    /// unknown and heuristic as errors 15 and 16.
     pub fn outcome(&self, xid: &Xid) -> Result<Outcome, StoreError> {
-        match self.control_request(&Message::Outcome(*xid))? {
-            Message::OutcomeIs(o) => Ok(o),
-            other => Err(self
-                .control
-                .lock()
-                .break_with(format!("expected OutcomeIs, got {}", other.kind().name()))),
+        self.with_control(|c| c.outcome(xid))
+    }
+
+    /// The protocol version of the control connection (1 or 2).
+    pub fn protocol_version(&self) -> u8 {
+        self.control.lock().session.version
+    }
+
+    /// How long the server lets the control connection's session be silent before it
+    /// closes it (`None`: forever), as negotiated in its hello.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        match self.control.lock().session.idle_timeout_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(ms.into())),
         }
     }
 
@@ -390,9 +504,15 @@ impl RemoteDecisions {
     /// An idempotent request on the control connection, tried once more on a fresh
     /// connection when the old one turns out to be dead (the server restarted).
     fn control_request(&self, message: &Message) -> Result<Message, StoreError> {
-        let first = self.control().request(message); // The guard is dropped here.
+        self.with_control(|c| c.request(message))
+    }
+
+    /// Runs an idempotent exchange on the control connection, once more on a fresh
+    /// connection when the old one turns out to be dead.
+    fn with_control<T>(&self, f: impl Fn(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let first = f(&mut self.control()); // The guard is dropped here.
         match first {
-            Err(StoreError::Unreachable(_)) => self.control().request(message),
+            Err(StoreError::Unreachable(_)) => f(&mut self.control()),
             other => other,
         }
     }
@@ -471,12 +591,24 @@ impl DecisionStore for RemoteDecisions {
     }
 
     fn complete(&self, xid: &Xid) -> Result<(), StoreError> {
+        self.complete_with(xid, None)
+    }
+
+    fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
+        self.complete_with(xid, Some(outcome))
+    }
+}
+
+impl RemoteDecisions {
+    /// A completion, buffered on the connection of the session that decided `xid`.
+    fn complete_with(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
         match self.session_of(xid) {
-            Ok(conn) => conn.lock().complete(xid),
+            Ok(conn) => conn.lock().complete(xid, heuristic),
             Err(_) => {
-                // The session is gone: tell the server through the control connection.
+                // The session is gone: tell the server through the control connection (a
+                // server that finishes the transaction itself ignores it).
                 let mut control = self.control();
-                control.complete(xid)?;
+                control.complete(xid, heuristic)?;
                 control.flush()
             }
         }
@@ -496,6 +628,263 @@ impl Drop for RemoteDecisions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use decree_core::{BranchRecord, Origin};
+    use std::os::unix::net::UnixListener;
+    use std::time::Instant;
+
+    /// How the scripted server answers a `Hello`.
+    #[derive(Clone, Copy)]
+    enum Greets {
+        /// Negotiates among these versions, like a version-2 server.
+        Speaks(&'static [u8]),
+        /// Answers a plain `HelloOk` even to a list (a version-1 server that ignores it).
+        Plain,
+        /// Refuses a list as malformed and closes (a server older than version 2).
+        RefusesList,
+        /// Names a version the client did not offer.
+        Chooses(u8),
+    }
+
+    /// A scripted state server on a Unix socket: node 1, incarnation 7; `Outcome` answers
+    /// from the Xid's sequence (1 committed, 2 in progress, 3 rolled back, 4 unknown,
+    /// 5 heuristic); `Decide` refuses no branches (14) and the RM "nope" (11). Records
+    /// (session version, message) for every message it receives.
+    struct Fake {
+        endpoint: Endpoint,
+        path: PathBuf,
+        seen: Arc<Mutex<Vec<(u8, Message)>>>,
+    }
+
+    impl Fake {
+        fn start(name: &str, greets: Greets) -> Fake {
+            let path = std::env::temp_dir().join(format!("decree-client-{name}-{}.sock", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).unwrap();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = seen.clone();
+            std::thread::spawn(move || {
+                for (n, stream) in listener.incoming().enumerate() {
+                    let Ok(stream) = stream else { return };
+                    let record = record.clone();
+                    std::thread::spawn(move || serve(stream, greets, n as u64 + 1, record));
+                }
+            });
+            Fake { endpoint: Endpoint::Unix(path.clone()), path, seen }
+        }
+
+        fn connect(&self) -> Result<RemoteDecisions, StoreError> {
+            RemoteDecisions::connect_with(self.endpoint.clone(), ClientOptions::default())
+        }
+
+        /// Waits until the server has seen a message `pick` accepts.
+        fn wait_for(&self, pick: impl Fn(&(u8, Message)) -> bool) -> (u8, Message) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(m) = self.seen.lock().iter().find(|m| pick(m)) {
+                    return m.clone();
+                }
+                assert!(Instant::now() < deadline, "the server never saw it: {:?}", self.seen.lock());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    fn serve(mut stream: UnixStream, greets: Greets, session: u64, seen: Arc<Mutex<Vec<(u8, Message)>>>) {
+        let mut frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
+        let mut version = 1;
+        loop {
+            let (id, message) = match frames.next_message() {
+                Ok(Some(m)) => m,
+                Ok(None) => match stream.read(frames.read_space()) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        frames.commit(n);
+                        continue;
+                    }
+                },
+                Err(e) => panic!("the client sent a bad frame: {e}"),
+            };
+            seen.lock().push((version, message.clone()));
+            let error = |code, message: &str| Message::Error { code, message: message.into() };
+            let (reply, close) = match message {
+                Message::Hello { versions, .. } => {
+                    let negotiated = match greets {
+                        _ if versions.is_empty() => None,
+                        Greets::Plain => None,
+                        Greets::RefusesList => {
+                            let mut out = Vec::new();
+                            encode_frame(&mut out, 0, &error(ErrorCode::Malformed, "malformed Hello body"));
+                            let _ = stream.write_all(&out);
+                            return;
+                        }
+                        Greets::Chooses(v) => Some(v),
+                        Greets::Speaks(ours) => ours.iter().rev().copied().find(|v| versions.contains(v)),
+                    };
+                    match (versions.is_empty() || matches!(greets, Greets::Plain), negotiated) {
+                        (false, None) => (error(ErrorCode::Version, "this server speaks [1]"), true),
+                        (_, negotiated) => {
+                            version = negotiated.unwrap_or(1);
+                            let hello_ok = Message::HelloOk {
+                                node: 1,
+                                incarnation: 7,
+                                session,
+                                frame_bytes_max: 65536,
+                                inflight_max: 64,
+                                negotiated: negotiated
+                                    .map(|version| Negotiated { version, idle_timeout_ms: 0 }),
+                            };
+                            (hello_ok, false)
+                        }
+                    }
+                }
+                Message::Decide(d) if d.branches.is_empty() => {
+                    (error(ErrorCode::NoBranches, "no branch"), false)
+                }
+                Message::Decide(d) if d.branches.iter().any(|b| b.rm == "nope") => {
+                    (error(ErrorCode::UnknownRm, "no resource manager \"nope\""), false)
+                }
+                Message::Decide(_) => (Message::DecideOk, false),
+                Message::Outcome(xid) => {
+                    let outcome = match xid.origin().unwrap().sequence {
+                        1 => Outcome::Committed,
+                        2 => Outcome::InProgress,
+                        3 => Outcome::RolledBack,
+                        4 => Outcome::Unknown,
+                        _ => Outcome::Heuristic,
+                    };
+                    (decree_proto::outcome_reply(outcome, version), false)
+                }
+                Message::Ping => (Message::Pong, false),
+                Message::Complete(_) => continue,
+                Message::CompleteHeuristic(..) if version >= 2 => continue,
+                other => (error(ErrorCode::Protocol, other.kind().name()), true),
+            };
+            let mut out = Vec::new();
+            encode_frame(&mut out, id, &reply);
+            if stream.write_all(&out).is_err() || close {
+                return;
+            }
+        }
+    }
+
+    fn xid(session: u64, sequence: u64) -> Xid {
+        Xid::decree(Origin { node: 1, incarnation: 7, session, sequence })
+    }
+
+    fn decision(xid: Xid, rms: &[&str]) -> Decision {
+        let branches = rms
+            .iter()
+            .enumerate()
+            .map(|(i, rm)| BranchRecord { rm: rm.to_string(), branch: i as u16 })
+            .collect();
+        Decision { xid, branches }
+    }
+
+    /// Asks every outcome and checks the answers are the same whatever the version.
+    fn every_outcome_reads_the_same(store: &RemoteDecisions) {
+        let want = [
+            Outcome::Committed,
+            Outcome::InProgress,
+            Outcome::RolledBack,
+            Outcome::Unknown,
+            Outcome::Heuristic,
+        ];
+        for (sequence, o) in (1..).zip(want) {
+            assert_eq!(store.outcome(&xid(99, sequence)).unwrap(), o, "sequence {sequence}");
+        }
+        store.ping().unwrap(); // The control connection is still open.
+    }
+
+    #[test]
+    fn a_version_2_server_negotiates_2_and_gets_heuristic_completions() {
+        let fake = Fake::start("v2", Greets::Speaks(&[1, 2]));
+        let store = fake.connect().unwrap();
+        assert_eq!(store.protocol_version(), 2);
+        assert_eq!(store.idle_timeout(), None);
+        let (_, hello) = fake.wait_for(|(_, m)| matches!(m, Message::Hello { .. }));
+        assert!(
+            matches!(hello, Message::Hello { versions, .. } if versions == decree_proto::PROTOCOL_VERSIONS)
+        );
+        every_outcome_reads_the_same(&store);
+        let session = store.open_session().unwrap();
+        store.decide(&decision(xid(session, 1), &["pg-a", "pg-b"])).unwrap();
+        store.complete_heuristic(&xid(session, 1), HeuristicOutcome::Mixed).unwrap();
+        store.close_session(session);
+        let (version, _) = fake
+            .wait_for(|(_, m)| *m == Message::CompleteHeuristic(xid(session, 1), HeuristicOutcome::Mixed));
+        assert_eq!(version, 2);
+    }
+
+    #[test]
+    fn a_version_1_server_gets_the_same_answers_and_plain_completions() {
+        for (name, greets) in [("v1-plain", Greets::Plain), ("v1-list", Greets::Speaks(&[1]))] {
+            let fake = Fake::start(name, greets);
+            let store = fake.connect().unwrap();
+            assert_eq!(store.protocol_version(), 1, "{name}");
+            every_outcome_reads_the_same(&store);
+            let session = store.open_session().unwrap();
+            store.decide(&decision(xid(session, 1), &["pg-a"])).unwrap();
+            store.complete_heuristic(&xid(session, 1), HeuristicOutcome::Committed).unwrap();
+            store.close_session(session);
+            fake.wait_for(|(_, m)| *m == Message::Complete(xid(session, 1)));
+            assert!(!fake.seen.lock().iter().any(|(_, m)| matches!(m, Message::CompleteHeuristic(..))));
+        }
+    }
+
+    #[test]
+    fn a_server_older_than_version_2_gets_a_plain_hello() {
+        let fake = Fake::start("old", Greets::RefusesList);
+        let store = fake.connect().unwrap();
+        assert_eq!(store.protocol_version(), 1);
+        let hellos: Vec<Vec<u8>> = fake
+            .seen
+            .lock()
+            .iter()
+            .filter_map(|(_, m)| match m {
+                Message::Hello { versions, .. } => Some(versions.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(hellos, vec![decree_proto::PROTOCOL_VERSIONS.to_vec(), vec![]]);
+        every_outcome_reads_the_same(&store);
+    }
+
+    #[test]
+    fn a_version_the_client_did_not_offer_or_none_in_common_is_refused() {
+        let fake = Fake::start("v9", Greets::Chooses(9));
+        match fake.connect() {
+            Err(StoreError::Unreachable(why)) => assert!(why.contains("version 9"), "{why}"),
+            other => panic!("expected Unreachable, got {:?}", other.map(|_| ())),
+        }
+        let fake = Fake::start("v3", Greets::Speaks(&[3]));
+        match fake.connect() {
+            Err(StoreError::Unreachable(why)) => assert!(why.contains("speaks [1]"), "{why}"),
+            other => panic!("expected Unreachable, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn refused_decisions_name_the_problem_and_keep_the_session() {
+        let fake = Fake::start("refuse", Greets::Speaks(&[1, 2]));
+        let store = fake.connect().unwrap();
+        let session = store.open_session().unwrap();
+        match store.decide(&decision(xid(session, 1), &["pg-a", "nope"])) {
+            Err(StoreError::Malformed(why)) => assert!(why.contains("unknown resource manager"), "{why}"),
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+        match store.decide(&decision(xid(session, 2), &[])) {
+            Err(StoreError::Malformed(why)) => assert!(why.contains("no branches"), "{why}"),
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+        store.decide(&decision(xid(session, 3), &["pg-a"])).unwrap();
+        store.close_session(session);
+    }
 
     #[test]
     fn endpoints_parse_and_bad_ones_are_named() {

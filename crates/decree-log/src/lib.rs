@@ -17,11 +17,13 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod io;
+pub mod outcomes;
 pub mod record;
 pub mod write_times;
 
 pub use config::{EngineKind, LogConfig, SyncPolicy};
 pub use error::LogError;
+pub use outcomes::{OutcomeMemory, RememberedEntry};
 pub use write_times::WriteTimes;
 
 /// Identifies the transaction a record belongs to; completion forgets all its records.

@@ -7,7 +7,7 @@
 //! of a thousand idle connections small.
 
 use crate::message::{Message, MessageType};
-use crate::{ProtoError, HEADER_BYTES, PROTOCOL_VERSION};
+use crate::{ProtoError, FRAME_VERSION, HEADER_BYTES};
 
 /// The fixed part of a frame, as read from the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub fn decode_frame(buf: &[u8], frame_bytes_max: usize) -> Result<Option<RawFram
     if buf.len() < 6 {
         return Ok(None);
     }
-    if buf[4] != PROTOCOL_VERSION {
+    if buf[4] != FRAME_VERSION {
         return Err(ProtoError::Version(buf[4]));
     }
     let kind = MessageType::from_byte(buf[5]).ok_or(ProtoError::UnknownType(buf[5]))?;
@@ -68,7 +68,7 @@ pub fn decode_frame(buf: &[u8], frame_bytes_max: usize) -> Result<Option<RawFram
 pub fn encode_frame(out: &mut Vec<u8>, request_id: u64, message: &Message) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    out.push(PROTOCOL_VERSION);
+    out.push(FRAME_VERSION);
     out.push(message.kind() as u8);
     out.extend_from_slice(&request_id.to_be_bytes());
     message.encode_body(out);
@@ -83,7 +83,7 @@ pub fn encode_frame(out: &mut Vec<u8>, request_id: u64, message: &Message) -> us
 pub fn encode_decide_frame(out: &mut Vec<u8>, request_id: u64, decision: &decree_core::Decision) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    out.push(PROTOCOL_VERSION);
+    out.push(FRAME_VERSION);
     out.push(MessageType::Decide as u8);
     out.extend_from_slice(&request_id.to_be_bytes());
     out.extend_from_slice(&decision.encode());

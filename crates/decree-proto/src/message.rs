@@ -4,9 +4,15 @@
 //! the log stores ([`Decision::encode`]), and `Complete`/`Outcome` carry an Xid in its
 //! binary form ([`Xid::encode`]). A body must be consumed exactly: trailing bytes are an
 //! error, so that two implementations cannot silently disagree on a message.
+//!
+//! Protocol version 2 (negotiated in `Hello`/`HelloOk`, see [`crate::choose_version`])
+//! adds optional trailers to `Hello` and `HelloOk`, the `OutcomeIs` values 4 (unknown)
+//! and 5 (heuristic), and the `CompleteHeuristic` message. The frame format is the same
+//! for every protocol version; a decoder accepts every version's messages, and which of
+//! them a session may use is the server's rule.
 
 use crate::ProtoError;
-use decree_core::{Decision, Outcome, Xid};
+use decree_core::{Decision, HeuristicOutcome, Outcome, Xid};
 
 /// The type byte of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,6 +36,9 @@ pub enum MessageType {
     Ping = 0x08,
     /// The answer to `Ping`.
     Pong = 0x09,
+    /// Client → server (protocol version 2): every branch of this Xid is finished and at
+    /// least one decided on its own (no reply on success).
+    CompleteHeuristic = 0x0a,
     /// Server → client: the request (or the connection) failed.
     Error = 0x7f,
 }
@@ -47,6 +56,7 @@ impl MessageType {
             0x07 => MessageType::OutcomeIs,
             0x08 => MessageType::Ping,
             0x09 => MessageType::Pong,
+            0x0a => MessageType::CompleteHeuristic,
             0x7f => MessageType::Error,
             _ => return None,
         })
@@ -64,6 +74,7 @@ impl MessageType {
             MessageType::OutcomeIs => "OutcomeIs",
             MessageType::Ping => "Ping",
             MessageType::Pong => "Pong",
+            MessageType::CompleteHeuristic => "CompleteHeuristic",
             MessageType::Error => "Error",
         }
     }
@@ -82,7 +93,8 @@ pub enum ErrorCode {
     Version,
     /// 5: a message out of order (before `Hello`, a second `Hello`, a server message).
     Protocol,
-    /// 6: the log failed; the decision is not durable and no later one will be.
+    /// 6: the log failed: the decision's write may or may not have reached the disk (its
+    /// outcome is unknown until a restart has read the log), and no later one will be.
     LogFailed,
     /// 7: the Xid does not belong to this connection's session.
     WrongSession,
@@ -92,6 +104,20 @@ pub enum ErrorCode {
     ShuttingDown,
     /// 10: a limit was reached (connections or requests in flight).
     Busy,
+    /// 11: a `Decide` names a resource manager the server has no connection factory for.
+    UnknownRm,
+    /// 12: a `Decide`'s Xid has a non-empty branch qualifier (decisions name the global
+    /// transaction).
+    BranchQualifier,
+    /// 13: two branches of a `Decide` share a branch number.
+    DuplicateBranch,
+    /// 14: a `Decide` names no branch.
+    NoBranches,
+    /// 15: the answer to `Outcome` on a version-1 session when the outcome is unknown.
+    OutcomeUnknown,
+    /// 16: the answer to `Outcome` on a version-1 session when a branch reported a
+    /// heuristic outcome.
+    OutcomeHeuristic,
     /// Any other code, kept for forward compatibility.
     Other(u16),
 }
@@ -110,6 +136,12 @@ impl ErrorCode {
             ErrorCode::NodeMismatch => 8,
             ErrorCode::ShuttingDown => 9,
             ErrorCode::Busy => 10,
+            ErrorCode::UnknownRm => 11,
+            ErrorCode::BranchQualifier => 12,
+            ErrorCode::DuplicateBranch => 13,
+            ErrorCode::NoBranches => 14,
+            ErrorCode::OutcomeUnknown => 15,
+            ErrorCode::OutcomeHeuristic => 16,
             ErrorCode::Other(c) => c,
         }
     }
@@ -127,24 +159,53 @@ impl ErrorCode {
             8 => ErrorCode::NodeMismatch,
             9 => ErrorCode::ShuttingDown,
             10 => ErrorCode::Busy,
+            11 => ErrorCode::UnknownRm,
+            12 => ErrorCode::BranchQualifier,
+            13 => ErrorCode::DuplicateBranch,
+            14 => ErrorCode::NoBranches,
+            15 => ErrorCode::OutcomeUnknown,
+            16 => ErrorCode::OutcomeHeuristic,
             c => ErrorCode::Other(c),
         }
     }
 }
 
+/// What the server chose in a `HelloOk` to a client that offered protocol versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Negotiated {
+    /// The protocol version of the session: the highest both sides speak.
+    pub version: u8,
+    /// Milliseconds of silence after which the server closes the session; 0 = never. A
+    /// client keeps an idle session open with `Ping`.
+    pub idle_timeout_ms: u32,
+}
+
 /// One protocol message (the body of a frame, typed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// Opens the session. `node_expected` 0 accepts any node; `client` names the client.
-    Hello { node_expected: u32, client: String },
+    /// Opens the session. `node_expected` 0 accepts any node; `client` names the client;
+    /// `versions` are the protocol versions the client speaks (at most
+    /// [`HELLO_VERSIONS_MAX`], distinct), empty for a version-1 client that sends no list.
+    Hello { node_expected: u32, client: String, versions: Vec<u8> },
     /// The session is open: who the server is and the limits the client must respect.
-    HelloOk { node: u32, incarnation: u64, session: u64, frame_bytes_max: u32, inflight_max: u32 },
+    /// `negotiated` is present exactly when the client's `Hello` offered versions.
+    HelloOk {
+        node: u32,
+        incarnation: u64,
+        session: u64,
+        frame_bytes_max: u32,
+        inflight_max: u32,
+        negotiated: Option<Negotiated>,
+    },
     /// Store this decision durably (the commit point).
     Decide(Decision),
     /// The decision of the request with the same id is durable.
     DecideOk,
     /// Every branch of this Xid is finished; the server forgets it lazily.
     Complete(Xid),
+    /// Protocol version 2: every branch of this Xid is finished and at least one decided
+    /// on its own, with this combined outcome; no reply on success, like `Complete`.
+    CompleteHeuristic(Xid, HeuristicOutcome),
     /// Asks what became of this Xid.
     Outcome(Xid),
     /// The answer to `Outcome`.
@@ -160,6 +221,15 @@ pub enum Message {
 /// Longest client name in a `Hello`.
 pub const CLIENT_NAME_BYTES_MAX: usize = 255;
 
+/// Most protocol versions a `Hello` may offer.
+pub const HELLO_VERSIONS_MAX: usize = 16;
+
+/// Bytes of a `HelloOk` body without the negotiation trailer.
+const HELLO_OK_BYTES: usize = 28;
+
+/// Bytes of the `HelloOk` trailer: version u8, idle_timeout_ms u32.
+const NEGOTIATED_BYTES: usize = 5;
+
 impl Message {
     /// The type byte of this message.
     pub fn kind(&self) -> MessageType {
@@ -169,6 +239,7 @@ impl Message {
             Message::Decide(_) => MessageType::Decide,
             Message::DecideOk => MessageType::DecideOk,
             Message::Complete(_) => MessageType::Complete,
+            Message::CompleteHeuristic(..) => MessageType::CompleteHeuristic,
             Message::Outcome(_) => MessageType::Outcome,
             Message::OutcomeIs(_) => MessageType::OutcomeIs,
             Message::Ping => MessageType::Ping,
@@ -178,23 +249,40 @@ impl Message {
     }
 
     /// Appends the body (without the frame header) to `out`.
+    ///
+    /// Like the client name, a `Hello`'s version list is cut to its first
+    /// [`HELLO_VERSIONS_MAX`] entries; it is written as given otherwise (a list with
+    /// duplicates makes a frame the receiver refuses).
     pub fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
-            Message::Hello { node_expected, client } => {
+            Message::Hello { node_expected, client, versions } => {
                 out.extend_from_slice(&node_expected.to_be_bytes());
                 let name = truncate_utf8(client, CLIENT_NAME_BYTES_MAX);
                 out.push(name.len() as u8);
                 out.extend_from_slice(name.as_bytes());
+                if !versions.is_empty() {
+                    let versions = &versions[..versions.len().min(HELLO_VERSIONS_MAX)];
+                    out.push(versions.len() as u8);
+                    out.extend_from_slice(versions);
+                }
             }
-            Message::HelloOk { node, incarnation, session, frame_bytes_max, inflight_max } => {
+            Message::HelloOk { node, incarnation, session, frame_bytes_max, inflight_max, negotiated } => {
                 out.extend_from_slice(&node.to_be_bytes());
                 out.extend_from_slice(&incarnation.to_be_bytes());
                 out.extend_from_slice(&session.to_be_bytes());
                 out.extend_from_slice(&frame_bytes_max.to_be_bytes());
                 out.extend_from_slice(&inflight_max.to_be_bytes());
+                if let Some(n) = negotiated {
+                    out.push(n.version);
+                    out.extend_from_slice(&n.idle_timeout_ms.to_be_bytes());
+                }
             }
             Message::Decide(decision) => out.extend_from_slice(&decision.encode()),
             Message::Complete(xid) | Message::Outcome(xid) => xid.encode(out),
+            Message::CompleteHeuristic(xid, outcome) => {
+                xid.encode(out);
+                out.push(heuristic_byte(*outcome));
+            }
             Message::OutcomeIs(outcome) => out.push(outcome_byte(*outcome)),
             Message::DecideOk | Message::Ping | Message::Pong => {}
             Message::Error { code, message } => {
@@ -221,34 +309,55 @@ impl Message {
                 }
                 let node_expected = be_u32(&body[0..4]);
                 let len = body[4] as usize;
-                if body.len() != 5 + len {
-                    return Err(bad("client name length does not match the body"));
+                if body.len() < 5 + len {
+                    return Err(bad("client name length exceeds the body"));
                 }
-                let client =
-                    std::str::from_utf8(&body[5..]).map_err(|_| bad("client name is not UTF-8"))?.to_string();
-                Message::Hello { node_expected, client }
+                let client = std::str::from_utf8(&body[5..5 + len])
+                    .map_err(|_| bad("client name is not UTF-8"))?
+                    .to_string();
+                let versions = decode_versions(&body[5 + len..]).map_err(|e| bad(&e))?;
+                Message::Hello { node_expected, client, versions }
             }
             MessageType::HelloOk => {
-                exact(28)?;
+                let negotiated = match body.len() {
+                    HELLO_OK_BYTES => None,
+                    n if n == HELLO_OK_BYTES + NEGOTIATED_BYTES => Some(Negotiated {
+                        version: body[HELLO_OK_BYTES],
+                        idle_timeout_ms: be_u32(&body[HELLO_OK_BYTES + 1..]),
+                    }),
+                    n => {
+                        return Err(bad(&format!(
+                        "body is {n} bytes, expected {HELLO_OK_BYTES} or {} (with the negotiated version)",
+                        HELLO_OK_BYTES + NEGOTIATED_BYTES
+                    )))
+                    }
+                };
                 Message::HelloOk {
                     node: be_u32(&body[0..4]),
                     incarnation: be_u64(&body[4..12]),
                     session: be_u64(&body[12..20]),
                     frame_bytes_max: be_u32(&body[20..24]),
                     inflight_max: be_u32(&body[24..28]),
+                    negotiated,
                 }
             }
             MessageType::Decide => Message::Decide(Decision::decode(body).map_err(|e| bad(&e.to_string()))?),
             MessageType::Complete => Message::Complete(decode_xid(body).map_err(|e| bad(&e))?),
+            MessageType::CompleteHeuristic => {
+                let Some((&last, xid)) = body.split_last() else {
+                    return Err(bad("empty body"));
+                };
+                let xid = decode_xid(xid).map_err(|e| bad(&e))?;
+                let outcome = heuristic_from_byte(last)
+                    .ok_or_else(|| bad(&format!("unknown heuristic outcome {last}")))?;
+                Message::CompleteHeuristic(xid, outcome)
+            }
             MessageType::Outcome => Message::Outcome(decode_xid(body).map_err(|e| bad(&e))?),
             MessageType::OutcomeIs => {
                 exact(1)?;
-                Message::OutcomeIs(match body[0] {
-                    1 => Outcome::Committed,
-                    2 => Outcome::InProgress,
-                    3 => Outcome::RolledBack,
-                    b => return Err(bad(&format!("unknown outcome {b}"))),
-                })
+                Message::OutcomeIs(
+                    outcome_from_byte(body[0]).ok_or_else(|| bad(&format!("unknown outcome {}", body[0])))?,
+                )
             }
             MessageType::DecideOk => {
                 exact(0)?;
@@ -275,7 +384,7 @@ impl Message {
     }
 }
 
-/// The wire byte of an outcome.
+/// The wire byte of an outcome (4 and 5 exist from protocol version 2 on).
 pub fn outcome_byte(outcome: Outcome) -> u8 {
     match outcome {
         Outcome::Committed => 1,
@@ -284,6 +393,58 @@ pub fn outcome_byte(outcome: Outcome) -> u8 {
         Outcome::Unknown => 4,
         Outcome::Heuristic => 5,
     }
+}
+
+/// The outcome of a wire byte, `None` for 0 and 6..=255.
+pub fn outcome_from_byte(b: u8) -> Option<Outcome> {
+    Some(match b {
+        1 => Outcome::Committed,
+        2 => Outcome::InProgress,
+        3 => Outcome::RolledBack,
+        4 => Outcome::Unknown,
+        5 => Outcome::Heuristic,
+        _ => return None,
+    })
+}
+
+/// The wire byte of a heuristic outcome in `CompleteHeuristic`.
+pub fn heuristic_byte(outcome: HeuristicOutcome) -> u8 {
+    match outcome {
+        HeuristicOutcome::Committed => 1,
+        HeuristicOutcome::RolledBack => 2,
+        HeuristicOutcome::Mixed => 3,
+    }
+}
+
+/// The heuristic outcome of a wire byte, `None` for 0 and 4..=255.
+pub fn heuristic_from_byte(b: u8) -> Option<HeuristicOutcome> {
+    Some(match b {
+        1 => HeuristicOutcome::Committed,
+        2 => HeuristicOutcome::RolledBack,
+        3 => HeuristicOutcome::Mixed,
+        _ => return None,
+    })
+}
+
+/// The optional version list that ends a `Hello` body: nothing, or a count (1..=16) and
+/// that many distinct version bytes.
+fn decode_versions(rest: &[u8]) -> Result<Vec<u8>, String> {
+    let Some((&count, versions)) = rest.split_first() else {
+        return Ok(Vec::new());
+    };
+    let count = count as usize;
+    if count == 0 || count > HELLO_VERSIONS_MAX {
+        return Err(format!("version count {count} is not between 1 and {HELLO_VERSIONS_MAX}"));
+    }
+    if versions.len() != count {
+        return Err(format!("version count {count} does not match the {} bytes after it", versions.len()));
+    }
+    for (i, v) in versions.iter().enumerate() {
+        if versions[..i].contains(v) {
+            return Err(format!("version {v} is offered twice"));
+        }
+    }
+    Ok(versions.to_vec())
 }
 
 fn decode_xid(body: &[u8]) -> Result<Xid, String> {
@@ -327,23 +488,140 @@ mod tests {
     fn samples() -> Vec<Message> {
         let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
         vec![
-            Message::Hello { node_expected: 0, client: "test".into() },
+            Message::Hello { node_expected: 0, client: "test".into(), versions: vec![] },
+            Message::Hello { node_expected: 5, client: "v2".into(), versions: vec![1, 2] },
             Message::HelloOk {
                 node: 1,
                 incarnation: 9,
                 session: 3,
                 frame_bytes_max: 65536,
                 inflight_max: 64,
+                negotiated: None,
+            },
+            Message::HelloOk {
+                node: 1,
+                incarnation: 9,
+                session: 3,
+                frame_bytes_max: 65536,
+                inflight_max: 64,
+                negotiated: Some(Negotiated { version: 2, idle_timeout_ms: 30_000 }),
             },
             Message::Decide(Decision { xid, branches: vec![BranchRecord { rm: "pg".into(), branch: 1 }] }),
             Message::DecideOk,
             Message::Complete(xid),
+            Message::CompleteHeuristic(xid, HeuristicOutcome::Mixed),
             Message::Outcome(xid),
             Message::OutcomeIs(Outcome::InProgress),
+            Message::OutcomeIs(Outcome::Unknown),
+            Message::OutcomeIs(Outcome::Heuristic),
             Message::Ping,
             Message::Pong,
             Message::Error { code: ErrorCode::WrongSession, message: "not yours".into() },
+            Message::Error { code: ErrorCode::OutcomeHeuristic, message: "heuristic".into() },
         ]
+    }
+
+    fn malformed(kind: MessageType, body: &[u8]) -> String {
+        match Message::decode_body(kind, body) {
+            Err(ProtoError::Malformed { reason, .. }) => reason,
+            other => panic!("{} body {body:02x?} must be malformed, got {other:?}", kind.name()),
+        }
+    }
+
+    #[test]
+    fn hello_version_lists_are_checked() {
+        let hello = |tail: &[u8]| {
+            let mut b = vec![0, 0, 0, 0, 1, b'x'];
+            b.extend_from_slice(tail);
+            b
+        };
+        let ok = |tail: &[u8]| match Message::decode_body(MessageType::Hello, &hello(tail)).unwrap() {
+            Message::Hello { versions, .. } => versions,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ok(&[]), Vec::<u8>::new());
+        assert_eq!(ok(&[1, 2]), vec![2]);
+        assert_eq!(ok(&[3, 2, 9, 1]), vec![2, 9, 1]);
+        let sixteen: Vec<u8> = std::iter::once(16).chain(1..=16).collect();
+        assert_eq!(ok(&sixteen).len(), 16);
+        assert!(malformed(MessageType::Hello, &hello(&[0])).contains("count 0"));
+        let seventeen: Vec<u8> = std::iter::once(17).chain(1..=17).collect();
+        assert!(malformed(MessageType::Hello, &hello(&seventeen)).contains("count 17"));
+        assert!(malformed(MessageType::Hello, &hello(&[2, 1, 1])).contains("twice"));
+        assert!(malformed(MessageType::Hello, &hello(&[2, 1])).contains("does not match"));
+        assert!(malformed(MessageType::Hello, &hello(&[1, 1, 2])).contains("does not match"));
+        assert!(malformed(MessageType::Hello, &[0, 0, 0, 0, 3, b'x']).contains("exceeds"));
+        // The encoder writes nothing for an empty list (version-1 bytes) and cuts long ones.
+        let mut out = Vec::new();
+        Message::Hello { node_expected: 0, client: "x".into(), versions: vec![] }.encode_body(&mut out);
+        assert_eq!(out, hello(&[]));
+        out.clear();
+        Message::Hello { node_expected: 0, client: "x".into(), versions: (1..=20).collect() }
+            .encode_body(&mut out);
+        assert_eq!(out, hello(&sixteen));
+    }
+
+    #[test]
+    fn hello_ok_is_28_bytes_or_33_with_the_negotiated_version() {
+        let mut body = vec![0u8; 28];
+        assert!(matches!(
+            Message::decode_body(MessageType::HelloOk, &body),
+            Ok(Message::HelloOk { negotiated: None, .. })
+        ));
+        body.extend_from_slice(&[2, 0, 0, 0x75, 0x30]);
+        assert!(matches!(
+            Message::decode_body(MessageType::HelloOk, &body),
+            Ok(Message::HelloOk { negotiated: Some(Negotiated { version: 2, idle_timeout_ms: 30_000 }), .. })
+        ));
+        for len in [27, 29, 32, 34] {
+            body.resize(len, 0);
+            malformed(MessageType::HelloOk, &body);
+        }
+    }
+
+    #[test]
+    fn outcome_and_heuristic_bytes_round_trip_and_others_are_malformed() {
+        for b in 0..=255u8 {
+            match outcome_from_byte(b) {
+                Some(o) => assert_eq!(outcome_byte(o), b),
+                None => {
+                    assert!(b == 0 || b >= 6, "{b}");
+                    malformed(MessageType::OutcomeIs, &[b]);
+                }
+            }
+            match heuristic_from_byte(b) {
+                Some(h) => assert_eq!(heuristic_byte(h), b),
+                None => assert!(b == 0 || b >= 4, "{b}"),
+            }
+        }
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
+        let mut body = Vec::new();
+        xid.encode(&mut body);
+        malformed(MessageType::CompleteHeuristic, &body); // No outcome byte.
+        body.push(4);
+        assert!(malformed(MessageType::CompleteHeuristic, &body).contains("heuristic outcome 4"));
+        malformed(MessageType::CompleteHeuristic, &[]);
+        body.pop();
+        body.extend_from_slice(&[3, 3]);
+        malformed(MessageType::CompleteHeuristic, &body);
+    }
+
+    #[test]
+    fn error_codes_round_trip() {
+        for c in 0..=40u16 {
+            assert_eq!(ErrorCode::from_u16(c).to_u16(), c);
+        }
+        for (c, code) in [
+            (11, ErrorCode::UnknownRm),
+            (12, ErrorCode::BranchQualifier),
+            (13, ErrorCode::DuplicateBranch),
+            (14, ErrorCode::NoBranches),
+            (15, ErrorCode::OutcomeUnknown),
+            (16, ErrorCode::OutcomeHeuristic),
+        ] {
+            assert_eq!(ErrorCode::from_u16(c), code);
+        }
+        assert_eq!(ErrorCode::from_u16(17), ErrorCode::Other(17));
     }
 
     #[test]
@@ -450,11 +728,12 @@ mod tests {
         #[test]
         fn valid_frames_with_random_header_bytes_never_panic(
             prefix in proptest::collection::vec(any::<u8>(), 0..14),
-            which in 0usize..10,
+            which in 0usize..17,
             cuts in proptest::collection::vec(any::<usize>(), 0..8),
         ) {
             let mut bytes = prefix;
-            encode_frame(&mut bytes, 7, &samples()[which]);
+            let samples = samples();
+            encode_frame(&mut bytes, 7, &samples[which % samples.len()]);
             feed(&bytes, &cuts, FRAME_BYTES_MAX);
         }
     }

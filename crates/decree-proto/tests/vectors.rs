@@ -3,10 +3,13 @@
 //! the bytes gives exactly those fields, and every invalid vector is refused with the
 //! named error. The vectors were produced by an independent encoder (not this crate), so
 //! a change of the wire format breaks this test instead of silently moving the vectors.
+//!
+//! Vectors with `"since": 2` exist only in protocol version 2; the others are version 1
+//! and must stay byte for byte what they are.
 
-use decree_core::{BranchRecord, Decision, Outcome, Xid};
+use decree_core::{BranchRecord, Decision, HeuristicOutcome, Outcome, Xid};
 use decree_proto::{
-    decode_frame, encode_frame, ErrorCode, FrameBuffer, Message, ProtoError, FRAME_BYTES_MAX,
+    decode_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated, ProtoError, FRAME_BYTES_MAX,
 };
 use serde_json::Value;
 
@@ -31,6 +34,10 @@ fn message(kind: &str, f: &Value) -> Message {
         "Hello" => Message::Hello {
             node_expected: num(f, "node_expected") as u32,
             client: f["client"].as_str().unwrap().into(),
+            versions: match &f["versions"] {
+                Value::Null => Vec::new(),
+                list => list.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u8).collect(),
+            },
         },
         "HelloOk" => Message::HelloOk {
             node: num(f, "node") as u32,
@@ -38,6 +45,13 @@ fn message(kind: &str, f: &Value) -> Message {
             session: num(f, "session"),
             frame_bytes_max: num(f, "frame_bytes_max") as u32,
             inflight_max: num(f, "inflight_max") as u32,
+            negotiated: match &f["negotiated"] {
+                Value::Null => None,
+                n => Some(Negotiated {
+                    version: num(n, "version") as u8,
+                    idle_timeout_ms: num(n, "idle_timeout_ms") as u32,
+                }),
+            },
         },
         "Decide" => Message::Decide(Decision {
             xid: xid(&f["xid"]),
@@ -53,11 +67,22 @@ fn message(kind: &str, f: &Value) -> Message {
         }),
         "DecideOk" => Message::DecideOk,
         "Complete" => Message::Complete(xid(&f["xid"])),
+        "CompleteHeuristic" => Message::CompleteHeuristic(
+            xid(&f["xid"]),
+            match f["heuristic"].as_str().unwrap() {
+                "committed" => HeuristicOutcome::Committed,
+                "rolled_back" => HeuristicOutcome::RolledBack,
+                "mixed" => HeuristicOutcome::Mixed,
+                other => panic!("unknown heuristic outcome {other}"),
+            },
+        ),
         "Outcome" => Message::Outcome(xid(&f["xid"])),
         "OutcomeIs" => Message::OutcomeIs(match f["outcome"].as_str().unwrap() {
             "committed" => Outcome::Committed,
             "in_progress" => Outcome::InProgress,
             "rolled_back" => Outcome::RolledBack,
+            "unknown" => Outcome::Unknown,
+            "heuristic" => Outcome::Heuristic,
             other => panic!("unknown outcome {other}"),
         }),
         "Ping" => Message::Ping,
@@ -73,10 +98,16 @@ fn message(kind: &str, f: &Value) -> Message {
 #[test]
 fn every_vector_encodes_and_decodes_exactly() {
     let v = vectors();
-    assert_eq!(v["protocol_version"].as_u64(), Some(decree_proto::PROTOCOL_VERSION as u64));
+    assert_eq!(v["frame_version"].as_u64(), Some(decree_proto::FRAME_VERSION as u64));
+    let versions: Vec<u8> =
+        v["protocol_versions"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u8).collect();
+    assert_eq!(versions, decree_proto::PROTOCOL_VERSIONS);
     assert_eq!(v["frame_bytes_max"].as_u64(), Some(FRAME_BYTES_MAX as u64));
     let messages = v["messages"].as_array().unwrap();
-    assert!(messages.len() >= 10, "every message type has a vector");
+    let mut kinds: Vec<&str> = messages.iter().map(|m| m["type"].as_str().unwrap()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    assert_eq!(kinds.len(), 11, "every message type has a vector");
     let mut stream = Vec::new();
     let mut expected = Vec::new();
     for vector in messages {
@@ -141,4 +172,44 @@ fn the_protocol_document_shows_every_vector() {
         let hex = vector["hex"].as_str().unwrap();
         assert!(doc.contains(hex), "docs/protocol.md lacks vector {} ({hex})", vector["name"]);
     }
+}
+
+fn vector(name: &str) -> Value {
+    let v = vectors();
+    let found = v["messages"].as_array().unwrap().iter().find(|m| m["name"] == name).cloned();
+    found.unwrap_or_else(|| panic!("no vector {name}"))
+}
+
+fn frame_hex(request_id: u64, m: &Message) -> String {
+    let mut out = Vec::new();
+    encode_frame(&mut out, request_id, m);
+    hex::encode(out)
+}
+
+#[test]
+fn the_version_1_answers_to_unknown_and_heuristic_are_errors_15_and_16() {
+    let unknown = vector("error_outcome_unknown");
+    let reply = decree_proto::outcome_reply(Outcome::Unknown, 1);
+    assert_eq!(frame_hex(num(&unknown, "request_id"), &reply), unknown["hex"].as_str().unwrap());
+    let reply = decree_proto::outcome_reply(Outcome::Heuristic, 1);
+    assert!(matches!(reply, Message::Error { code: ErrorCode::OutcomeHeuristic, .. }), "{reply:?}");
+    for (o, name) in [(Outcome::Unknown, "outcome_is_unknown"), (Outcome::Heuristic, "outcome_is_heuristic")]
+    {
+        let v = vector(name);
+        let reply = decree_proto::outcome_reply(o, 2);
+        assert_eq!(frame_hex(num(&v, "request_id"), &reply), v["hex"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn a_version_2_hello_is_a_version_1_hello_plus_its_list() {
+    let (v1, v2) = (vector("hello"), vector("hello_v2"));
+    let (h1, h2) = (v1["hex"].as_str().unwrap(), v2["hex"].as_str().unwrap());
+    assert_eq!(&h2[8..h1.len()], &h1[8..], "same header and body up to the list");
+    assert_eq!(&h2[h1.len()..], "020102");
+    let (v1, v2) = (vector("hello_ok"), vector("hello_ok_v2"));
+    let (h1, h2) = (v1["hex"].as_str().unwrap(), v2["hex"].as_str().unwrap());
+    assert_eq!(&h2[8..h1.len()], &h1[8..], "same header and body up to the trailer");
+    assert_eq!(&h2[h1.len()..], "0200000000");
+    assert_eq!(decree_proto::choose_version(&[1, 2]), Some(2));
 }

@@ -26,7 +26,13 @@ fn main() {
     let mut config = ServerConfig::new(dir.path().join("log"), engine);
     config.unix = Some(dir.path().join("bench.sock"));
     config.tcp = Some("127.0.0.1:0".parse().expect("addr"));
-    let server = decree_server::start(config, Vec::new()).expect("server");
+    // The decisions name pg-a and pg-b: dummy stand-ins, since the server refuses decisions
+    // naming resource managers it could not finish.
+    let rms = vec![
+        decree_core::DummyFactory::named("pg-a", 0).arc(),
+        decree_core::DummyFactory::named("pg-b", 0).arc(),
+    ];
+    let server = decree_server::start(config, rms).expect("server");
     let endpoint = match transport.as_str() {
         "tcp" => format!("tcp:{}", server.tcp_addr().expect("tcp")),
         _ => format!("unix:{}", server.unix_path().expect("unix").display()),

@@ -30,7 +30,11 @@
 //! origin (incarnation, session) of the Xid instead.
 
 use crate::config::ServerConfig;
-use decree_core::{BranchRecord, Decision, Origin, ResourceManager, RmError, RmFactory, Xid};
+use crate::rules::Remembered;
+use decree_core::{
+    BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, ResourceManager, RmError, RmFactory, Xid,
+};
+use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -403,6 +407,12 @@ pub struct Inspector {
     log_dir: PathBuf,
     node: u32,
     decisions: HashMap<Xid, Decision>,
+    /// The log keys of each decision's records (completing it completes them all).
+    keys: HashMap<Xid, Vec<u64>>,
+    key_allocator: KeyAllocator,
+    /// The server's memory of finished outcomes: an operator's resolution is remembered
+    /// there, so that a client asking later gets the true answer.
+    outcomes: OutcomeMemory,
     warnings: Vec<String>,
     rms: Vec<RmSlot>,
 }
@@ -418,21 +428,21 @@ impl Inspector {
             other => AdminError::Log { dir: dir.clone(), source: other },
         })?;
         let mut decisions: HashMap<Xid, Decision> = HashMap::new();
+        let mut keys: HashMap<Xid, Vec<u64>> = HashMap::new();
         let mut warnings = Vec::new();
-        for record in log.take_recovered() {
+        let records = log.take_recovered();
+        let key_allocator = KeyAllocator::new(records.iter().map(|r| r.txn));
+        for record in records {
             match Decision::decode(&record.payload) {
-                Ok(d) if d.xid.log_key() == record.txn => match decisions.get_mut(&d.xid) {
-                    Some(existing) => existing.branches.extend(d.branches),
-                    None => {
-                        decisions.insert(d.xid, d);
+                Ok(d) => {
+                    keys.entry(d.xid).or_default().push(record.txn);
+                    match decisions.get_mut(&d.xid) {
+                        Some(existing) => existing.branches.extend(d.branches),
+                        None => {
+                            decisions.insert(d.xid, d);
+                        }
                     }
-                },
-                Ok(d) => warnings.push(format!(
-                    "decision for {} stored under log key {:#x}, expected {:#x}; ignored",
-                    d.xid,
-                    record.txn,
-                    d.xid.log_key()
-                )),
+                }
                 Err(e) => warnings.push(format!(
                     "record under log key {:#x} in {} is not a decision ({e}); ignored",
                     record.txn,
@@ -440,6 +450,15 @@ impl Inspector {
                 )),
             }
         }
+        let capacity = config.limits.outcomes_remembered_max;
+        let outcomes = if log_config.engine == decree_log::EngineKind::Volatile {
+            OutcomeMemory::volatile(capacity)
+        } else {
+            let storage = Arc::new(decree_log::io::StdStorage);
+            OutcomeMemory::open(storage, &dir, capacity, std::time::Duration::ZERO)
+                .map_err(|source| AdminError::Log { dir: dir.clone(), source })?
+        };
+        warnings.extend(outcomes.open_warnings().iter().cloned());
         let mut rms: Vec<RmSlot> = Vec::new();
         for rm in &config.rm {
             let pg_dsn = matches!(rm.kind.to_ascii_lowercase().as_str(), "postgres" | "postgresql" | "pg")
@@ -455,7 +474,17 @@ impl Inspector {
         }
         // Connections are made by the first scan, so that an unreachable RM costs one
         // connect timeout and is reported by `list` rather than failing here.
-        Ok(Inspector { log, log_dir: dir, node: config.node, decisions, warnings, rms })
+        Ok(Inspector {
+            log,
+            log_dir: dir,
+            node: config.node,
+            decisions,
+            keys,
+            key_allocator,
+            outcomes,
+            warnings,
+            rms,
+        })
     }
 
     /// The heuristics audit file of this log directory.
@@ -589,7 +618,11 @@ impl Inspector {
             failures.push(format!("the decision stays in {} for a later retry", self.log_dir.display()));
             return Err(AdminError::Incomplete { xid: global.to_gid(), failures });
         }
-        self.complete(&global)?;
+        let outcome = match heuristic {
+            Some(_) => Remembered::Heuristic(HeuristicOutcome::Committed),
+            None => Remembered::Committed,
+        };
+        self.complete(&global, outcome)?;
         Ok(Resolution { xid: global, action: "commit", branches, heuristic, log_completed: true })
     }
 
@@ -613,7 +646,7 @@ impl Inspector {
             heuristic = Some(self.record_heuristic("rollback", &global, "commit", &prepared)?);
             // The log now agrees with the operator: without the decision, a crash from
             // here on is finished by presumed abort.
-            self.complete(&global)?;
+            self.complete(&global, Remembered::Heuristic(HeuristicOutcome::RolledBack))?;
             log_completed = true;
         } else if prepared.is_empty() {
             return Err(self.not_found(global, &scan));
@@ -634,6 +667,9 @@ impl Inspector {
         if !failures.is_empty() {
             failures.push("no decision is logged: run rollback again, or let recovery presume abort".into());
             return Err(AdminError::Incomplete { xid: global.to_gid(), failures });
+        }
+        if heuristic.is_none() {
+            self.remember(&global, Remembered::RolledBack)?;
         }
         Ok(Resolution { xid: global, action: "rollback", branches, heuristic, log_completed })
     }
@@ -736,18 +772,32 @@ impl Inspector {
     fn append_decision(&mut self, decision: &Decision) -> Result<(), AdminError> {
         let dir = self.log_dir.clone();
         let log_error = |source| AdminError::Log { dir: dir.clone(), source };
-        self.log.append(decision.xid.log_key(), &decision.encode()).map_err(log_error)?;
+        let key = self.key_allocator.next();
+        self.log.append(key, &decision.encode()).map_err(log_error)?;
         self.log.sync().map_err(log_error)?;
+        self.keys.entry(decision.xid).or_default().push(key);
         self.decisions.insert(decision.xid, decision.clone());
         Ok(())
     }
 
-    /// Completes the decision of `xid` in the log and syncs.
-    fn complete(&mut self, xid: &Xid) -> Result<(), AdminError> {
+    /// Remembers `outcome` for `xid` durably in the outcome memory.
+    fn remember(&mut self, xid: &Xid, outcome: Remembered) -> Result<(), AdminError> {
+        let mut id = Vec::with_capacity(40);
+        xid.global().encode(&mut id);
+        self.outcomes.remember(&id, outcome.to_byte(), Box::new(|_| {}));
+        self.outcomes.sync().map_err(|source| AdminError::Log { dir: self.log_dir.clone(), source })
+    }
+
+    /// Remembers `outcome` for `xid`, then completes its decision in the log and syncs:
+    /// the outcome is durable before the decision can go.
+    fn complete(&mut self, xid: &Xid, outcome: Remembered) -> Result<(), AdminError> {
         let dir = self.log_dir.clone();
         let log_error = |source| AdminError::Log { dir: dir.clone(), source };
         if self.decisions.contains_key(xid) {
-            self.log.complete(xid.log_key()).map_err(log_error)?;
+            self.remember(xid, outcome)?;
+            for key in self.keys.remove(xid).unwrap_or_default() {
+                self.log.complete(key).map_err(log_error)?;
+            }
             self.log.sync().map_err(log_error)?;
             self.decisions.remove(xid);
         }

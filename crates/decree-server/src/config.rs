@@ -54,7 +54,8 @@ pub struct Limits {
     pub inflight_total_max: u32,
     /// Largest frame accepted, header included (at most 64 KiB).
     pub frame_bytes_max: u32,
-    /// Transactions finished by the server remembered for `Outcome` after completion.
+    /// Finished transactions whose outcome is remembered (durably, in `outcomes.dat` of
+    /// the log directory) for `Outcome` questions; the oldest is forgotten first.
     pub outcomes_remembered_max: u32,
 }
 
@@ -243,6 +244,7 @@ impl ServerConfig {
             ("connections_max", l.connections_max),
             ("inflight_per_connection_max", l.inflight_per_connection_max),
             ("inflight_total_max", l.inflight_total_max),
+            ("outcomes_remembered_max", l.outcomes_remembered_max),
         ] {
             if v == 0 || v > 1 << 20 {
                 return Err(ConfigError(format!("limits.{name} = {v} must be between 1 and {}", 1 << 20)));

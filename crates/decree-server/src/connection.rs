@@ -9,9 +9,10 @@
 //! it has ended no decision of this session can still become durable: only then are the
 //! session's decided transactions handed to the recovery worker.
 
+use crate::rules;
 use crate::state::{SessionTxns, State};
-use decree_core::Decision;
-use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
+use decree_core::{Decision, HeuristicOutcome, Xid};
+use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,6 +45,8 @@ struct Conn {
     permits: Arc<Semaphore>,
     responses: mpsc::Sender<Response>,
     session: Option<(u64, Arc<SessionTxns>)>,
+    /// The protocol version agreed in the hello (1 for a client that offered none).
+    version: u8,
 }
 
 /// Serves one connection until the peer closes it, a protocol error, or shutdown.
@@ -66,6 +69,7 @@ pub(crate) async fn serve<R, W>(
         permits: Arc::new(Semaphore::new(inflight_max)),
         responses: tx,
         session: None,
+        version: 1,
     };
     let mut frames = FrameBuffer::new(state.limits.frame_bytes_max as usize);
     'read: loop {
@@ -106,7 +110,9 @@ impl Conn {
     async fn handle(&mut self, id: u64, message: Message) -> Next {
         let Some((session, txns)) = self.session.clone() else {
             return match message {
-                Message::Hello { node_expected, client } => self.hello(id, node_expected, &client).await,
+                Message::Hello { node_expected, client, versions } => {
+                    self.hello(id, node_expected, &client, &versions).await
+                }
                 other => {
                     let why = format!("{} before Hello", other.kind().name());
                     self.fail(id, ErrorCode::Protocol, why).await
@@ -115,11 +121,14 @@ impl Conn {
         };
         match message {
             Message::Decide(decision) => self.decide(id, session, txns, decision).await,
-            Message::Complete(xid) => match self.state.complete(&xid, Some((session, &txns))) {
-                Ok(_) => Next::Continue,
-                Err(e) => self.reply(id, Message::Error { code: ErrorCode::LogFailed, message: e }).await,
-            },
-            Message::Outcome(xid) => self.reply(id, Message::OutcomeIs(self.state.outcome(&xid))).await,
+            Message::Complete(xid) => self.complete(&xid, session, &txns, None),
+            Message::CompleteHeuristic(xid, outcome) if self.version >= 2 => {
+                self.complete(&xid, session, &txns, Some(outcome))
+            }
+            Message::Outcome(xid) => {
+                let outcome = self.state.outcome(&xid);
+                self.reply(id, decree_proto::outcome_reply(outcome, self.version)).await
+            }
             Message::Ping => self.reply(id, Message::Pong).await,
             other => {
                 let why = format!("{} is not a request a client may send here", other.kind().name());
@@ -128,14 +137,27 @@ impl Conn {
         }
     }
 
-    async fn hello(&mut self, id: u64, node_expected: u32, client: &str) -> Next {
-        let state = &self.state;
+    async fn hello(&mut self, id: u64, node_expected: u32, client: &str, versions: &[u8]) -> Next {
+        let state = self.state.clone();
         if node_expected != 0 && node_expected != state.node {
             let why = format!("this server is node {}, the client expected node {node_expected}", state.node);
             return self.fail(id, ErrorCode::NodeMismatch, why).await;
         }
+        let negotiated = if versions.is_empty() {
+            None
+        } else {
+            let Some(version) = decree_proto::choose_version(versions) else {
+                let why = format!(
+                    "the client speaks protocol versions {versions:?}, this server speaks {:?}",
+                    decree_proto::PROTOCOL_VERSIONS
+                );
+                return self.fail(id, ErrorCode::Version, why).await;
+            };
+            self.version = version;
+            Some(Negotiated { version, idle_timeout_ms: 0 })
+        };
         let (session, txns) = state.open_session();
-        tracing::debug!(session, client, "session opened");
+        tracing::debug!(session, client, version = self.version, "session opened");
         self.session = Some((session, txns));
         let hello_ok = Message::HelloOk {
             node: state.node,
@@ -143,8 +165,24 @@ impl Conn {
             session,
             frame_bytes_max: state.limits.frame_bytes_max,
             inflight_max: state.limits.inflight_per_connection_max,
+            negotiated,
         };
         self.reply(id, hello_ok).await
+    }
+
+    /// A `Complete` or `CompleteHeuristic`: acts only on this session's own decisions.
+    fn complete(
+        &self,
+        xid: &Xid,
+        session: u64,
+        txns: &SessionTxns,
+        heuristic: Option<HeuristicOutcome>,
+    ) -> Next {
+        if !self.state.complete_own(xid, session, txns, heuristic) {
+            self.state.metrics.completes_ignored.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%xid, session, "ignored a Complete for a transaction this session has not decided");
+        }
+        Next::Continue
     }
 
     async fn decide(&mut self, id: u64, session: u64, txns: Arc<SessionTxns>, decision: Decision) -> Next {
@@ -159,10 +197,15 @@ impl Conn {
             );
             return self.reply(id, Message::Error { code: ErrorCode::WrongSession, message: why }).await;
         };
+        let known = |rm: &str| state.factories.iter().any(|f| f.name() == rm);
+        if let Err((code, why)) = rules::check_decision(&decision, known) {
+            state.metrics.decides_refused.fetch_add(1, Ordering::Relaxed);
+            return self.reply(id, Message::Error { code, message: why }).await;
+        }
         let Some(connection_permit) = self.permit().await else { return Next::Close };
         let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
         let payload = decision.encode();
-        let key = decision.xid.log_key();
+        let key = state.key_for(&txns, origin.sequence);
         let responses = self.responses.clone();
         let state = state.clone();
         let started = Instant::now();
@@ -174,15 +217,21 @@ impl Conn {
                 let message = match result {
                     Ok(()) => {
                         // Visible as decided before the client can see DecideOk.
-                        txns.decided.lock().insert(origin.sequence, decision);
+                        state.decided(&txns, origin.sequence, decision, key);
                         state.metrics.decides.fetch_add(1, Ordering::Relaxed);
                         state.metrics.observe_decide(started.elapsed());
                         Message::DecideOk
                     }
                     Err(e) => {
+                        // The record may have reached the disk: in doubt until a restart
+                        // reads the log, never rolled back meanwhile.
+                        state.doubt(&decision.xid);
                         state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(error = %e, "decision not durable");
-                        Message::Error { code: ErrorCode::LogFailed, message: e.to_string() }
+                        tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
+                        let message = format!(
+                            "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"
+                        );
+                        Message::Error { code: ErrorCode::LogFailed, message }
                     }
                 };
                 let response = Response {

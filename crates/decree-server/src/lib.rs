@@ -17,11 +17,13 @@ pub mod config;
 mod connection;
 mod metrics;
 mod recovery;
+mod rules;
 mod state;
 
 pub use config::{ConfigError, Limits, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
 
 use decree_core::{Decision, RmFactory};
+use decree_log::outcomes::OutcomeMemory;
 use state::State;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -120,18 +122,29 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
 /// Runs the server until SIGTERM or SIGINT; `factories` finish the phase two of dead
 /// sessions and recover prepared branches (one per configured `[[rm]]`, by name).
 pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
-    start_inner(config, factories, true)?.wait()
+    start_inner(config, factories, true, None)?.wait()
 }
 
 /// Starts the server on its own threads and returns once it listens.
 pub fn start(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<ServerHandle, ServerError> {
-    start_inner(config, factories, false)
+    start_inner(config, factories, false, None)
+}
+
+/// Starts the server with its log and outcome memory on `storage` instead of the file
+/// system (no directory lock): crash tests inject failed syncs and power loss here.
+pub fn start_on_storage(
+    config: ServerConfig,
+    storage: Arc<dyn decree_log::io::Storage>,
+    factories: Vec<Arc<dyn RmFactory>>,
+) -> Result<ServerHandle, ServerError> {
+    start_inner(config, factories, false, Some(storage))
 }
 
 fn start_inner(
     config: ServerConfig,
     factories: Vec<Arc<dyn RmFactory>>,
     stop_on_signals: bool,
+    storage: Option<Arc<dyn decree_log::io::Storage>>,
 ) -> Result<ServerHandle, ServerError> {
     config.validate()?;
     for rm in &config.rm {
@@ -153,8 +166,7 @@ fn start_inner(
                 .enable_all()
                 .build()
                 .map_err(|e| ServerError::Io(format!("cannot start the tokio runtime: {e}")))?;
-            let log = decree_log::open(&log_config)?;
-            let state = Arc::new(State::new(log, config.node, config.limits, factories));
+            let state = Arc::new(open_state(&config, &log_config, factories, storage)?);
             runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, stop_on_signals))
         })
         .map_err(|e| ServerError::Io(format!("cannot start the server thread: {e}")))?;
@@ -171,6 +183,42 @@ fn start_inner(
     }
 }
 
+/// How long an outcome entry may wait for its batch's sync: finished transactions'
+/// outcomes are off the commit path, and batching them keeps their syncs few.
+const OUTCOME_FLUSH_DELAY: Duration = Duration::from_millis(5);
+
+/// Opens the log and the outcome memory beside it and builds the state of this run from
+/// what they hold.
+fn open_state(
+    config: &ServerConfig,
+    log_config: &decree_log::LogConfig,
+    factories: Vec<Arc<dyn RmFactory>>,
+    storage: Option<Arc<dyn decree_log::io::Storage>>,
+) -> Result<State, ServerError> {
+    let log: Arc<dyn decree_log::Log> = match &storage {
+        Some(storage) => Arc::from(decree_log::engine::open_with_storage(log_config, storage.clone())?),
+        None => Arc::from(decree_log::open(log_config)?),
+    };
+    let capacity = config.limits.outcomes_remembered_max;
+    let outcomes = if log_config.engine == decree_log::EngineKind::Volatile {
+        OutcomeMemory::volatile(capacity)
+    } else {
+        let storage = storage.unwrap_or_else(|| Arc::new(decree_log::io::StdStorage));
+        OutcomeMemory::open(storage, &log_config.dir, capacity, OUTCOME_FLUSH_DELAY)?
+    };
+    let mut recovered = Vec::new();
+    for record in log.take_recovered() {
+        match Decision::decode(&record.payload) {
+            Ok(d) => recovered.push((Some(d), record.txn)),
+            Err(e) => {
+                tracing::error!(key = record.txn, error = %e, "undecodable record in the log; left as is");
+                recovered.push((None, record.txn));
+            }
+        }
+    }
+    Ok(State::new(log, outcomes, config.node, config.limits, factories, recovered))
+}
+
 async fn serve(
     config: ServerConfig,
     state: Arc<State>,
@@ -179,18 +227,7 @@ async fn serve(
     ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
     stop_on_signals: bool,
 ) -> Result<(), ServerError> {
-    let mut recovered = 0;
-    for record in state.log.take_recovered() {
-        match Decision::decode(&record.payload) {
-            Ok(d) => {
-                state.add_orphan(d);
-                recovered += 1;
-            }
-            Err(e) => {
-                tracing::error!(key = record.txn, error = %e, "undecodable record in the log; left as is")
-            }
-        }
-    }
+    let recovered = state.in_doubt();
     let mut bound = Bound::default();
     let connections = Arc::new(Semaphore::new(state.limits.connections_max as usize));
     let total = Arc::new(Semaphore::new(state.limits.inflight_total_max as usize));
@@ -272,7 +309,9 @@ async fn serve(
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     let synced = tokio::task::spawn_blocking({
         let state = state.clone();
-        move || state.log.sync()
+        // Outcomes first: their syncs complete decisions in the log, which the log's sync
+        // then makes durable.
+        move || state.outcomes.sync().and_then(|()| state.log.sync())
     })
     .await
     .map_err(|e| ServerError::Io(format!("log sync task failed: {e}")))?;

@@ -25,6 +25,8 @@ pub(crate) struct Metrics {
     pub(crate) decides: AtomicU64,
     pub(crate) decide_errors: AtomicU64,
     pub(crate) completes: AtomicU64,
+    pub(crate) completes_ignored: AtomicU64,
+    pub(crate) decides_refused: AtomicU64,
     pub(crate) sessions_opened: AtomicU64,
     pub(crate) sessions_closed: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
@@ -58,6 +60,16 @@ pub(crate) fn render(state: &State) -> String {
     counter("commits_total", "Decisions made durable (commit points).", load(&m.decides));
     counter("decide_errors_total", "Decide requests that failed.", load(&m.decide_errors));
     counter("completions_total", "Transactions completed in the log.", load(&m.completes));
+    counter(
+        "completes_ignored_total",
+        "Complete requests for transactions the sending session had not decided (ignored).",
+        load(&m.completes_ignored),
+    );
+    counter(
+        "decides_refused_total",
+        "Decide requests refused before the log (bqual, no or duplicate branches, unknown resource manager).",
+        load(&m.decides_refused),
+    );
     counter("sessions_opened_total", "Client sessions opened.", load(&m.sessions_opened));
     counter("sessions_closed_total", "Client sessions closed.", load(&m.sessions_closed));
     counter(

@@ -9,8 +9,9 @@
 //! the orphans (see `state.rs`). Failures (an RM down) are retried with a doubling backoff;
 //! the transaction stays in the log meanwhile.
 
-use crate::state::State;
-use decree_core::{Decision, ResourceManager, RmError, RmFactory};
+use crate::rules::Remembered;
+use crate::state::{LiveDecision, State};
+use decree_core::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,6 +36,7 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
             return;
         }
         let clean = pass(&state, &stop);
+        state.first_pass_ended();
         if clean {
             backoff = BACKOFF_MIN;
             wait = IDLE_WAIT;
@@ -50,15 +52,12 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
 pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
     let mut connections: HashMap<String, Box<dyn ResourceManager>> = HashMap::new();
     let mut clean = true;
-    for decision in state.orphans() {
+    for orphan in state.orphans() {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
-        if finish(state, &decision, &mut connections) {
-            if let Err(e) = state.complete(&decision.xid, None) {
-                tracing::error!(xid = %decision.xid, error = %e, "cannot record completion");
-                clean = false;
-            }
+        if finish(state, &orphan, &mut connections) {
+            state.complete_orphan(&orphan.decision.xid);
         } else {
             clean = false;
         }
@@ -74,12 +73,14 @@ pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
     clean
 }
 
-/// Commits every branch named in `decision`; true when all are done.
+/// Commits every branch named in `orphan`'s decision; true when all are done. A branch
+/// that decided on its own makes the transaction's outcome heuristic.
 fn finish(
     state: &State,
-    decision: &Decision,
+    orphan: &LiveDecision,
     connections: &mut HashMap<String, Box<dyn ResourceManager>>,
 ) -> bool {
+    let decision = &orphan.decision;
     let mut done = true;
     for branch in &decision.branches {
         let Some(rm) = connection(state, &branch.rm, connections) else {
@@ -94,13 +95,13 @@ fn finish(
             }
             Err(RmError::UnknownXid(_)) => {} // Already committed (by the client or an earlier pass).
             Err(RmError::Heuristic(outcome)) => {
-                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(%xid, rm = %branch.rm, ?outcome, "heuristic outcome on commit; forgetting it");
+                state.orphan_heuristic(&xid, outcome);
                 let _ = rm.forget(&xid);
             }
             Err(RmError::RolledBack(why)) => {
-                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%xid, rm = %branch.rm, %why, "decided branch was rolled back by the RM");
+                tracing::error!(%xid, rm = %branch.rm, %why, "decided branch was rolled back by the RM: heuristic");
+                state.orphan_heuristic(&xid, HeuristicOutcome::RolledBack);
             }
             Err(e) => {
                 tracing::warn!(%xid, rm = %branch.rm, error = %e, "phase two failed; will retry");
@@ -133,14 +134,24 @@ fn roll_back_abandoned(
     let mut clean = true;
     for xid in prepared {
         let Some(origin) = xid.origin() else { continue };
-        // Liveness first: once the owner is seen gone, all its decisions are visible.
+        // Liveness first: once the owner is seen gone, all its decisions are visible. A
+        // decision whose write failed in this run is in doubt: left for a restart.
         if !state.owner_is_gone(&origin) || state.is_decided(&xid) {
             continue;
         }
         match rm.rollback(&xid) {
             Ok(()) | Err(RmError::UnknownXid(_)) | Err(RmError::RolledBack(_)) => {
                 state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
+                if state.remembered(&xid).is_none() {
+                    state.remember(&xid, Remembered::RolledBack, Box::new(|_| {}));
+                }
                 tracing::info!(%xid, rm = %name, "rolled back a prepared branch without decision");
+            }
+            Err(RmError::Heuristic(outcome)) => {
+                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%xid, rm = %name, ?outcome, "heuristic outcome on a presumed-abort rollback");
+                state.remember(&xid, Remembered::Heuristic(outcome), Box::new(|_| {}));
+                let _ = rm.forget(&xid);
             }
             Err(e) => {
                 tracing::warn!(%xid, rm = %name, error = %e, "rollback failed; will retry");

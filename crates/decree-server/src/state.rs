@@ -1,91 +1,138 @@
-//! What the server knows about transactions: live sessions, their decided-but-unfinished
-//! transactions, orphans (decided, owner gone) and recently finished ones.
+//! What the server knows about transactions: live sessions and their decided-but-unfinished
+//! transactions, orphans (decided, owner gone), Xids whose decision write failed, and the
+//! durable memory of finished outcomes.
 //!
 //! A decided transaction moves only forward: a live session's `decided` map, then (when
-//! its connection closes) `orphans`, then (once every branch is committed and the log has
-//! its completion) `finished`. Each move inserts into the next set before removing from
-//! the previous one, and [`State::outcome`] looks in the same order, so a concurrent
-//! outcome query can never miss a decided transaction while it moves. A session is removed
-//! from `live` only after its decisions were moved to `orphans`, so whoever sees a session
-//! dead sees all its decisions: the recovery pass relies on this to never roll back a
-//! branch that has a decision.
+//! its connection closes) `orphans`, then (once every branch is finished) the outcome
+//! memory; its log record is completed only after its outcome entry is durable, so a
+//! restart finds either the decision or the outcome. Each move inserts into the next set
+//! before removing from the previous one, and [`State::facts`] looks in the same order,
+//! after it has read the owner's liveness, so a concurrent outcome query never misses a
+//! decided transaction while it moves. A session is removed from `live` only after its
+//! decisions were moved to `orphans` (and after every decide it sent was answered), so
+//! whoever sees a session closed sees all its decisions: the recovery pass and the
+//! "rolled back" answer rely on this.
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
-use decree_core::{Decision, Origin, Outcome, RmFactory, Xid};
+use crate::rules::{self, Facts, Owner, Remembered};
+use decree_core::{Decision, HeuristicOutcome, KeyAllocator, Origin, Outcome, RmFactory, Xid};
+use decree_log::outcomes::OutcomeMemory;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The decided-but-not-completed transactions of one live session, by sequence number.
-#[derive(Default)]
-pub(crate) struct SessionTxns {
-    pub(crate) decided: Mutex<HashMap<u64, Decision>>,
+/// Xids whose decision write failed that are remembered one by one; past this, every
+/// undecided Xid of this incarnation counts as doubtful (the log is fail-stop anyway).
+pub(crate) const DOUBTFUL_MAX: usize = 65_536;
+
+/// A decision that is durable in the log and not finished yet, with its log keys.
+#[derive(Debug, Clone)]
+pub(crate) struct LiveDecision {
+    pub(crate) decision: Decision,
+    /// The log keys its records were written under (one, unless it was decided again).
+    pub(crate) keys: Vec<u64>,
+    /// What branches finished so far decided on their own.
+    pub(crate) heuristic: Option<HeuristicOutcome>,
 }
 
-/// A bounded memory of finished transactions, oldest forgotten first.
-struct Finished {
-    set: HashSet<Origin>,
-    order: VecDeque<Origin>,
-    max: usize,
-}
-
-impl Finished {
-    fn insert(&mut self, origin: Origin) {
-        if self.max == 0 || !self.set.insert(origin) {
-            return;
+impl LiveDecision {
+    /// Adds a record of the same transaction written again (a repeated `Decide`).
+    fn merge(&mut self, other: LiveDecision) {
+        for b in other.decision.branches {
+            if !self.decision.branches.iter().any(|x| x.branch == b.branch) {
+                self.decision.branches.push(b);
+            }
         }
-        self.order.push_back(origin);
-        while self.order.len() > self.max {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
+        for k in other.keys {
+            if !self.keys.contains(&k) {
+                self.keys.push(k);
             }
         }
     }
 }
 
+/// The decided-but-not-completed transactions of one live session, by sequence number.
+#[derive(Default)]
+pub(crate) struct SessionTxns {
+    pub(crate) decided: Mutex<HashMap<u64, LiveDecision>>,
+    /// An outcome of this session was evicted from the memory: "not decided" is unproven.
+    evicted: AtomicBool,
+}
+
+/// Xids answered `LogFailed` in this run.
+#[derive(Default)]
+struct Doubtful {
+    xids: HashSet<Xid>,
+    /// More than `DOUBTFUL_MAX` failed: every undecided Xid of this incarnation is doubtful.
+    overflowed: bool,
+}
+
 /// The shared state of one server run.
 pub(crate) struct State {
-    pub(crate) log: Box<dyn Log>,
+    pub(crate) log: Arc<dyn Log>,
+    pub(crate) outcomes: OutcomeMemory,
     pub(crate) node: u32,
     pub(crate) incarnation: u64,
     pub(crate) limits: Limits,
     pub(crate) factories: Vec<Arc<dyn RmFactory>>,
     pub(crate) metrics: Metrics,
+    keys: KeyAllocator,
     next_session: AtomicU64,
     live: Mutex<HashMap<u64, Arc<SessionTxns>>>,
-    orphans: Mutex<HashMap<Xid, Decision>>,
-    finished: Mutex<Finished>,
+    orphans: Mutex<HashMap<Xid, LiveDecision>>,
+    doubtful: Mutex<Doubtful>,
+    /// An outcome of this incarnation was evicted from the memory.
+    incarnation_evicted: AtomicBool,
+    /// The first recovery pass of this run has ended.
+    first_pass_done: AtomicBool,
     /// Set when the recovery worker has work (a session closed, an orphan appeared).
     wake: Mutex<bool>,
     wake_signal: Condvar,
 }
 
 impl State {
+    /// The state of a run over `log` and `outcomes`, with the records `recovered` from the
+    /// log at open (decision, if it decodes, and log key): decisions become orphans to
+    /// finish, and no key of a recovered record is handed out again.
     pub(crate) fn new(
-        log: Box<dyn Log>,
+        log: Arc<dyn Log>,
+        outcomes: OutcomeMemory,
         node: u32,
         limits: Limits,
         factories: Vec<Arc<dyn RmFactory>>,
+        recovered: Vec<(Option<Decision>, u64)>,
     ) -> Self {
         let incarnation = log.incarnation();
+        let keys = KeyAllocator::new(recovered.iter().map(|(_, k)| *k));
+        let mut orphans: HashMap<Xid, LiveDecision> = HashMap::new();
+        for (decision, key) in recovered {
+            let Some(decision) = decision else { continue };
+            let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+            match orphans.get_mut(&live.decision.xid) {
+                Some(existing) => existing.merge(live),
+                None => {
+                    orphans.insert(live.decision.xid, live);
+                }
+            }
+        }
         State {
             log,
+            outcomes,
             node,
             incarnation,
             limits,
             factories,
             metrics: Metrics::default(),
+            keys,
             next_session: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
-            orphans: Mutex::new(HashMap::new()),
-            finished: Mutex::new(Finished {
-                set: HashSet::new(),
-                order: VecDeque::new(),
-                max: limits.outcomes_remembered_max as usize,
-            }),
+            orphans: Mutex::new(orphans),
+            doubtful: Mutex::new(Doubtful::default()),
+            incarnation_evicted: AtomicBool::new(false),
+            first_pass_done: AtomicBool::new(false),
             wake: Mutex::new(false),
             wake_signal: Condvar::new(),
         }
@@ -103,13 +150,22 @@ impl State {
     /// Ends a session whose requests have all settled: its decided transactions become
     /// the server's to finish, its undecided ones are left to the recovery pass.
     pub(crate) fn close_session(&self, id: u64, txns: &SessionTxns) {
-        let decided: Vec<Decision> = txns.decided.lock().drain().map(|(_, d)| d).collect();
-        let handed_over = decided.len();
-        if handed_over > 0 {
+        let handed_over;
+        {
+            // Into the orphans before out of the session (see the module comment).
+            let mut decided = txns.decided.lock();
+            handed_over = decided.len();
             let mut orphans = self.orphans.lock();
-            for d in decided {
-                orphans.insert(d.xid.global(), d);
+            for (_, d) in decided.iter() {
+                match orphans.get_mut(&d.decision.xid) {
+                    Some(existing) => existing.merge(d.clone()),
+                    None => {
+                        orphans.insert(d.decision.xid, d.clone());
+                    }
+                }
             }
+            drop(orphans);
+            decided.clear();
         }
         self.live.lock().remove(&id);
         self.metrics.sessions_closed.fetch_add(1, Ordering::Relaxed);
@@ -119,14 +175,66 @@ impl State {
         self.wake_recovery();
     }
 
-    /// Adds decisions found in the log at start.
-    pub(crate) fn add_orphan(&self, decision: Decision) {
-        self.orphans.lock().insert(decision.xid.global(), decision);
+    /// A fresh log key for a decision of `session`'s transaction `sequence`: the key it
+    /// already has if it was decided before (a repeated `Decide` joins its record).
+    pub(crate) fn key_for(&self, txns: &SessionTxns, sequence: u64) -> u64 {
+        match txns.decided.lock().get(&sequence) {
+            Some(d) => d.keys[0],
+            None => self.keys.next(),
+        }
+    }
+
+    /// Records a decision of a live session that is now durable.
+    pub(crate) fn decided(&self, txns: &SessionTxns, sequence: u64, decision: Decision, key: u64) {
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let mut decided = txns.decided.lock();
+        match decided.get_mut(&sequence) {
+            Some(existing) => existing.merge(live),
+            None => {
+                decided.insert(sequence, live);
+            }
+        }
+    }
+
+    /// Records that the write of `xid`'s decision failed: it may be on disk or not, so
+    /// nothing may act on it or answer for it until a restart has read the log.
+    pub(crate) fn doubt(&self, xid: &Xid) {
+        let mut doubtful = self.doubtful.lock();
+        if doubtful.xids.len() < DOUBTFUL_MAX {
+            doubtful.xids.insert(xid.global());
+        } else {
+            doubtful.overflowed = true;
+        }
+    }
+
+    /// Whether `xid`'s decision write failed in this run (or may have: past the limit).
+    pub(crate) fn is_doubtful(&self, xid: &Xid) -> bool {
+        let doubtful = self.doubtful.lock();
+        if doubtful.xids.is_empty() && !doubtful.overflowed {
+            return false;
+        }
+        let of_this_run =
+            xid.origin().is_some_and(|o| o.node == self.node && o.incarnation == self.incarnation);
+        doubtful.xids.contains(&xid.global()) || (doubtful.overflowed && of_this_run)
     }
 
     /// A snapshot of the orphans (the recovery worker finishes them one by one).
-    pub(crate) fn orphans(&self) -> Vec<Decision> {
+    pub(crate) fn orphans(&self) -> Vec<LiveDecision> {
         self.orphans.lock().values().cloned().collect()
+    }
+
+    /// Notes a heuristic outcome seen while finishing orphan `xid`, and remembers it at
+    /// once (durably, lazily): a restart before the orphan is finished must not lose it.
+    pub(crate) fn orphan_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) {
+        let combined = {
+            let mut orphans = self.orphans.lock();
+            let Some(o) = orphans.get_mut(&xid.global()) else { return };
+            let combined = decree_core::protocol::combine_heuristic(o.heuristic, outcome);
+            o.heuristic = Some(combined);
+            combined
+        };
+        self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
+        self.remember(xid, Remembered::Heuristic(combined), Box::new(|_| {}));
     }
 
     /// Number of decided transactions whose owner is gone and that are not finished yet.
@@ -139,92 +247,184 @@ impl State {
         self.live.lock().len()
     }
 
-    /// Records that `xid` is finished: remembered for outcomes, forgotten by the log.
-    /// `session` is the completing session's transactions when the request came from one.
-    pub(crate) fn complete(&self, xid: &Xid, session: Option<(u64, &SessionTxns)>) -> Result<bool, String> {
+    /// A live session's `Complete` (or `CompleteHeuristic`): finishes `xid` if this
+    /// session decided it; anything else (another session's Xid, one the server is
+    /// finishing, one never decided) is ignored, since only the owner knows its phase two
+    /// is done. Returns whether it was this session's.
+    pub(crate) fn complete_own(
+        &self,
+        xid: &Xid,
+        session: u64,
+        txns: &SessionTxns,
+        heuristic: Option<HeuristicOutcome>,
+    ) -> bool {
         let global = xid.global();
-        let origin = global.origin();
-        // Remember before forgetting (under the lock of the set it leaves), see the module comment.
-        let remember = |o: Option<Origin>| {
-            if let Some(o) = o {
-                self.finished.lock().insert(o);
-            }
-        };
-        let mut found = false;
-        if let (Some(o), Some((id, txns))) = (origin, session) {
-            if o.node == self.node && o.incarnation == self.incarnation && o.session == id {
-                let mut decided = txns.decided.lock();
-                if decided.contains_key(&o.sequence) {
-                    remember(origin);
-                    decided.remove(&o.sequence);
-                    found = true;
-                }
-            }
-        }
-        if !found {
-            let mut orphans = self.orphans.lock();
-            if orphans.contains_key(&global) {
-                remember(origin);
-                orphans.remove(&global);
-                found = true;
-            }
-        }
-        if found {
-            self.log.complete(global.log_key()).map_err(|e| e.to_string())?;
-            self.metrics.completes.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(found)
-    }
-
-    /// Whether `session` of the current incarnation is connected.
-    pub(crate) fn is_live(&self, origin: &Origin) -> bool {
-        origin.incarnation == self.incarnation && self.live.lock().contains_key(&origin.session)
-    }
-
-    /// Whether a decision record exists (or existed, within memory) for `xid`.
-    pub(crate) fn is_decided(&self, xid: &Xid) -> bool {
-        let global = xid.global();
-        let origin = global.origin();
-        if let Some(o) = origin {
-            if o.node == self.node && o.incarnation == self.incarnation {
-                let txns = self.live.lock().get(&o.session).cloned();
-                if let Some(t) = txns {
-                    if t.decided.lock().contains_key(&o.sequence) {
-                        return true;
-                    }
-                }
-            }
-        }
-        if self.orphans.lock().contains_key(&global) {
-            return true;
-        }
-        origin.is_some_and(|o| self.finished.lock().set.contains(&o))
-    }
-
-    /// The answer to an `Outcome` request (see the module comment for why the order of
-    /// the checks matters).
-    pub(crate) fn outcome(&self, xid: &Xid) -> Outcome {
-        if self.is_decided(xid) {
-            return Outcome::Committed;
-        }
-        match xid.origin() {
-            Some(o) if o.node == self.node && self.is_live(&o) => Outcome::InProgress,
-            _ => Outcome::RolledBack,
-        }
-    }
-
-    /// Whether a prepared branch without a decision may be rolled back: it is this node's
-    /// and its session is gone (an older incarnation, or a closed connection).
-    pub(crate) fn owner_is_gone(&self, origin: &Origin) -> bool {
-        if origin.node != self.node {
+        let Some(o) = global.origin() else { return false };
+        if o.node != self.node || o.incarnation != self.incarnation || o.session != session {
             return false;
         }
-        if origin.incarnation < self.incarnation {
-            return true;
+        let mut decided = txns.decided.lock();
+        let Some(live) = decided.get(&o.sequence) else { return false };
+        let heuristic = match (live.heuristic, heuristic) {
+            (Some(a), Some(b)) => Some(decree_core::protocol::combine_heuristic(Some(a), b)),
+            (a, b) => a.or(b),
+        };
+        let keys = live.keys.clone();
+        // Remembered (visible) before it leaves the session's map; kept there if the
+        // memory refused it (the server then finishes it after the session closes).
+        if self.finish(&global, keys, heuristic) {
+            decided.remove(&o.sequence);
         }
-        origin.incarnation == self.incarnation
-            && origin.session < self.next_session.load(Ordering::SeqCst)
-            && !self.live.lock().contains_key(&origin.session)
+        true
+    }
+
+    /// The server finished orphan `xid` itself (every branch done).
+    pub(crate) fn complete_orphan(&self, xid: &Xid) {
+        let global = xid.global();
+        let mut orphans = self.orphans.lock();
+        let Some(live) = orphans.get(&global) else { return };
+        let (keys, heuristic) = (live.keys.clone(), live.heuristic);
+        if self.finish(&global, keys, heuristic) {
+            orphans.remove(&global);
+        }
+    }
+
+    /// Remembers the outcome of a finished transaction and completes its log records once
+    /// that memory is durable (if the memory fails, the decision stays live in the log and
+    /// a restart answers from it). Returns false when the memory refused the entry at once
+    /// (its queue is full, or it has failed): the caller keeps the decision live.
+    fn finish(&self, global: &Xid, keys: Vec<u64>, heuristic: Option<HeuristicOutcome>) -> bool {
+        let remembered = heuristic.map_or(Remembered::Committed, Remembered::Heuristic);
+        let log = self.log.clone();
+        let xid = *global;
+        let refused = Arc::new(AtomicBool::new(false));
+        let refused_in_callback = refused.clone();
+        self.remember(
+            global,
+            remembered,
+            Box::new(move |result| match result {
+                Ok(()) => {
+                    for key in keys {
+                        if let Err(e) = log.complete(key) {
+                            tracing::error!(%xid, error = %e, "cannot record completion; the decision stays live");
+                        }
+                    }
+                }
+                Err(e) => {
+                    refused_in_callback.store(true, Ordering::SeqCst);
+                    tracing::error!(%xid, error = %e, "outcome not durable; the decision stays live in the log")
+                }
+            }),
+        );
+        if refused.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.metrics.completes.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Remembers `outcome` for `xid` in the durable memory, noting whose memory an
+    /// eviction forgot.
+    pub(crate) fn remember(&self, xid: &Xid, outcome: Remembered, durable: decree_log::DurableCallback) {
+        let mut id = Vec::with_capacity(40);
+        xid.global().encode(&mut id);
+        let Some(evicted) = self.outcomes.remember(&id, outcome.to_byte(), durable) else { return };
+        let Ok((old, _)) = Xid::decode(&evicted.id) else { return };
+        if let Some(o) = old.origin().filter(|o| o.node == self.node && o.incarnation == self.incarnation) {
+            self.incarnation_evicted.store(true, Ordering::SeqCst);
+            if let Some(txns) = self.live.lock().get(&o.session) {
+                txns.evicted.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// What the durable memory says of `xid`.
+    pub(crate) fn remembered(&self, xid: &Xid) -> Option<Remembered> {
+        let mut id = Vec::with_capacity(40);
+        xid.global().encode(&mut id);
+        self.outcomes.lookup(&id).and_then(Remembered::from_byte)
+    }
+
+    /// Who owns an Xid, as this run can tell.
+    fn owner(&self, origin: Option<Origin>) -> Owner {
+        let Some(o) = origin.filter(|o| o.node == self.node) else { return Owner::Foreign };
+        if o.incarnation < self.incarnation {
+            return Owner::Earlier;
+        }
+        if o.incarnation > self.incarnation || o.session == 0 {
+            return Owner::NeverIssued;
+        }
+        if let Some(txns) = self.live.lock().get(&o.session) {
+            return Owner::Live { evicted: txns.evicted.load(Ordering::SeqCst) };
+        }
+        if o.session < self.next_session.load(Ordering::SeqCst) {
+            Owner::Closed
+        } else {
+            Owner::NeverIssued
+        }
+    }
+
+    /// The live decision of `xid`, if any: its session's, else an orphan.
+    fn live_decision(
+        &self,
+        global: &Xid,
+        origin: Option<Origin>,
+    ) -> Option<(bool, Option<HeuristicOutcome>)> {
+        if let Some(o) = origin.filter(|o| o.node == self.node && o.incarnation == self.incarnation) {
+            let txns = self.live.lock().get(&o.session).cloned();
+            if let Some(t) = txns {
+                if let Some(d) = t.decided.lock().get(&o.sequence) {
+                    return Some((true, d.heuristic));
+                }
+            }
+        }
+        self.orphans.lock().get(global).map(|d| (true, d.heuristic))
+    }
+
+    /// The facts the outcome rule needs, read in the order transactions move (see the
+    /// module comment): owner first, then the live decisions, then the memory.
+    pub(crate) fn facts(&self, xid: &Xid) -> Facts {
+        let global = xid.global();
+        let origin = global.origin();
+        let owner = self.owner(origin);
+        let first_pass_done = self.first_pass_done.load(Ordering::SeqCst);
+        let live = self.live_decision(&global, origin);
+        let remembered = self.remembered(&global);
+        Facts {
+            owner,
+            decided: live.is_some(),
+            heuristic_seen: live.is_some_and(|(_, h)| h.is_some()),
+            remembered,
+            doubtful: self.is_doubtful(&global),
+            incarnation_evicted: self.incarnation_evicted.load(Ordering::SeqCst),
+            first_pass_done,
+        }
+    }
+
+    /// The answer to an `Outcome` request.
+    pub(crate) fn outcome(&self, xid: &Xid) -> Outcome {
+        rules::outcome(&self.facts(xid))
+    }
+
+    /// Whether a decision exists or is remembered as committed or heuristic for `xid`:
+    /// its prepared branches must not be rolled back.
+    pub(crate) fn is_decided(&self, xid: &Xid) -> bool {
+        let global = xid.global();
+        self.live_decision(&global, global.origin()).is_some()
+            || matches!(self.remembered(&global), Some(Remembered::Committed | Remembered::Heuristic(_)))
+    }
+
+    /// Whether a prepared branch without a decision may be rolled back: it is this node's,
+    /// its session is gone (an older incarnation, or a closed connection), and no write of
+    /// a decision for it failed in this run.
+    pub(crate) fn owner_is_gone(&self, origin: &Origin) -> bool {
+        let gone = matches!(self.owner(Some(*origin)), Owner::Earlier | Owner::Closed);
+        gone && !self.is_doubtful(&Xid::decree(*origin))
+    }
+
+    /// Marks the end of the first recovery pass of this run.
+    pub(crate) fn first_pass_ended(&self) {
+        self.first_pass_done.store(true, Ordering::SeqCst);
     }
 
     /// Asks the recovery worker for a pass.

@@ -3,7 +3,7 @@
 //! which stands in for the databases whose branches the server must finish.
 
 use decree_client::RemoteDecisions;
-use decree_core::dummy::BranchOutcome;
+use decree_core::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
 use decree_core::{
     BranchRecord, Decision, DecisionStore, DummyFactory, Origin, Outcome, ResourceManager, RmFactory,
     StoreError, Vote, Xid,
@@ -23,6 +23,12 @@ fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
     c.tcp = Some("127.0.0.1:0".parse().unwrap());
     c.metrics = Some("127.0.0.1:0".parse().unwrap());
     c
+}
+
+/// Dummy resource managers "a" and "b", the names these tests' decisions use: the server
+/// refuses decisions naming a resource manager it could not finish.
+fn ab() -> Vec<Arc<dyn RmFactory>> {
+    vec![DummyFactory::named("a", 0).arc(), DummyFactory::named("b", 0).arc()]
 }
 
 fn start(dir: &Path, factories: Vec<Arc<dyn RmFactory>>) -> ServerHandle {
@@ -76,7 +82,7 @@ fn metric(text: &str, name: &str) -> f64 {
 #[test]
 fn many_sessions_decide_and_complete_over_unix_and_tcp() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), Vec::new());
+    let server = start(dir.path(), ab());
     let per_session = 200u64;
     let mut threads = Vec::new();
     for endpoint in [unix_endpoint(&server), tcp_endpoint(&server)] {
@@ -181,7 +187,11 @@ fn raw_exchange(path: &Path, hello: bool, bytes: &[u8]) -> Vec<(u64, Message)> {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut out = Vec::new();
     if hello {
-        encode_frame(&mut out, 1, &Message::Hello { node_expected: 0, client: "raw".into() });
+        encode_frame(
+            &mut out,
+            1,
+            &Message::Hello { node_expected: 0, client: "raw".into(), versions: Vec::new() },
+        );
     }
     out.extend_from_slice(bytes);
     s.write_all(&out).unwrap();
@@ -211,7 +221,7 @@ fn last_error(frames: &[(u64, Message)]) -> ErrorCode {
 #[test]
 fn bad_frames_close_only_their_own_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), Vec::new());
+    let server = start(dir.path(), ab());
     let path = server.unix_path().unwrap().to_path_buf();
     let store = RemoteDecisions::connect(&unix_endpoint(&server)).unwrap();
     let session = store.open_session().unwrap();
@@ -252,7 +262,7 @@ fn bad_frames_close_only_their_own_connection() {
 #[test]
 fn a_decision_of_another_session_is_refused_and_the_session_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), Vec::new());
+    let server = start(dir.path(), ab());
     let store = RemoteDecisions::connect(&unix_endpoint(&server)).unwrap();
     let (s1, s2) = (store.open_session().unwrap(), store.open_session().unwrap());
     // Forge a decision of s2 and send it on s1's connection, which the client refuses to
@@ -263,7 +273,11 @@ fn a_decision_of_another_session_is_refused_and_the_session_goes_on() {
     encode_frame(&mut bytes, 3, &Message::Ping);
     let mut s = UnixStream::connect(server.unix_path().unwrap()).unwrap();
     let mut hello = Vec::new();
-    encode_frame(&mut hello, 1, &Message::Hello { node_expected: 0, client: "forger".into() });
+    encode_frame(
+        &mut hello,
+        1,
+        &Message::Hello { node_expected: 0, client: "forger".into(), versions: Vec::new() },
+    );
     hello.extend_from_slice(&bytes);
     s.write_all(&hello).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -295,7 +309,7 @@ fn two_hundred_connections_at_once_and_the_connection_limit() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), EngineKind::Volatile);
     c.limits.connections_max = 202; // 200 sessions + 1 control connection + 1 spare.
-    let server = decree_server::start(c, Vec::new()).unwrap();
+    let server = decree_server::start(c, ab()).unwrap();
     let store = Arc::new(RemoteDecisions::connect(&unix_endpoint(&server)).unwrap());
     let sessions: Vec<u64> = (0..200).map(|_| store.open_session().unwrap()).collect();
     let threads: Vec<_> = sessions
@@ -326,7 +340,7 @@ fn two_hundred_connections_at_once_and_the_connection_limit() {
 #[test]
 fn shutdown_answers_in_flight_requests_then_removes_the_socket() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), Vec::new());
+    let server = start(dir.path(), ab());
     let path = server.unix_path().unwrap().to_path_buf();
     let store = RemoteDecisions::connect(&unix_endpoint(&server)).unwrap();
     let session = store.open_session().unwrap();
@@ -345,7 +359,7 @@ fn the_socket_is_private_and_stale_files_are_handled() {
     let dir = tempfile::tempdir().unwrap();
     // A stale socket: bound once, nobody listening any more.
     drop(std::os::unix::net::UnixListener::bind(dir.path().join("decree.sock")).unwrap());
-    let server = start(dir.path(), Vec::new());
+    let server = start(dir.path(), ab());
     let mode = std::fs::metadata(server.unix_path().unwrap()).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     // A second server on the same live socket is refused, naming the problem.
@@ -366,8 +380,10 @@ fn the_socket_is_private_and_stale_files_are_handled() {
 fn restart_with_the_journal_loses_no_decided_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let a = DummyFactory::named("a", 1000);
-    // The first run has no resource manager: it cannot finish anything before it stops.
-    let server = match decree_server::start(config(dir.path(), EngineKind::Journal), Vec::new()) {
+    // The first run's "a" fails every phase-two call: it cannot finish anything before it stops.
+    let down = DummyFactory::named("a", 0);
+    down.set_rules(vec![FaultRule::sometimes(Call::Commit, FaultAction::Fail, 1.0)]);
+    let server = match decree_server::start(config(dir.path(), EngineKind::Journal), vec![down.arc()]) {
         Ok(s) => s,
         Err(e) if e.to_string().contains("not implemented") => {
             println!("SKIPPED restart_with_the_journal_loses_no_decided_transaction: {e}");
@@ -411,7 +427,9 @@ fn child_server_entry() {
     let mut c = config(Path::new(&dir), EngineKind::Journal);
     c.tcp = None;
     c.metrics = None;
-    decree_server::run(c).expect("child server runs until a signal");
+    // Its own "a" (decisions name it); sessions stay live until the kill, so it finishes nothing.
+    decree_server::run_with(c, vec![DummyFactory::named("a", 0).arc()])
+        .expect("child server runs until a signal");
 }
 
 fn spawn_child_server(dir: &Path) -> std::process::Child {
@@ -499,11 +517,15 @@ fn pipelined_requests_beyond_the_limits_are_all_answered_once() {
     let mut c = config(dir.path(), EngineKind::Volatile);
     c.limits.inflight_per_connection_max = 4;
     c.limits.inflight_total_max = 3;
-    let server = decree_server::start(c, Vec::new()).unwrap();
+    let server = decree_server::start(c, ab()).unwrap();
     let mut s = UnixStream::connect(server.unix_path().unwrap()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut out = Vec::new();
-    encode_frame(&mut out, 1, &Message::Hello { node_expected: 0, client: "pipeliner".into() });
+    encode_frame(
+        &mut out,
+        1,
+        &Message::Hello { node_expected: 0, client: "pipeliner".into(), versions: Vec::new() },
+    );
     s.write_all(&out).unwrap();
     let mut frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
     let mut next = |s: &mut UnixStream| loop {
@@ -607,7 +629,11 @@ fn a_thousand_connections_keep_the_server_memory_bounded() {
         let mut stream = UnixStream::connect(&path).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut out = Vec::new();
-        encode_frame(&mut out, 1, &Message::Hello { node_expected: 0, client: "many".into() });
+        encode_frame(
+            &mut out,
+            1,
+            &Message::Hello { node_expected: 0, client: "many".into(), versions: Vec::new() },
+        );
         stream.write_all(&out).unwrap();
         let mut frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
         let origin = match read_frames(&mut stream, &mut frames, 1).pop() {
