@@ -67,7 +67,10 @@ pub struct Args {
     #[arg(long, default_value = "embedded", value_parser = parse_mode)]
     pub mode: Mode,
     /// A running state server for --mode unix|tcp (unix:/path or tcp:host:port); the
-    /// engine and RPO are then the server's own, whatever --engine and --rpo say.
+    /// engine and RPO are then the server's own, whatever --engine and --rpo say. The
+    /// decisions name the dummy resource managers dummy-0 and dummy-1, which the server's
+    /// configuration must list (`[[rm]]` of kind dummy), since it refuses decisions naming
+    /// resource managers it could not finish.
     #[arg(long)]
     pub connect: Option<String>,
     /// Fixed-rate mode: transactions per second over all threads, no think times; reports

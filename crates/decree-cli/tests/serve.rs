@@ -13,7 +13,8 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     std::fs::write(
         &config,
         format!(
-            "log_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n[[rm]]\nname = \"d\"\nkind = \"dummy\"\n",
+            "log_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
+             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
             dir.path().join("log").display(),
             socket.display()
         ),
@@ -36,7 +37,8 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     }
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
-    // A client can talk to it: one bench cycle through it.
+    // A client can talk to it: bench cycles through it (their decisions name dummy-0 and
+    // dummy-1, which the configuration lists).
     let work = tempfile::tempdir_in(".").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_decree"))
         .args(["bench", "--mode", "unix", "--threads", "1", "--cycles", "3", "--t1", "0", "--t2", "0"])

@@ -427,9 +427,9 @@ fn child_server_entry() {
     let mut c = config(Path::new(&dir), EngineKind::Journal);
     c.tcp = None;
     c.metrics = None;
-    // Its own "a" (decisions name it); sessions stay live until the kill, so it finishes nothing.
-    decree_server::run_with(c, vec![DummyFactory::named("a", 0).arc()])
-        .expect("child server runs until a signal");
+    // Its own "a" and "b" (decisions name them); the tests keep their sessions live until
+    // the kill, so it finishes nothing.
+    decree_server::run_with(c, ab()).expect("child server runs until a signal");
 }
 
 fn spawn_child_server(dir: &Path) -> std::process::Child {
