@@ -227,6 +227,7 @@ async fn serve(
     ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
     stop_on_signals: bool,
 ) -> Result<(), ServerError> {
+    let signals = if stop_on_signals { install_signals() } else { None };
     let recovered = state.in_doubt();
     let mut bound = Bound::default();
     let connections = Arc::new(Semaphore::new(state.limits.connections_max as usize));
@@ -294,7 +295,7 @@ async fn serve(
     );
     let _ = ready.send((bound.clone(), state.node, state.incarnation));
 
-    wait_for_stop(&mut stop_rx, stop_on_signals).await;
+    wait_for_stop(&mut stop_rx, signals).await;
     let _ = stop.send(true);
     for task in &tasks {
         task.abort();
@@ -350,15 +351,23 @@ async fn accept_failed(e: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-async fn wait_for_stop(stop: &mut watch::Receiver<bool>, signals: bool) {
-    if !signals {
-        let _ = stop.wait_for(|s| *s).await;
-        return;
-    }
+/// SIGTERM and SIGINT streams, installed before the first listener is bound: a signal
+/// that arrives once a client can connect must stop the server cleanly, never kill it.
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+fn install_signals() -> Option<Signals> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        _ => {
+            tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+            None
+        }
+    }
+}
+
+async fn wait_for_stop(stop: &mut watch::Receiver<bool>, signals: Option<Signals>) {
+    let Some((mut term, mut int)) = signals else {
         let _ = stop.wait_for(|s| *s).await;
         return;
     };
