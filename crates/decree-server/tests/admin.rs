@@ -10,29 +10,15 @@
 //! Without the DECREE_TEST_* variables the database test prints "skipped: ..." and returns;
 //! with CI=true it fails instead.
 
-use decree_core::{BranchRecord, Decision, Origin, ResourceManager, Xid};
+mod common;
+
+use common::{count, dsn, prepare_insert};
+use decree_core::{BranchRecord, Decision, Origin, Xid};
 use decree_log::EngineKind;
 use decree_rm::PgRm;
 use decree_server::admin::{self, AdminError, BranchState, Inspector, STATE_DECIDED, STATE_UNDECIDED};
 use decree_server::{RmConfig, ServerConfig};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// The DSN in `var`, or `None` (after printing why) when the test must be skipped.
-fn dsn(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            let hint = format!(
-                "{var} is not set: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\""
-            );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{hint}");
-            }
-            eprintln!("skipped: run scripts/test-dbs.sh start ({hint})");
-            None
-        }
-    }
-}
 
 /// A token unique to this run, for node ids, table names and gids.
 fn token() -> u64 {
@@ -49,26 +35,6 @@ fn config(dir: &std::path::Path, node: u32, rms: &[(&str, &str)]) -> ServerConfi
         .map(|(name, dsn)| RmConfig { name: name.to_string(), kind: "postgres".into(), dsn: dsn.to_string() })
         .collect();
     config
-}
-
-/// Starts `xid` on `rm`, inserts row `id` into `table` and prepares.
-fn prepare_insert(rm: &mut PgRm, xid: &Xid, table: &str, id: i64) {
-    rm.start(xid).expect("start");
-    rm.client()
-        .expect("client")
-        .execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&id])
-        .expect("insert");
-    rm.end(xid).expect("end");
-    rm.prepare(xid).expect("prepare");
-}
-
-fn count(rm: &PgRm, table: &str, id: i64) -> i64 {
-    let row = rm
-        .client()
-        .expect("client")
-        .query_one(&format!("SELECT count(*) FROM {table} WHERE id = $1"), &[&id])
-        .expect("count");
-    row.get(0)
 }
 
 fn prepared_gids(rm: &PgRm) -> Vec<String> {

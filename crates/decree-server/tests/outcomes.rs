@@ -7,6 +7,9 @@
 //! although it could never finish them. Resource managers: real PostgreSQL where the issue
 //! involves a database (scripts/test-dbs.sh), decree-core's dummy for fault injection.
 
+mod common;
+
+use common::{count, decision, dsn, eventually, metric, metrics, prepare_insert, xid_of};
 use decree_client::RemoteDecisions;
 use decree_core::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
 use decree_core::{
@@ -17,12 +20,12 @@ use decree_log::io::fault::FaultStorage;
 use decree_log::EngineKind;
 use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
 use decree_rm::PgRm;
-use decree_server::{RmConfig, ServerConfig, ServerHandle};
+use decree_server::{RmConfig, ServerConfig};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
     let mut c = ServerConfig::new(dir.join("log"), engine);
@@ -33,37 +36,6 @@ fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
 
 fn endpoint(dir: &Path) -> String {
     format!("unix:{}", dir.join("decree.sock").display())
-}
-
-fn xid_of(store: &RemoteDecisions, session: u64, sequence: u64) -> Xid {
-    Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence })
-}
-
-fn decision(xid: Xid, rms: &[&str]) -> Decision {
-    let branches =
-        rms.iter().enumerate().map(|(i, rm)| BranchRecord { rm: rm.to_string(), branch: i as u16 }).collect();
-    Decision { xid, branches }
-}
-
-/// Polls `cond` for up to twenty seconds (the server's background work is asynchronous).
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn metric(server: &ServerHandle, name: &str) -> f64 {
-    let mut s = std::net::TcpStream::connect(server.metrics_addr().unwrap()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("metric {name} missing"))
-        .parse()
-        .unwrap()
 }
 
 /// A raw connection speaking protocol `versions` (empty: a version-1 client of today).
@@ -160,8 +132,8 @@ fn decisions_naming_unknown_rms_bquals_duplicates_or_nothing_are_refused_and_the
     assert_eq!(raw.request(&Message::Outcome(xid)), Message::OutcomeIs(Outcome::InProgress));
     assert_eq!(raw.request(&Message::Decide(decision(xid, &["a"]))), Message::DecideOk);
     assert_eq!(raw.request(&Message::Outcome(xid)), Message::OutcomeIs(Outcome::Committed));
-    assert_eq!(metric(&server, "decree_decides_refused_total"), 4.0);
-    assert_eq!(metric(&server, "decree_commits_total"), 1.0);
+    assert_eq!(metric(&metrics(&server), "decree_decides_refused_total"), 4.0);
+    assert_eq!(metric(&metrics(&server), "decree_commits_total"), 1.0);
     // The client library names the problem too.
     let store = RemoteDecisions::connect(&endpoint(dir.path())).unwrap();
     let session = store.open_session().unwrap();
@@ -198,7 +170,7 @@ fn a_complete_from_another_session_is_ignored_and_the_server_finishes_the_orphan
     stranger.send(&Message::Complete(livexid)); // another live session's decision
     stranger.send(&Message::CompleteHeuristic(orphan, HeuristicOutcome::RolledBack));
     assert_eq!(stranger.request(&Message::Ping), Message::Pong);
-    assert_eq!(metric(&server, "decree_completes_ignored_total"), 3.0);
+    assert_eq!(metric(&metrics(&server), "decree_completes_ignored_total"), 3.0);
     assert_eq!(stranger.request(&Message::Outcome(orphan)), Message::OutcomeIs(Outcome::Committed));
     assert_eq!(stranger.request(&Message::Outcome(livexid)), Message::OutcomeIs(Outcome::Committed));
 
@@ -210,7 +182,7 @@ fn a_complete_from_another_session_is_ignored_and_the_server_finishes_the_orphan
     // The live owner completes its own decision; that one is not ignored.
     live.send(&Message::Complete(livexid));
     assert_eq!(live.request(&Message::Ping), Message::Pong);
-    assert_eq!(metric(&server, "decree_completes_ignored_total"), 3.0);
+    assert_eq!(metric(&metrics(&server), "decree_completes_ignored_total"), 3.0);
     assert_eq!(live.request(&Message::Outcome(livexid)), Message::OutcomeIs(Outcome::Committed));
     server.shutdown().unwrap();
 }
@@ -419,7 +391,7 @@ fn an_evicted_outcome_makes_undecided_answers_unknown_not_rolled_back() {
     let (first, last) = (client.xid(1), client.xid(6));
     drop(client);
     let mut asker = Raw::connect(dir.path(), &[2]);
-    eventually("the session is closed", || metric(&server, "decree_sessions_closed_total") >= 1.0);
+    eventually("the session is closed", || metric(&metrics(&server), "decree_sessions_closed_total") >= 1.0);
     assert_eq!(asker.request(&Message::Outcome(last)), Message::OutcomeIs(Outcome::Committed));
     assert_eq!(asker.request(&Message::Outcome(first)), Message::OutcomeIs(Outcome::Unknown), "evicted");
     assert_eq!(asker.request(&Message::Outcome(never)), Message::OutcomeIs(Outcome::Unknown));
@@ -436,22 +408,6 @@ fn an_evicted_outcome_makes_undecided_answers_unknown_not_rolled_back() {
 // ---------------------------------------------------------------------------------------
 // PostgreSQL: the reproduction of the issue, with real databases and a server process
 // that is stopped with SIGTERM and killed with SIGKILL between the questions.
-
-fn dsn(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            let hint = format!(
-                "{var} is not set: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\""
-            );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{hint}");
-            }
-            eprintln!("skipped: {hint}");
-            None
-        }
-    }
-}
 
 /// Runs a server in a child process (this test binary re-executed) when asked through the
 /// environment; does nothing in a normal test run.
@@ -500,21 +456,6 @@ impl Drop for Child {
     }
 }
 
-fn pg_count(rm: &PgRm, table: &str, id: i64) -> i64 {
-    let q = format!("SELECT count(*) FROM {table} WHERE id = $1");
-    rm.client().expect("client").query_one(&q, &[&id]).expect("count").get(0)
-}
-
-fn pg_prepare_insert(rm: &mut PgRm, xid: &Xid, table: &str, id: i64) {
-    rm.start(xid).expect("start");
-    rm.client()
-        .expect("client")
-        .execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&id])
-        .expect("insert");
-    rm.end(xid).expect("end");
-    rm.prepare(xid).expect("prepare");
-}
-
 /// Asks from a fresh connection, as a client that lost its reply would.
 fn ask(dir: &Path, xid: &Xid) -> Outcome {
     RemoteDecisions::connect(&endpoint(dir)).expect("connect").outcome(xid).expect("outcome")
@@ -559,13 +500,11 @@ fn pg_a_committed_transaction_stays_committed_after_every_kind_of_restart() {
     let store = RemoteDecisions::connect(&endpoint(dir.path())).unwrap();
     let session = store.open_session().unwrap();
     let first = xid_of(&store, session, 1);
-    pg_prepare_insert(&mut a, &first.branch(0), &table, 1);
-    pg_prepare_insert(&mut b, &first.branch(1), &table, 1);
+    prepare_insert(&mut a, &first.branch(0), &table, 1);
+    prepare_insert(&mut b, &first.branch(1), &table, 1);
     store.decide(&decision(first, &["pg-a", "pg-b"])).unwrap();
     drop(store);
-    eventually("the server commits both branches", || {
-        pg_count(&a, &table, 1) == 1 && pg_count(&b, &table, 1) == 1
-    });
+    eventually("the server commits both branches", || count(&a, &table, 1) == 1 && count(&b, &table, 1) == 1);
     eventually("the outcome is committed", || ask(dir.path(), &first) == Outcome::Committed);
 
     // 2. A clean restart, then two SIGKILL restarts: the answer stays committed.
@@ -582,15 +521,15 @@ fn pg_a_committed_transaction_stays_committed_after_every_kind_of_restart() {
     let session = store.open_session().unwrap();
     let second = xid_of(&store, session, 1);
     let undecided = xid_of(&store, session, 2);
-    pg_prepare_insert(&mut a, &second.branch(0), &table, 2);
-    pg_prepare_insert(&mut b, &second.branch(1), &table, 2);
-    pg_prepare_insert(&mut a, &undecided.branch(0), &table, 3);
+    prepare_insert(&mut a, &second.branch(0), &table, 2);
+    prepare_insert(&mut b, &second.branch(1), &table, 2);
+    prepare_insert(&mut a, &undecided.branch(0), &table, 3);
     store.decide(&decision(second, &["pg-a", "pg-b"])).unwrap();
     server.kill_9();
     drop(store);
     let server = Child::spawn(&config_path, dir.path());
     eventually("the restarted server commits the second transaction", || {
-        pg_count(&a, &table, 2) == 1 && pg_count(&b, &table, 2) == 1
+        count(&a, &table, 2) == 1 && count(&b, &table, 2) == 1
     });
     eventually("and rolls back the undecided one", || ask(dir.path(), &undecided) == Outcome::RolledBack);
     assert_eq!(ask(dir.path(), &second), Outcome::Committed);
@@ -601,7 +540,7 @@ fn pg_a_committed_transaction_stays_committed_after_every_kind_of_restart() {
         assert_eq!(ask(dir.path(), &second), Outcome::Committed);
         assert_eq!(ask(dir.path(), &undecided), Outcome::RolledBack, "the server rolled it back itself");
     }
-    assert_eq!(pg_count(&a, &table, 3), 0);
+    assert_eq!(count(&a, &table, 3), 0);
     server.terminate();
     drop_tables(&a, &b);
 }

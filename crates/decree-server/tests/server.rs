@@ -2,11 +2,13 @@
 //! on 127.0.0.1) and the real client library; resource managers are decree-core's dummy,
 //! which stands in for the databases whose branches the server must finish.
 
+mod common;
+
+use common::{decision, eventually, metric, metrics, xid_of};
 use decree_client::RemoteDecisions;
 use decree_core::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
 use decree_core::{
-    BranchRecord, Decision, DecisionStore, DummyFactory, Origin, Outcome, ResourceManager, RmFactory,
-    StoreError, Vote, Xid,
+    Decision, DecisionStore, DummyFactory, Origin, Outcome, ResourceManager, RmFactory, StoreError, Vote, Xid,
 };
 use decree_log::EngineKind;
 use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
@@ -15,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
     let mut c = ServerConfig::new(dir.join("log"), engine);
@@ -41,42 +43,6 @@ fn unix_endpoint(server: &ServerHandle) -> String {
 
 fn tcp_endpoint(server: &ServerHandle) -> String {
     format!("tcp:{}", server.tcp_addr().unwrap())
-}
-
-fn xid_of(store: &RemoteDecisions, session: u64, sequence: u64) -> Xid {
-    Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence })
-}
-
-fn decision(xid: Xid, rms: &[&str]) -> Decision {
-    let branches =
-        rms.iter().enumerate().map(|(i, rm)| BranchRecord { rm: rm.to_string(), branch: i as u16 }).collect();
-    Decision { xid, branches }
-}
-
-/// Polls `cond` for up to ten seconds (the server's background work is asynchronous).
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn metrics(server: &ServerHandle) -> String {
-    let mut s = std::net::TcpStream::connect(server.metrics_addr().unwrap()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.0 200 OK"), "{out}");
-    out
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("metric {name} missing"))
-        .parse()
-        .unwrap()
 }
 
 #[test]
