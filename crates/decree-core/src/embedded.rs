@@ -42,20 +42,20 @@ pub struct LogDecisions {
 impl LogDecisions {
     /// A store writing to `log`, which holds no live decision, and minting Xids for `node`.
     pub fn new(log: Arc<dyn Log>, node: u32) -> Self {
-        Self::with_recovered(log, node, Vec::new())
+        Self::with_recovered(log, node, HashMap::new())
     }
 
-    /// A store over a log whose live decisions (found at open) are `recovered`: (Xid, log
-    /// key) pairs; their keys are never handed out again while they live.
-    pub fn with_recovered(log: Arc<dyn Log>, node: u32, recovered: Vec<(Xid, u64)>) -> Self {
+    /// A store over a log whose live decisions (found at open) were written under `keys`;
+    /// those keys are never handed out again while they live.
+    pub fn with_recovered(log: Arc<dyn Log>, node: u32, keys: HashMap<Xid, Vec<u64>>) -> Self {
         let incarnation = log.incarnation();
-        let keys = KeyAllocator::new(recovered.iter().map(|(_, k)| *k));
+        let allocator = KeyAllocator::new(keys.values().flatten().copied());
         let live: Vec<Mutex<HashMap<Xid, Vec<u64>>>> =
             (0..KEY_SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
-        for (xid, key) in recovered {
-            live[shard(&xid)].lock().entry(xid).or_default().push(key);
+        for (xid, k) in keys {
+            live[shard(&xid)].lock().insert(xid, k);
         }
-        LogDecisions { log, node, incarnation, sessions: AtomicU64::new(1), keys, live }
+        LogDecisions { log, node, incarnation, sessions: AtomicU64::new(1), keys: allocator, live }
     }
 
     /// The key a decision of `xid` is appended under: the one it already has (a decision
@@ -171,7 +171,7 @@ mod tests {
         let log = Arc::new(VolatileLog::new());
         let in_doubt = Decision { xid: old, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
         log.append(old.log_key(), &in_doubt.encode()).unwrap();
-        let store = LogDecisions::with_recovered(log.clone(), 1, vec![(old, old.log_key())]);
+        let store = LogDecisions::with_recovered(log.clone(), 1, HashMap::from([(old, vec![old.log_key()])]));
         let decision = Decision { xid: new, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
         store.decide(&decision).unwrap();
         store.decide(&decision).unwrap(); // written again: same key, one completion forgets both

@@ -60,7 +60,7 @@ pub use error::{HeuristicReport, TmError};
 pub use keys::KeyAllocator;
 pub use rm::{BranchAnswer, BranchCall, HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
 pub use session::{CommitKind, CommitReport, Session, Transaction};
-pub use store::{BranchRecord, Decision, DecisionStore, Outcome, StoreError};
+pub use store::{BranchRecord, Decision, DecisionStore, Outcome, RecoveredDecisions, StoreError};
 pub use tm::{BranchCalls, RecoveryReport, TmConfig, TransactionManager};
 pub use tx::{TxContext, TxInfo, TxState};
 pub use xid::{Origin, Xid, XidError, DECREE_FORMAT_ID};

@@ -7,6 +7,8 @@
 
 use crate::rm::HeuristicOutcome;
 use crate::xid::Xid;
+use decree_log::LiveRecord;
+use std::collections::HashMap;
 
 /// One branch named in a decision record: which resource, which branch number.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +83,48 @@ pub trait DecisionStore: Send + Sync {
     }
 }
 
+/// The decisions a log held at open, with the log keys their records were written under:
+/// what every owner of a log (the embedded coordinator, the state server, `decree
+/// recover`) rebuilds before it finishes or resolves them.
+#[derive(Debug, Default)]
+pub struct RecoveredDecisions {
+    /// Decisions by global Xid; records of one Xid are joined (each branch number once).
+    pub decisions: HashMap<Xid, Decision>,
+    /// The keys of each Xid's records: completing the transaction completes them all.
+    pub keys: HashMap<Xid, Vec<u64>>,
+    /// Records that are not decisions: their key and why.
+    pub undecodable: Vec<(u64, StoreError)>,
+}
+
+impl RecoveredDecisions {
+    /// Decodes the records a log recovered at open.
+    pub fn from_records(records: Vec<LiveRecord>) -> Self {
+        let mut recovered = RecoveredDecisions::default();
+        for record in records {
+            let d = match Decision::decode(&record.payload) {
+                Ok(d) => d,
+                Err(e) => {
+                    recovered.undecodable.push((record.txn, e));
+                    continue;
+                }
+            };
+            recovered.keys.entry(d.xid).or_default().push(record.txn);
+            match recovered.decisions.get_mut(&d.xid) {
+                Some(existing) => existing.join(d),
+                None => {
+                    recovered.decisions.insert(d.xid, d);
+                }
+            }
+        }
+        recovered
+    }
+
+    /// Every key a live record uses (decodable or not): no allocator may hand these out.
+    pub fn all_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.keys.values().flatten().copied().chain(self.undecodable.iter().map(|(k, _)| *k))
+    }
+}
+
 impl Decision {
     /// The log payload: magic "DCD1", Xid (binary), branch count (u16 BE), then per branch
     /// the branch number (u16 BE), the name length (u8) and the name (UTF-8).
@@ -101,6 +145,16 @@ impl Decision {
             out.extend_from_slice(&b.branch.to_be_bytes());
             out.push(name.len() as u8);
             out.extend_from_slice(name);
+        }
+    }
+
+    /// Adds the branches of another decision of the same transaction (written again) that
+    /// this one does not name yet.
+    pub fn join(&mut self, other: Decision) {
+        for b in other.branches {
+            if !self.branches.iter().any(|x| x.branch == b.branch) {
+                self.branches.push(b);
+            }
         }
     }
 
@@ -156,6 +210,35 @@ mod tests {
         };
         assert_eq!(Decision::decode(&d.encode()).unwrap(), d);
         assert!(Decision::decode(&d.encode()[..10]).is_err());
+    }
+
+    #[test]
+    fn recovered_records_join_by_xid_and_keep_every_key() {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
+        let record = |txn, branches: &[(u16, &str)]| LiveRecord {
+            txn,
+            payload: Decision {
+                xid,
+                branches: branches
+                    .iter()
+                    .map(|(b, rm)| BranchRecord { rm: rm.to_string(), branch: *b })
+                    .collect(),
+            }
+            .encode(),
+        };
+        let records = vec![
+            record(7, &[(0, "a"), (1, "b")]),
+            record(9, &[(1, "b"), (2, "c")]),
+            LiveRecord { txn: 11, payload: b"not a decision".to_vec() },
+        ];
+        let r = RecoveredDecisions::from_records(records);
+        let branches: Vec<u16> = r.decisions[&xid].branches.iter().map(|b| b.branch).collect();
+        assert_eq!(branches, vec![0, 1, 2], "each branch once");
+        assert_eq!(r.keys[&xid], vec![7, 9]);
+        assert_eq!(r.undecodable.len(), 1);
+        let mut all: Vec<u64> = r.all_keys().collect();
+        all.sort();
+        assert_eq!(all, vec![7, 9, 11], "an undecodable record's key stays taken");
     }
 
     proptest! {

@@ -16,7 +16,7 @@ use crate::embedded::LogDecisions;
 use crate::error::{HeuristicReport, TmError};
 use crate::protocol::{self, PhaseTwoStep, RecoveryStep};
 use crate::rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
-use crate::store::{BranchRecord, Decision, DecisionStore};
+use crate::store::{BranchRecord, Decision, DecisionStore, RecoveredDecisions};
 use crate::xid::Xid;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
@@ -150,21 +150,15 @@ impl TransactionManager {
         config: TmConfig,
         factories: Vec<Arc<dyn RmFactory>>,
     ) -> Result<Arc<Self>, TmError> {
-        let recovered = log.take_recovered();
-        let mut decisions: HashMap<Xid, Decision> = HashMap::new();
-        let mut keys = Vec::with_capacity(recovered.len());
-        for record in recovered {
-            let d = Decision::decode(&record.payload)?;
-            // Completing the transaction completes every key its records were written under.
-            keys.push((d.xid, record.txn));
-            match decisions.get_mut(&d.xid) {
-                Some(existing) => existing.branches.extend(d.branches),
-                None => {
-                    decisions.insert(d.xid, d);
-                }
-            }
+        let recovered = RecoveredDecisions::from_records(log.take_recovered());
+        // An embedded coordinator refuses to start on a record it cannot read: it might be
+        // a decision whose branches presumed abort would then roll back.
+        if let Some((_, e)) = recovered.undecodable.into_iter().next() {
+            return Err(TmError::Store(e));
         }
-        let store: Arc<dyn DecisionStore> = Arc::new(LogDecisions::with_recovered(log, config.node, keys));
+        let decisions = recovered.decisions;
+        let store: Arc<dyn DecisionStore> =
+            Arc::new(LogDecisions::with_recovered(log, config.node, recovered.keys));
         let decided = decisions.keys().copied().collect();
         let mut tm = Self::build(store, config, factories, decided)?;
         let shared = tm.shared.clone();

@@ -462,34 +462,35 @@ impl OutcomeMemory {
     /// and returns the entry the full ring evicted, if that took away the memory of an id
     /// (an evicted entry whose id has a newer entry is not returned). Never blocks on IO:
     /// `durable` is called from the flusher thread once the entry is synced, or with the
-    /// error if the memory failed (fail-stop: every later callback gets it too), or at
-    /// once with [`LogError::RecordTooLarge`] for an id longer than [`ID_BYTES_MAX`] and
-    /// [`LogError::Full`] when [`WAITING_MAX`] callbacks wait already (then nothing is
-    /// remembered). `durable` must not call [`OutcomeMemory::sync`] (it runs on the thread
-    /// that sync waits for).
+    /// error if that flush failed. A refusal is returned instead, with nothing remembered
+    /// and `durable` dropped uncalled, so that the caller decides at once what to keep:
+    /// [`LogError::RecordTooLarge`] for an id longer than [`ID_BYTES_MAX`],
+    /// [`LogError::Full`] when [`WAITING_MAX`] callbacks wait already, and the memory's
+    /// error once it has failed (fail-stop). `durable` must not call
+    /// [`OutcomeMemory::sync`] (it runs on the thread that sync waits for).
     ///
     /// # Panics
     /// When `id` is empty or `outcome` is 0: the caller's codes are 1..=255.
-    pub fn remember(&self, id: &[u8], outcome: u8, durable: DurableCallback) -> Option<RememberedEntry> {
+    pub fn remember(
+        &self,
+        id: &[u8],
+        outcome: u8,
+        durable: DurableCallback,
+    ) -> Result<Option<RememberedEntry>, LogError> {
         assert!(!id.is_empty(), "an outcome memory id is never empty");
         assert!(outcome != 0, "outcome code 0 is reserved (zero-filled slots)");
         if id.len() > ID_BYTES_MAX {
-            call(durable, Err(LogError::RecordTooLarge { len: id.len(), max: ID_BYTES_MAX }));
-            return None;
+            return Err(LogError::RecordTooLarge { len: id.len(), max: ID_BYTES_MAX });
         }
         let shared = &*self.shared;
         let capacity = shared.capacity;
         let mut st = shared.state.lock();
         if let Some(err) = st.failed.clone() {
-            drop(st);
-            call(durable, Err(err));
-            return None;
+            return Err(err);
         }
         if st.waiting.len() >= WAITING_MAX {
-            drop(st);
             let message = format!("{WAITING_MAX} outcome entries wait for a flush; retry when it catches up");
-            call(durable, Err(LogError::Full(message)));
-            return None;
+            return Err(LogError::Full(message));
         }
         let sequence = st.sequence_next;
         st.sequence_next += 1;
@@ -513,7 +514,7 @@ impl OutcomeMemory {
             st.durable_through = sequence;
             drop(st);
             call(durable, Ok(()));
-            return evicted;
+            return Ok(evicted);
         }
         if st.waiting.is_empty() {
             st.queued_at = Some(Instant::now());
@@ -529,7 +530,7 @@ impl OutcomeMemory {
         if wake {
             shared.work.notify_one();
         }
-        evicted
+        Ok(evicted)
     }
 
     /// Blocks until everything remembered so far is durable and its callbacks have run
@@ -738,11 +739,11 @@ mod tests {
             take_batch(&st, range, 4).iter().map(|e| e.sequence).collect::<Vec<_>>()
         };
         for i in 1..=5u8 {
-            memory.remember(&[i], 1, Box::new(|_| {}));
+            memory.remember(&[i], 1, Box::new(|_| {})).expect("remembered");
         }
         assert_eq!(sequences(3..6), vec![3, 4, 5], "slots 3, 0, 1: two runs at the wrap-around");
         for i in 6..=10u8 {
-            memory.remember(&[i], 1, Box::new(|_| {}));
+            memory.remember(&[i], 1, Box::new(|_| {})).expect("remembered");
         }
         assert_eq!(sequences(1..11), vec![7, 8, 9, 10], "superseded entries are not written");
     }
@@ -775,7 +776,7 @@ mod tests {
         for i in 0..50u32 {
             // A few ids repeat, so that some evicted entries are shadowed by newer ones.
             let id = (i % 5).to_le_bytes();
-            memory.remember(&id, (i % 7 + 1) as u8, Box::new(|_| {}));
+            memory.remember(&id, (i % 7 + 1) as u8, Box::new(|_| {})).expect("remembered");
             let st = memory.shared.state.lock();
             assert!(st.index.len() <= st.ring.len() && st.ring.len() <= 3);
             for (id, &(sequence, outcome)) in &st.index {

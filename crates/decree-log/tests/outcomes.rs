@@ -52,7 +52,7 @@ fn result_of(rx: &mpsc::Receiver<Result<(), LogError>>) -> Result<(), LogError> 
 /// Remembers `id(i)` with `outcome(i)` and waits until it is durable.
 fn remember_durably(memory: &OutcomeMemory, i: u32) -> Option<RememberedEntry> {
     let (done, rx) = ack();
-    let evicted = memory.remember(&id(i), outcome(i), done);
+    let evicted = memory.remember(&id(i), outcome(i), done).expect("remembered");
     result_of(&rx).expect("durable");
     evicted
 }
@@ -64,7 +64,7 @@ fn remember_all(
 ) -> Vec<mpsc::Receiver<Result<(), LogError>>> {
     ids.map(|i| {
         let (done, rx) = ack();
-        memory.remember(&id(i), outcome(i), done);
+        memory.remember(&id(i), outcome(i), done).expect("remembered");
         rx
     })
     .collect()
@@ -142,7 +142,7 @@ fn a_newer_outcome_for_the_same_id_wins_before_and_after_reopen() {
         let memory = open_fault(&storage, 4, Duration::ZERO);
         for (the_id, code) in [(a, 1), (b, 1), (a, 2)] {
             let (done, rx) = ack();
-            assert_eq!(memory.remember(the_id, code, done), None);
+            assert_eq!(memory.remember(the_id, code, done).expect("remembered"), None);
             result_of(&rx).expect("durable");
         }
         assert_eq!((memory.lookup(a), memory.lookup(b), memory.len()), (Some(2), Some(1), 2));
@@ -188,7 +188,11 @@ fn a_capacity_change_keeps_the_newest_entries() {
         assert!(!storage.list(&fault_dir()).expect("list").contains(&tmp), "the temporary file is gone");
         assert_eq!(storage.read_live(&path).expect("file").len(), 3 * SLOT_BYTES);
         let (done, rx) = ack();
-        assert_eq!(memory.remember(&id(8), outcome(8), done), evicted(5), "the oldest kept entry goes first");
+        assert_eq!(
+            memory.remember(&id(8), outcome(8), done).expect("remembered"),
+            evicted(5),
+            "the oldest kept entry goes first"
+        );
         memory.sync().expect("sync");
         result_of(&rx).expect("durable");
     }
@@ -209,10 +213,14 @@ fn a_capacity_change_keeps_the_newest_entries() {
     assert_eq!(storage.read_live(&path).expect("file").len(), 10 * SLOT_BYTES);
     for i in 9..16 {
         let (done, _rx) = ack();
-        assert_eq!(memory.remember(&id(i), outcome(i), done), None, "room for 10: id {i}");
+        assert_eq!(
+            memory.remember(&id(i), outcome(i), done).expect("remembered"),
+            None,
+            "room for 10: id {i}"
+        );
     }
     let (done, _rx) = ack();
-    assert_eq!(memory.remember(&id(16), outcome(16), done), evicted(6));
+    assert_eq!(memory.remember(&id(16), outcome(16), done).expect("remembered"), evicted(6));
     memory.sync().expect("sync");
     drop(memory);
     let memory = open_fault(&storage.crash(), 10, LONG);
@@ -268,14 +276,17 @@ fn a_torn_entry_is_ignored_with_a_warning_never_misread() {
         };
         for i in 0..4 {
             let (done, rx) = ack();
-            memory.remember(&long_id(i), outcome(i), done);
+            memory.remember(&long_id(i), outcome(i), done).expect("remembered");
             result_of(&rx).expect("durable");
         }
         storage.set_sync_delay(Duration::from_millis(100));
         let before = storage.read_live(&path).expect("file");
         let (done, _rx) = ack();
         // Sequence 5 overwrites slot 1, which holds id 0.
-        assert_eq!(memory.remember(&long_id(4), outcome(4), done).map(|e| e.id), Some(long_id(0)));
+        assert_eq!(
+            memory.remember(&long_id(4), outcome(4), done).expect("remembered").map(|e| e.id),
+            Some(long_id(0))
+        );
         let started = Instant::now();
         while storage.read_live(&path).expect("file")[SLOT_BYTES..2 * SLOT_BYTES]
             == before[SLOT_BYTES..2 * SLOT_BYTES]
@@ -315,15 +326,18 @@ fn a_failed_sync_fails_that_callback_and_every_later_one() {
     // Only the next sync fails: later ones would succeed, but the memory must not retry.
     storage.fail_one_sync_after(0);
     let (done, rx) = ack();
-    memory.remember(&id(1), outcome(1), done);
+    memory.remember(&id(1), outcome(1), done).expect("remembered");
     match result_of(&rx) {
         Err(LogError::SyncFailed { path: failed, .. }) => assert_eq!(failed, path),
         other => panic!("expected SyncFailed, got {other:?}"),
     }
     let syncs = storage.syncs_done();
-    let (done, rx) = ack();
-    assert_eq!(memory.remember(&id(2), outcome(2), done), None);
-    assert!(matches!(rx.try_recv(), Ok(Err(LogError::SyncFailed { .. }))), "called at once with the error");
+    let (done, _rx) = ack();
+    let refused = memory.remember(&id(2), outcome(2), done);
+    assert!(
+        matches!(refused, Err(LogError::SyncFailed { .. })),
+        "refused at once with the error: {refused:?}"
+    );
     assert!(matches!(memory.sync(), Err(LogError::SyncFailed { .. })));
     assert_eq!(storage.syncs_done(), syncs, "nothing is synced after the failure");
     // What was remembered is still true; nothing new is remembered.
@@ -342,12 +356,12 @@ fn a_failed_write_stops_the_memory_too() {
     let memory = open_fault(&storage, 8, Duration::ZERO);
     storage.fail_writes_after(0);
     let (done, rx) = ack();
-    memory.remember(&id(1), outcome(1), done);
+    memory.remember(&id(1), outcome(1), done).expect("remembered");
     assert!(matches!(result_of(&rx), Err(LogError::Io { .. })));
     storage.clear_faults();
-    let (done, rx) = ack();
-    memory.remember(&id(2), outcome(2), done);
-    assert!(matches!(result_of(&rx), Err(LogError::Io { .. })), "fail-stop: no write after the failure");
+    let (done, _rx) = ack();
+    let refused = memory.remember(&id(2), outcome(2), done);
+    assert!(matches!(refused, Err(LogError::Io { .. })), "fail-stop: no write after the failure");
     assert!(memory.sync().is_err());
 }
 
@@ -395,13 +409,13 @@ fn the_volatile_memory_answers_and_evicts_without_disk() {
         result.expect("volatile callbacks succeed");
         flag.store(true, Ordering::SeqCst);
     });
-    assert_eq!(memory.remember(&id(0), outcome(0), done), None);
+    assert_eq!(memory.remember(&id(0), outcome(0), done).expect("remembered"), None);
     assert!(called.load(Ordering::SeqCst), "the callback ran before remember returned");
     let (done, rx) = ack();
-    assert_eq!(memory.remember(&id(1), outcome(1), done), None);
+    assert_eq!(memory.remember(&id(1), outcome(1), done).expect("remembered"), None);
     assert!(matches!(rx.try_recv(), Ok(Ok(()))));
     let (done, _rx) = ack();
-    assert_eq!(memory.remember(&id(2), outcome(2), done), evicted(0));
+    assert_eq!(memory.remember(&id(2), outcome(2), done).expect("remembered"), evicted(0));
     assert_eq!(
         (memory.lookup(&id(0)), memory.lookup(&id(2)), memory.len(), memory.capacity()),
         (None, Some(3), 2, 2)
@@ -410,8 +424,9 @@ fn the_volatile_memory_answers_and_evicts_without_disk() {
     assert!(memory.open_warnings().is_empty());
     // An id longer than a slot holds is refused, not truncated.
     let (done, rx) = ack();
-    assert_eq!(memory.remember(&[1; ID_BYTES_MAX + 1], 1, done), None);
-    assert!(matches!(rx.try_recv(), Ok(Err(LogError::RecordTooLarge { .. }))));
+    let refused = memory.remember(&[1; ID_BYTES_MAX + 1], 1, done);
+    assert!(matches!(refused, Err(LogError::RecordTooLarge { .. })), "{refused:?}");
+    assert!(rx.try_recv().is_err(), "a refused entry's callback is never called");
     assert_eq!(memory.len(), 2);
 }
 
@@ -483,7 +498,7 @@ fn more_entries_than_slots_in_one_flush_keep_the_newest() {
     for i in 0..10 {
         let (done, rx) = ack();
         let expected = if i >= 4 { evicted(i - 4) } else { None };
-        assert_eq!(memory.remember(&id(i), outcome(i), done), expected, "id {i}");
+        assert_eq!(memory.remember(&id(i), outcome(i), done).expect("remembered"), expected, "id {i}");
         acks.push(rx);
     }
     memory.sync().expect("sync");
@@ -507,11 +522,13 @@ fn a_full_queue_refuses_instead_of_growing() {
         let i = acks.len() as u32;
         assert!(acks.len() < 3 * WAITING_MAX, "{i} entries and none refused");
         let (done, rx) = ack();
-        memory.remember(&id(i), 1, done);
-        match rx.try_recv() {
-            Ok(Err(LogError::Full(_))) => break i,
-            Ok(other) => panic!("entry {i}: {other:?} before the flush could finish"),
-            Err(_) => acks.push(rx),
+        match memory.remember(&id(i), 1, done) {
+            Err(LogError::Full(_)) => break i,
+            Err(other) => panic!("entry {i}: {other:?} before the flush could finish"),
+            Ok(_) => match rx.try_recv() {
+                Ok(early) => panic!("entry {i}: {early:?} before the flush could finish"),
+                Err(_) => acks.push(rx),
+            },
         }
     };
     assert!(refused as usize >= WAITING_MAX + FLUSH_BATCH, "refused after only {refused} entries");
@@ -520,7 +537,7 @@ fn a_full_queue_refuses_instead_of_growing() {
     memory.sync().expect("the queue drains");
     assert!(acks.iter().all(|rx| matches!(rx.try_recv(), Ok(Ok(())))));
     let (done, rx) = ack();
-    memory.remember(b"after-the-drain", 1, done);
+    memory.remember(b"after-the-drain", 1, done).expect("remembered");
     memory.sync().expect("sync");
     result_of(&rx).expect("accepted again");
 }

@@ -32,7 +32,8 @@
 use crate::config::ServerConfig;
 use crate::rules::Remembered;
 use decree_core::{
-    BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, ResourceManager, RmError, RmFactory, Xid,
+    BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, RecoveredDecisions, ResourceManager,
+    RmError, RmFactory, Xid,
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
@@ -427,29 +428,16 @@ impl Inspector {
             LogError::Locked { .. } => AdminError::LogInUse { dir: dir.clone() },
             other => AdminError::Log { dir: dir.clone(), source: other },
         })?;
-        let mut decisions: HashMap<Xid, Decision> = HashMap::new();
-        let mut keys: HashMap<Xid, Vec<u64>> = HashMap::new();
-        let mut warnings = Vec::new();
-        let records = log.take_recovered();
-        let key_allocator = KeyAllocator::new(records.iter().map(|r| r.txn));
-        for record in records {
-            match Decision::decode(&record.payload) {
-                Ok(d) => {
-                    keys.entry(d.xid).or_default().push(record.txn);
-                    match decisions.get_mut(&d.xid) {
-                        Some(existing) => existing.branches.extend(d.branches),
-                        None => {
-                            decisions.insert(d.xid, d);
-                        }
-                    }
-                }
-                Err(e) => warnings.push(format!(
-                    "record under log key {:#x} in {} is not a decision ({e}); ignored",
-                    record.txn,
-                    dir.display()
-                )),
-            }
-        }
+        let recovered = RecoveredDecisions::from_records(log.take_recovered());
+        let key_allocator = KeyAllocator::new(recovered.all_keys());
+        let mut warnings: Vec<String> = recovered
+            .undecodable
+            .iter()
+            .map(|(key, e)| {
+                format!("record under log key {key:#x} in {} is not a decision ({e}); ignored", dir.display())
+            })
+            .collect();
+        let (decisions, keys) = (recovered.decisions, recovered.keys);
         let capacity = config.limits.outcomes_remembered_max;
         let outcomes = if log_config.engine == decree_log::EngineKind::Volatile {
             OutcomeMemory::volatile(capacity)
@@ -784,8 +772,9 @@ impl Inspector {
     fn remember(&mut self, xid: &Xid, outcome: Remembered) -> Result<(), AdminError> {
         let mut id = Vec::with_capacity(40);
         xid.global().encode(&mut id);
-        self.outcomes.remember(&id, outcome.to_byte(), Box::new(|_| {}));
-        self.outcomes.sync().map_err(|source| AdminError::Log { dir: self.log_dir.clone(), source })
+        let log_error = |source| AdminError::Log { dir: self.log_dir.clone(), source };
+        self.outcomes.remember(&id, outcome.to_byte(), Box::new(|_| {})).map_err(log_error)?;
+        self.outcomes.sync().map_err(log_error)
     }
 
     /// Remembers `outcome` for `xid`, then completes its decision in the log and syncs:

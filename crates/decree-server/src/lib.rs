@@ -22,7 +22,7 @@ mod state;
 
 pub use config::{ConfigError, Limits, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
 
-use decree_core::{Decision, RmFactory};
+use decree_core::{RecoveredDecisions, RmFactory};
 use decree_log::outcomes::OutcomeMemory;
 use state::State;
 use std::net::SocketAddr;
@@ -206,15 +206,9 @@ fn open_state(
         let storage = storage.unwrap_or_else(|| Arc::new(decree_log::io::StdStorage));
         OutcomeMemory::open(storage, &log_config.dir, capacity, OUTCOME_FLUSH_DELAY)?
     };
-    let mut recovered = Vec::new();
-    for record in log.take_recovered() {
-        match Decision::decode(&record.payload) {
-            Ok(d) => recovered.push((Some(d), record.txn)),
-            Err(e) => {
-                tracing::error!(key = record.txn, error = %e, "undecodable record in the log; left as is");
-                recovered.push((None, record.txn));
-            }
-        }
+    let recovered = RecoveredDecisions::from_records(log.take_recovered());
+    for (key, e) in &recovered.undecodable {
+        tracing::error!(key, error = %e, "undecodable record in the log; left as is");
     }
     Ok(State::new(log, outcomes, config.node, config.limits, factories, recovered))
 }

@@ -16,7 +16,9 @@
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::rules::{self, Facts, Owner, Remembered};
-use decree_core::{Decision, HeuristicOutcome, KeyAllocator, Origin, Outcome, RmFactory, Xid};
+use decree_core::{
+    Decision, HeuristicOutcome, KeyAllocator, Origin, Outcome, RecoveredDecisions, RmFactory, Xid,
+};
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
@@ -41,11 +43,7 @@ pub(crate) struct LiveDecision {
 impl LiveDecision {
     /// Adds a record of the same transaction written again (a repeated `Decide`).
     fn merge(&mut self, other: LiveDecision) {
-        for b in other.decision.branches {
-            if !self.decision.branches.iter().any(|x| x.branch == b.branch) {
-                self.decision.branches.push(b);
-            }
-        }
+        self.decision.join(other.decision);
         for k in other.keys {
             if !self.keys.contains(&k) {
                 self.keys.push(k);
@@ -94,30 +92,28 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// The state of a run over `log` and `outcomes`, with the records `recovered` from the
-    /// log at open (decision, if it decodes, and log key): decisions become orphans to
-    /// finish, and no key of a recovered record is handed out again.
+    /// The state of a run over `log` and `outcomes`, with the decisions `recovered` from
+    /// the log at open as orphans to finish; no key of a recovered record (a decision or
+    /// not) is handed out again.
     pub(crate) fn new(
         log: Arc<dyn Log>,
         outcomes: OutcomeMemory,
         node: u32,
         limits: Limits,
         factories: Vec<Arc<dyn RmFactory>>,
-        recovered: Vec<(Option<Decision>, u64)>,
+        recovered: RecoveredDecisions,
     ) -> Self {
         let incarnation = log.incarnation();
-        let keys = KeyAllocator::new(recovered.iter().map(|(_, k)| *k));
-        let mut orphans: HashMap<Xid, LiveDecision> = HashMap::new();
-        for (decision, key) in recovered {
-            let Some(decision) = decision else { continue };
-            let live = LiveDecision { decision, keys: vec![key], heuristic: None };
-            match orphans.get_mut(&live.decision.xid) {
-                Some(existing) => existing.merge(live),
-                None => {
-                    orphans.insert(live.decision.xid, live);
-                }
-            }
-        }
+        let keys = KeyAllocator::new(recovered.all_keys());
+        let mut record_keys = recovered.keys;
+        let orphans: HashMap<Xid, LiveDecision> = recovered
+            .decisions
+            .into_iter()
+            .map(|(xid, decision)| {
+                let keys = record_keys.remove(&xid).unwrap_or_default();
+                (xid, LiveDecision { decision, keys, heuristic: None })
+            })
+            .collect();
         State {
             log,
             outcomes,
@@ -152,20 +148,19 @@ impl State {
     pub(crate) fn close_session(&self, id: u64, txns: &SessionTxns) {
         let handed_over;
         {
-            // Into the orphans before out of the session (see the module comment).
+            // Into the orphans before out of the session (see the module comment): both
+            // locks are held for the move, so nobody sees it half done.
             let mut decided = txns.decided.lock();
             handed_over = decided.len();
             let mut orphans = self.orphans.lock();
-            for (_, d) in decided.iter() {
+            for (_, d) in decided.drain() {
                 match orphans.get_mut(&d.decision.xid) {
-                    Some(existing) => existing.merge(d.clone()),
+                    Some(existing) => existing.merge(d),
                     None => {
-                        orphans.insert(d.decision.xid, d.clone());
+                        orphans.insert(d.decision.xid, d);
                     }
                 }
             }
-            drop(orphans);
-            decided.clear();
         }
         self.live.lock().remove(&id);
         self.metrics.sessions_closed.fetch_add(1, Ordering::Relaxed);
@@ -265,10 +260,8 @@ impl State {
         }
         let mut decided = txns.decided.lock();
         let Some(live) = decided.get(&o.sequence) else { return false };
-        let heuristic = match (live.heuristic, heuristic) {
-            (Some(a), Some(b)) => Some(decree_core::protocol::combine_heuristic(Some(a), b)),
-            (a, b) => a.or(b),
-        };
+        let heuristic =
+            heuristic.map(|h| decree_core::protocol::combine_heuristic(live.heuristic, h)).or(live.heuristic);
         let keys = live.keys.clone();
         // Remembered (visible) before it leaves the session's map; kept there if the
         // memory refused it (the server then finishes it after the session closes).
@@ -290,16 +283,14 @@ impl State {
     }
 
     /// Remembers the outcome of a finished transaction and completes its log records once
-    /// that memory is durable (if the memory fails, the decision stays live in the log and
-    /// a restart answers from it). Returns false when the memory refused the entry at once
-    /// (its queue is full, or it has failed): the caller keeps the decision live.
+    /// that memory is durable (if its flush fails, the decision stays live in the log and
+    /// a restart answers from it). Returns false when the memory refused the entry (its
+    /// queue is full, or it has failed): the caller keeps the decision live.
     fn finish(&self, global: &Xid, keys: Vec<u64>, heuristic: Option<HeuristicOutcome>) -> bool {
         let remembered = heuristic.map_or(Remembered::Committed, Remembered::Heuristic);
         let log = self.log.clone();
         let xid = *global;
-        let refused = Arc::new(AtomicBool::new(false));
-        let refused_in_callback = refused.clone();
-        self.remember(
+        let accepted = self.remember(
             global,
             remembered,
             Box::new(move |result| match result {
@@ -311,31 +302,42 @@ impl State {
                     }
                 }
                 Err(e) => {
-                    refused_in_callback.store(true, Ordering::SeqCst);
                     tracing::error!(%xid, error = %e, "outcome not durable; the decision stays live in the log")
                 }
             }),
         );
-        if refused.load(Ordering::SeqCst) {
-            return false;
+        if accepted {
+            self.metrics.completes.fetch_add(1, Ordering::Relaxed);
         }
-        self.metrics.completes.fetch_add(1, Ordering::Relaxed);
-        true
+        accepted
     }
 
     /// Remembers `outcome` for `xid` in the durable memory, noting whose memory an
-    /// eviction forgot.
-    pub(crate) fn remember(&self, xid: &Xid, outcome: Remembered, durable: decree_log::DurableCallback) {
+    /// eviction forgot; false (logged) when the memory refused it.
+    pub(crate) fn remember(
+        &self,
+        xid: &Xid,
+        outcome: Remembered,
+        durable: decree_log::DurableCallback,
+    ) -> bool {
         let mut id = Vec::with_capacity(40);
         xid.global().encode(&mut id);
-        let Some(evicted) = self.outcomes.remember(&id, outcome.to_byte(), durable) else { return };
-        let Ok((old, _)) = Xid::decode(&evicted.id) else { return };
+        let evicted = match self.outcomes.remember(&id, outcome.to_byte(), durable) {
+            Ok(evicted) => evicted,
+            Err(e) => {
+                tracing::error!(%xid, ?outcome, error = %e, "the outcome memory refused an entry");
+                return false;
+            }
+        };
+        let Some(evicted) = evicted else { return true };
+        let Ok((old, _)) = Xid::decode(&evicted.id) else { return true };
         if let Some(o) = old.origin().filter(|o| o.node == self.node && o.incarnation == self.incarnation) {
             self.incarnation_evicted.store(true, Ordering::SeqCst);
             if let Some(txns) = self.live.lock().get(&o.session) {
                 txns.evicted.store(true, Ordering::SeqCst);
             }
         }
+        true
     }
 
     /// What the durable memory says of `xid`.
