@@ -11,7 +11,8 @@
 
 use crate::rules::Remembered;
 use crate::state::{LiveDecision, State};
-use decree_core::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
+use decree_core::protocol::{self, PhaseTwoStep};
+use decree_core::{ResourceManager, RmFactory};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -88,23 +89,22 @@ fn finish(
             continue;
         };
         let xid = decision.xid.branch(branch.branch);
-        match rm.commit(&xid, false) {
-            Ok(()) => {
-                state.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(%xid, rm = %branch.rm, "committed branch of a finished session");
+        let result = rm.commit(&xid, false);
+        // What an answer means is decree-core's rule, the same as a client's phase two.
+        match protocol::phase_two_step(&result, true) {
+            PhaseTwoStep::Done => {
+                if result.is_ok() {
+                    state.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%xid, rm = %branch.rm, "committed branch of a finished session");
+                } // else already committed (by the client or an earlier pass)
             }
-            Err(RmError::UnknownXid(_)) => {} // Already committed (by the client or an earlier pass).
-            Err(RmError::Heuristic(outcome)) => {
-                tracing::error!(%xid, rm = %branch.rm, ?outcome, "heuristic outcome on commit; forgetting it");
+            PhaseTwoStep::Heuristic(outcome) => {
+                tracing::error!(%xid, rm = %branch.rm, ?outcome, error = ?result, "heuristic outcome on commit; forgetting it");
                 state.orphan_heuristic(&xid, outcome);
                 let _ = rm.forget(&xid);
             }
-            Err(RmError::RolledBack(why)) => {
-                tracing::error!(%xid, rm = %branch.rm, %why, "decided branch was rolled back by the RM: heuristic");
-                state.orphan_heuristic(&xid, HeuristicOutcome::RolledBack);
-            }
-            Err(e) => {
-                tracing::warn!(%xid, rm = %branch.rm, error = %e, "phase two failed; will retry");
+            PhaseTwoStep::Retry => {
+                tracing::warn!(%xid, rm = %branch.rm, error = ?result, "phase two failed; will retry");
                 connections.remove(&branch.rm);
                 done = false;
             }
@@ -139,22 +139,23 @@ fn roll_back_abandoned(
         if !state.owner_is_gone(&origin) || state.is_decided(&xid) {
             continue;
         }
-        match rm.rollback(&xid) {
-            Ok(()) | Err(RmError::UnknownXid(_)) | Err(RmError::RolledBack(_)) => {
+        let result = rm.rollback(&xid);
+        match protocol::phase_two_step(&result, false) {
+            PhaseTwoStep::Done => {
                 state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
                 if state.remembered(&xid).is_none() {
                     state.remember(&xid, Remembered::RolledBack, Box::new(|_| {}));
                 }
                 tracing::info!(%xid, rm = %name, "rolled back a prepared branch without decision");
             }
-            Err(RmError::Heuristic(outcome)) => {
+            PhaseTwoStep::Heuristic(outcome) => {
                 state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(%xid, rm = %name, ?outcome, "heuristic outcome on a presumed-abort rollback");
                 state.remember(&xid, Remembered::Heuristic(outcome), Box::new(|_| {}));
                 let _ = rm.forget(&xid);
             }
-            Err(e) => {
-                tracing::warn!(%xid, rm = %name, error = %e, "rollback failed; will retry");
+            PhaseTwoStep::Retry => {
+                tracing::warn!(%xid, rm = %name, error = ?result, "rollback failed; will retry");
                 clean = false;
             }
         }
