@@ -604,13 +604,9 @@ impl RemoteDecisions {
     fn complete_with(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
         match self.session_of(xid) {
             Ok(conn) => conn.lock().complete(xid, heuristic),
-            Err(_) => {
-                // The session is gone: tell the server through the control connection (a
-                // server that finishes the transaction itself ignores it).
-                let mut control = self.control();
-                control.complete(xid, heuristic)?;
-                control.flush()
-            }
+            // The session is gone: the server finishes its decisions itself and ignores a
+            // completion from any other session, so there is nobody to tell.
+            Err(_) => Ok(()),
         }
     }
 }
