@@ -535,11 +535,14 @@ fn pg_a_committed_transaction_stays_committed_after_every_kind_of_restart() {
     assert_eq!(ask(dir.path(), &second), Outcome::Committed);
     server.kill_9();
     let server = Child::spawn(&config_path, dir.path());
-    for _ in 0..2 {
-        assert_eq!(ask(dir.path(), &first), Outcome::Committed);
-        assert_eq!(ask(dir.path(), &second), Outcome::Committed);
-        assert_eq!(ask(dir.path(), &undecided), Outcome::RolledBack, "the server rolled it back itself");
-    }
+    // Committed answers come from the memory at once (a completion waits for its entry).
+    assert_eq!(ask(dir.path(), &first), Outcome::Committed);
+    assert_eq!(ask(dir.path(), &second), Outcome::Committed);
+    // The memory of a presumed-abort rollback is written lazily, so a SIGKILL just after
+    // it may lose it: then the earlier incarnation's Xid is unknown, never committed.
+    eventually("the first recovery pass has ended", || ask(dir.path(), &undecided) != Outcome::InProgress);
+    let answer = ask(dir.path(), &undecided);
+    assert!(matches!(answer, Outcome::RolledBack | Outcome::Unknown), "{answer:?}");
     assert_eq!(count(&a, &table, 3), 0);
     server.terminate();
     drop_tables(&a, &b);
