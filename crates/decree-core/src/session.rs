@@ -512,6 +512,7 @@ impl Session {
     fn roll_back_enlisted(&mut self, xid: Xid) -> Result<(), TmError> {
         let mut retry = Vec::new();
         let mut first_error = None;
+        let mut heuristic = None;
         for i in 0..self.rms.len() {
             let b = self.branch_of[i];
             if b == NOT_ENLISTED || !protocol::needs_rollback(&self.votes[i]) {
@@ -525,6 +526,7 @@ impl Session {
                     retry.push(BranchRecord { rm: self.rms[i].name().to_string(), branch: b });
                 }
                 PhaseTwoStep::Heuristic(outcome) => {
+                    heuristic = Some(protocol::combine_heuristic(heuristic, outcome));
                     let _ = self.rms[i].forget(&bx);
                     let report =
                         HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch: b, outcome };
@@ -539,7 +541,13 @@ impl Session {
         if !retry.is_empty() {
             // The RM will also drop a branch that was never prepared when its connection
             // dies; the background rollback covers branches that may be prepared.
-            self.tm.defer(xid, false, retry, None);
+            self.tm.defer(xid, false, retry, heuristic);
+        } else if let Some(h) = heuristic {
+            // Without this the state server, which saw no decision, would answer "rolled
+            // back" for a transaction a branch committed on its own.
+            if let Err(e) = self.tm.store().complete_heuristic(&xid, h) {
+                tracing::warn!(%xid, error = %e, "heuristic outcome of a rollback not reported to the store");
+            }
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -598,7 +598,9 @@ impl Shared {
                 let todo = std::mem::take(branches);
                 let left = self.finish_branches(conns, xid, commit, todo, heuristic);
                 if left.is_empty() {
-                    if commit {
+                    // A rollback is reported only when a branch decided on its own: the
+                    // store must not answer "rolled back" for it.
+                    if commit || heuristic.is_some() {
                         self.complete(xid, *heuristic);
                     }
                     true

@@ -243,9 +243,10 @@ impl State {
     }
 
     /// A live session's `Complete` (or `CompleteHeuristic`): finishes `xid` if this
-    /// session decided it; anything else (another session's Xid, one the server is
-    /// finishing, one never decided) is ignored, since only the owner knows its phase two
-    /// is done. Returns whether it was this session's.
+    /// session decided it, and remembers the heuristic of an undecided one it rolled back;
+    /// anything else (another session's Xid, one the server is finishing, a plain
+    /// `Complete` of one never decided) is ignored, since only the owner knows its phase
+    /// two is done. Returns whether it was acted on.
     pub(crate) fn complete_own(
         &self,
         xid: &Xid,
@@ -259,7 +260,14 @@ impl State {
             return false;
         }
         let mut decided = txns.decided.lock();
-        let Some(live) = decided.get(&o.sequence) else { return false };
+        let Some(live) = decided.get(&o.sequence) else {
+            drop(decided);
+            // An undecided transaction of this session that it rolled back, where a branch
+            // decided on its own: remembered, or "rolled back" would be answered for it.
+            let Some(h) = heuristic else { return false };
+            self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
+            return self.remember(&global, Remembered::Heuristic(h), Box::new(|_| {}));
+        };
         let heuristic =
             heuristic.map(|h| decree_core::protocol::combine_heuristic(live.heuristic, h)).or(live.heuristic);
         let keys = live.keys.clone();

@@ -2,6 +2,8 @@
 //! over `RemoteDecisions`, so that switching from embedded to server mode is only a
 //! change of store. Resource managers are decree-core's dummy.
 
+mod common;
+
 use decree_client::RemoteDecisions;
 use decree_core::dummy::BranchOutcome;
 use decree_core::{
@@ -51,5 +53,43 @@ fn the_coordinator_commits_through_the_state_server() {
         assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
     }
     assert_eq!(store.node(), server.node());
+    server.shutdown().unwrap();
+}
+
+/// A branch that commits on its own while the coordinator rolls the transaction back (a
+/// heuristic outcome) must make the server answer "heuristic": it saw no decision, and
+/// would otherwise answer "rolled back" once the session has closed.
+#[test]
+fn a_heuristic_outcome_of_a_rollback_reaches_the_state_server() {
+    use decree_core::dummy::{Call, FaultAction, FaultRule};
+    use decree_core::{HeuristicOutcome, TmError};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(dir.path().join("log"), EngineKind::Volatile);
+    config.unix = Some(dir.path().join("decree.sock"));
+    let (a, b) = (DummyFactory::named("a", 100), DummyFactory::named("b", 100));
+    a.set_rules(vec![FaultRule::first(
+        Call::Rollback,
+        FaultAction::Heuristic(HeuristicOutcome::Committed),
+        1,
+    )]);
+    b.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
+    let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];
+    let server = decree_server::start(config, factories.clone()).unwrap();
+    let endpoint = format!("unix:{}", server.unix_path().unwrap().display());
+    let store = Arc::new(RemoteDecisions::connect(&endpoint).unwrap());
+    let tm = TransactionManager::with_store(store.clone(), TmConfig::default(), factories).unwrap();
+    let rms: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut session = Session::open(&tm, rms).unwrap();
+    let mut tx = session.begin().unwrap();
+    tx.enlist_all().unwrap();
+    let xid = match tx.commit() {
+        Err(TmError::RolledBack { xid, .. }) => *xid,
+        other => panic!("expected the vote no to roll the transaction back, got {other:?}"),
+    };
+    assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::Heuristic(HeuristicOutcome::Committed)));
+    session.close().unwrap();
+    // The report rides with the session's last frames: the server reads it as it closes.
+    common::eventually("the server answers heuristic", || store.outcome(&xid).unwrap() == Outcome::Heuristic);
+    assert_eq!(store.outcome(&xid).unwrap(), Outcome::Heuristic, "and keeps answering it");
     server.shutdown().unwrap();
 }
