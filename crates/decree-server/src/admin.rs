@@ -438,14 +438,10 @@ impl Inspector {
             })
             .collect();
         let (decisions, keys) = (recovered.decisions, recovered.keys);
+        // Flushed at once: an operator's resolution is synced before the log is changed.
         let capacity = config.limits.outcomes_remembered_max;
-        let outcomes = if log_config.engine == decree_log::EngineKind::Volatile {
-            OutcomeMemory::volatile(capacity)
-        } else {
-            let storage = Arc::new(decree_log::io::StdStorage);
-            OutcomeMemory::open(storage, &dir, capacity, std::time::Duration::ZERO)
-                .map_err(|source| AdminError::Log { dir: dir.clone(), source })?
-        };
+        let outcomes = crate::open_outcomes(&log_config, None, capacity, std::time::Duration::ZERO)
+            .map_err(|source| AdminError::Log { dir: dir.clone(), source })?;
         warnings.extend(outcomes.open_warnings().iter().cloned());
         let mut rms: Vec<RmSlot> = Vec::new();
         for rm in &config.rm {

@@ -200,17 +200,27 @@ fn open_state(
         None => Arc::from(decree_log::open(log_config)?),
     };
     let capacity = config.limits.outcomes_remembered_max;
-    let outcomes = if log_config.engine == decree_log::EngineKind::Volatile {
-        OutcomeMemory::volatile(capacity)
-    } else {
-        let storage = storage.unwrap_or_else(|| Arc::new(decree_log::io::StdStorage));
-        OutcomeMemory::open(storage, &log_config.dir, capacity, OUTCOME_FLUSH_DELAY)?
-    };
+    let outcomes = open_outcomes(log_config, storage, capacity, OUTCOME_FLUSH_DELAY)?;
     let recovered = RecoveredDecisions::from_records(log.take_recovered());
     for (key, e) in &recovered.undecodable {
         tracing::error!(key, error = %e, "undecodable record in the log; left as is");
     }
     Ok(State::new(log, outcomes, config.node, config.limits, factories, recovered))
+}
+
+/// The outcome memory beside the log of `log_config`: in its directory, on `storage` (the
+/// file system when `None`), or in memory only for the volatile engine.
+pub(crate) fn open_outcomes(
+    log_config: &decree_log::LogConfig,
+    storage: Option<Arc<dyn decree_log::io::Storage>>,
+    capacity: u32,
+    flush_delay: Duration,
+) -> Result<OutcomeMemory, decree_log::LogError> {
+    if log_config.engine == decree_log::EngineKind::Volatile {
+        return Ok(OutcomeMemory::volatile(capacity));
+    }
+    let storage = storage.unwrap_or_else(|| Arc::new(decree_log::io::StdStorage));
+    OutcomeMemory::open(storage, &log_config.dir, capacity, flush_delay)
 }
 
 async fn serve(
