@@ -14,6 +14,10 @@ pub enum LogError {
     /// A record in the middle of the log is damaged while valid records follow it.
     #[error("corrupted log record in {path} at offset {offset}: {reason}; valid records follow it, refusing to open")]
     Corrupted { path: PathBuf, offset: u64, reason: String },
+    /// Records that were durable are gone (a zero-filled or truncated file, a missing
+    /// segment), as the watermark of the last clean close or checkpoint shows.
+    #[error("durable log data lost in {path} at offset {offset}: {reason}; refusing to open (restore the log directory from a copy, or move it away to start empty)")]
+    Lost { path: PathBuf, offset: u64, reason: String },
     /// Another process (or another open in this one) owns the directory.
     #[error("log directory {path} is locked by another owner (is another decree process running?)")]
     Locked { path: PathBuf },

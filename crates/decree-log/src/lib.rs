@@ -80,6 +80,12 @@ pub trait Log: Send + Sync {
     /// Totals since open.
     fn stats(&self) -> LogStats;
 
+    /// What the open found and repaired without refusing (a torn tail cut, a torn record
+    /// deleted), one line each, for the operator: `decree recover list` shows them.
+    fn open_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// How long the synced writes on the commit path took since open (the journal under
     /// `rpo = 0` keeps them; other engines report none).
     fn write_times(&self) -> WriteTimes {

@@ -78,21 +78,62 @@ fn reopen_returns_exactly_the_live_records_in_append_order() {
     assert_eq!(by_txn(&log.take_recovered()), expected);
 }
 
+/// Leftovers of appends that were never acknowledged: empty, cut short, garbage.
+fn leave_torn_files(dir: &Path) {
+    std::fs::write(dir.join(format!("rec-{:016x}-{:016x}.rec", 2, 100)), b"").expect("write");
+    std::fs::write(dir.join(format!("rec-{:016x}-{:016x}.rec", 3, 101)), [9u8, 0, 0, 0, 1, 2])
+        .expect("write");
+    std::fs::write(dir.join(format!("rec-{:016x}-{:016x}.rec", 4, 102)), [0u8; 40]).expect("write");
+}
+
 #[test]
-fn torn_record_files_are_deleted_at_open() {
+fn torn_record_files_are_deleted_at_open_after_a_crash() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(dir.path());
-    open_std(&config).append(1, b"good").expect("append");
-    // Leftovers of appends that were never acknowledged: empty, cut short, garbage.
-    std::fs::write(dir.path().join(format!("rec-{:016x}-{:016x}.rec", 2, 100)), b"").expect("write");
-    std::fs::write(dir.path().join(format!("rec-{:016x}-{:016x}.rec", 3, 101)), [9u8, 0, 0, 0, 1, 2])
-        .expect("write");
-    std::fs::write(dir.path().join(format!("rec-{:016x}-{:016x}.rec", 4, 102)), [0u8; 40]).expect("write");
+    let log = open_std(&config);
+    log.append(1, b"good").expect("append");
+    // A crash: no clean close is recorded (the leaked log's threads idle until the test ends).
+    std::mem::forget(log);
+    leave_torn_files(dir.path());
     std::fs::write(dir.path().join("unrelated.txt"), b"left alone").expect("write");
     let log = open_std(&config);
     assert_eq!(log.take_recovered(), vec![LiveRecord { txn: 1, payload: b"good".to_vec() }]);
     assert_eq!(record_files(dir.path()), 1, "torn files are deleted");
     assert!(dir.path().join("unrelated.txt").exists());
+    let warnings = log.open_warnings();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(warnings.iter().all(|w| w.contains("deleted a torn record file")), "{warnings:?}");
+}
+
+/// Guards against a record file emptied, zeroed or deleted after a clean close being
+/// taken for a torn write and dropped in silence: nothing can be torn after a clean close.
+#[test]
+fn a_record_lost_after_a_clean_close_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(dir.path());
+    let log = open_std(&config);
+    for txn in 0..5 {
+        log.append(txn, b"decided").expect("append");
+    }
+    drop(log);
+    let log = open_std(&config);
+    assert!(log.open_warnings().is_empty(), "a clean close reopens without warnings");
+    assert_eq!(log.take_recovered().len(), 5);
+    drop(log);
+    let victim = dir.path().join(format!("rec-{:016x}-{:016x}.rec", 3, 3));
+    std::fs::write(&victim, [0u8; 40]).expect("zero a record file");
+    match FileLog::open(&config, Arc::new(StdStorage)) {
+        Err(LogError::Lost { path, reason, .. }) => {
+            assert_eq!(path, victim);
+            assert!(reason.contains("closed cleanly"), "{reason}");
+        }
+        other => panic!("a zeroed record after a clean close must be refused, got {:?}", other.map(|_| ())),
+    }
+    std::fs::remove_file(&victim).expect("delete it instead");
+    match FileLog::open(&config, Arc::new(StdStorage)) {
+        Err(LogError::Lost { reason, .. }) => assert!(reason.contains("5 live records, but 4"), "{reason}"),
+        other => panic!("a deleted record after a clean close must be refused, got {:?}", other.map(|_| ())),
+    }
 }
 
 #[test]

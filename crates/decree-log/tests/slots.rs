@@ -673,3 +673,38 @@ fn slots_waiting_for_a_durable_completion_are_freed_by_the_next_append() {
         assert_eq!(recovered, [5, 6, 7].into_iter().collect(), "{engine}");
     }
 }
+
+/// Guards against live slots zero-filled after a clean close reading as free slots and the
+/// log opening with a fraction of its records: the clean close records the live count,
+/// and open refuses with the file named. A clean close itself reopens exactly.
+#[test]
+fn live_slots_zeroed_after_a_clean_close_are_refused() {
+    for engine in FLAVOURS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = config(dir.path(), engine, 64);
+        let log = open_std(&config);
+        for txn in 0..20u64 {
+            log.append(txn, &payload(txn, 0)).expect("append");
+        }
+        for txn in 0..5u64 {
+            log.complete(txn).expect("complete");
+        }
+        drop(log);
+        let log = open_std(&config);
+        assert_eq!(log.take_recovered().len(), 15, "{engine}: a clean close reopens exactly");
+        drop(log);
+        let path = dir.path().join(decree_log::engine::slots::layout::SLOTS_FILE);
+        let mut bytes = std::fs::read(&path).expect("read slots");
+        let from = decree_log::engine::slots::layout::HEADER_AREA_BYTES as usize + 10 * SLOT_BYTES as usize;
+        bytes[from..].fill(0);
+        std::fs::write(&path, &bytes).expect("zero-fill the second half of the live slots");
+        match SlotsLog::open(&config, Arc::new(StdStorage)) {
+            Err(LogError::Lost { path: reported, reason, .. }) => {
+                assert_eq!(reported, path, "{engine}");
+                assert!(reason.contains("15 live records"), "{engine}: {reason}");
+            }
+            Err(other) => panic!("{engine}: expected lost data, got {other}"),
+            Ok(log) => panic!("{engine}: opened with {} of 15 live records", log.take_recovered().len()),
+        }
+    }
+}

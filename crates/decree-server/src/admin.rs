@@ -430,13 +430,11 @@ impl Inspector {
         })?;
         let recovered = RecoveredDecisions::from_records(log.take_recovered());
         let key_allocator = KeyAllocator::new(recovered.all_keys());
-        let mut warnings: Vec<String> = recovered
-            .undecodable
-            .iter()
-            .map(|(key, e)| {
-                format!("record under log key {key:#x} in {} is not a decision ({e}); ignored", dir.display())
-            })
-            .collect();
+        // What the log's open cut or deleted (a torn tail) comes first.
+        let mut warnings: Vec<String> = log.open_warnings();
+        warnings.extend(recovered.undecodable.iter().map(|(key, e)| {
+            format!("record under log key {key:#x} in {} is not a decision ({e}); ignored", dir.display())
+        }));
         let (decisions, keys) = (recovered.decisions, recovered.keys);
         // Flushed at once: an operator's resolution is synced before the log is changed.
         let capacity = config.limits.outcomes_remembered_max;

@@ -205,3 +205,69 @@ fn an_unreachable_resource_manager_is_reported_not_fatal() {
     assert!(listing.to_table().contains("rm pg-down: unreachable: "), "{}", listing.to_table());
     assert!(listing.in_doubt.is_empty());
 }
+
+/// The newest journal segment of `log_dir`: its path and bytes.
+fn newest_segment(log_dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    let mut newest: Option<(u64, std::path::PathBuf, Vec<u8>)> = None;
+    for entry in std::fs::read_dir(log_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            let bytes = std::fs::read(&path).unwrap();
+            let seq = u64::from_le_bytes(bytes[9..17].try_into().unwrap());
+            if newest.as_ref().is_none_or(|(s, _, _)| seq > *s) {
+                newest = Some((seq, path, bytes));
+            }
+        }
+    }
+    let (_, path, bytes) = newest.expect("a segment");
+    (path, bytes)
+}
+
+/// Guards against `decree recover list` hiding what the log's open found: a torn last
+/// batch (after a crash) is listed as a warning naming the file, and durable data lost
+/// after a clean close is an error naming the file, not a shorter list.
+#[test]
+fn recover_list_reports_a_torn_tail_and_refuses_lost_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 1, &[]);
+    let decide = |log: &dyn decree_log::Log, n: u64| {
+        for sequence in 0..n {
+            let xid = Xid::decree(Origin { node: 1, incarnation: log.incarnation(), session: 1, sequence });
+            let decision = Decision { xid, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
+            log.append(sequence + 1, &decision.encode()).expect("append");
+        }
+    };
+    // A crash: the log is leaked, and its lock file removed as a dead process's lock is.
+    let log = decree_log::open(&config.log_config().unwrap()).expect("log opens");
+    decide(&*log, 4);
+    std::mem::forget(log);
+    std::fs::remove_file(config.log_dir.join("LOCK")).unwrap();
+    let (path, mut bytes) = newest_segment(&config.log_dir);
+    let last = bytes.iter().rposition(|&b| b != 0).unwrap();
+    bytes[last] ^= 0x55;
+    std::fs::write(&path, &bytes).unwrap();
+    let mut inspector = Inspector::open(&config, Vec::new()).expect("a torn tail is cut");
+    let listing = inspector.list();
+    assert_eq!(listing.in_doubt.len(), 3, "the torn batch's decision is dropped");
+    let table = listing.to_table();
+    assert!(table.contains("warning: ") && table.contains("torn batch"), "{table}");
+    assert!(table.contains(&path.display().to_string()), "{table}");
+    drop(inspector);
+
+    // Lost after a clean close: refused with the file named.
+    let dir = tempfile::tempdir().unwrap();
+    let config = self::config(dir.path(), 1, &[]);
+    let log = decree_log::open(&config.log_config().unwrap()).expect("log opens");
+    decide(&*log, 40);
+    drop(log);
+    let (path, mut bytes) = newest_segment(&config.log_dir);
+    let end = bytes.iter().rposition(|&b| b != 0).unwrap();
+    bytes[end / 2..].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Inspector::open(&config, Vec::new()).err().expect("lost data refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("durable log data lost") && message.contains(&path.display().to_string()),
+        "{message}"
+    );
+}

@@ -18,6 +18,7 @@
 //! (so each transaction keeps its append order) and new sequence numbers continue after the
 //! largest name found, so a name is never reused. A failed sync stops the log (fail-stop).
 
+use crate::engine::watermark::{self, Found, Mark, Watermark};
 use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
@@ -71,6 +72,10 @@ struct Inner {
     /// Creations and removals so far, and the count the last directory sync covered.
     changes: AtomicU64,
     synced_changes: AtomicU64,
+    /// The directory's watermark: the record count of the last clean close.
+    watermark: Mutex<Watermark>,
+    /// Torn files deleted at open.
+    warnings: Vec<String>,
 }
 
 fn record_name(txn: TxnKey, sequence: u64) -> String {
@@ -145,23 +150,38 @@ impl FileLog {
         let dir = config.dir.clone();
         storage.create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
         let incarnation = owner::bump_incarnation(&*storage, &dir)?;
+        let mut watermark = Watermark::open(&*storage, &dir)?;
         let record_bytes_max = config.record_bytes_max as usize;
 
         let mut found = Vec::new();
-        let mut deleted = 0usize;
+        let mut torn = Vec::new();
         for path in storage.list(&dir).map_err(|e| LogError::io(&dir, e))? {
             let Some((txn, sequence)) = parse_name(&path) else { continue };
             match read_record(&*storage, &path, txn)? {
                 FileContent::Record(payload) => found.push((sequence, LiveRecord { txn, payload })),
-                FileContent::Torn(reason) => {
-                    tracing::warn!(path = %path.display(), %reason, "torn record file deleted");
-                    storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
-                    deleted += 1;
-                }
+                FileContent::Torn(reason) => torn.push((path, reason)),
                 FileContent::Corrupted(reason) => {
                     return Err(LogError::Corrupted { path, offset: 0, reason });
                 }
             }
+        }
+        let counted = Found { live: found.len() as u64, end: Default::default(), torn: torn.len() as u64 };
+        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &counted, false))
+        {
+            // A torn file after a clean close is the damaged one; else only the count tells.
+            let path = torn.first().map_or(dir.clone(), |(path, _)| path.clone());
+            return Err(LogError::Lost { path, offset: 0, reason: why });
+        }
+        watermark.write(Mark { clean: false, live: counted.live, end: counted.end, incarnation })?;
+        let mut warnings = Vec::new();
+        let deleted = torn.len();
+        for (path, reason) in torn {
+            tracing::warn!(path = %path.display(), %reason, "torn record file deleted");
+            warnings.push(format!(
+                "{}: deleted a torn record file ({reason}); it was never durable",
+                path.display()
+            ));
+            storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
         }
         if deleted > 0 {
             storage
@@ -193,6 +213,8 @@ impl FileLog {
             stats: StatCounters::default(),
             changes: AtomicU64::new(0),
             synced_changes: AtomicU64::new(0),
+            watermark: Mutex::new(watermark),
+            warnings,
         });
         let worker_inner = inner.clone();
         let pool =
@@ -384,6 +406,10 @@ impl Log for FileLog {
         result
     }
 
+    fn open_warnings(&self) -> Vec<String> {
+        self.inner.warnings.clone()
+    }
+
     fn take_recovered(&self) -> Vec<LiveRecord> {
         self.inner.recovered.lock().take().unwrap_or_default()
     }
@@ -408,9 +434,24 @@ impl Drop for FileLog {
         drop(self.pool.take());
         drop(self.flusher.take());
         if self.inner.fail.check().is_ok() {
-            if let Err(e) = self.inner.sync_everything() {
-                tracing::error!(error = %e, "final sync of the file log failed");
+            match self.inner.sync_everything() {
+                Ok(()) => self.inner.mark_clean_close(),
+                Err(e) => tracing::error!(error = %e, "final sync of the file log failed"),
             }
+        }
+    }
+}
+
+impl Inner {
+    /// After the final sync of a clean close: records the record count, so that the next
+    /// open can tell a deleted or emptied record file from a torn write.
+    fn mark_clean_close(&self) {
+        let live =
+            self.live.iter().map(|shard| shard.lock().values().map(Vec::len).sum::<usize>()).sum::<usize>();
+        let mark =
+            Mark { clean: true, live: live as u64, end: Default::default(), incarnation: self.incarnation };
+        if let Err(err) = self.watermark.lock().write(mark) {
+            tracing::error!(%err, "file log: cannot record the clean close; the next open checks less");
         }
     }
 }

@@ -55,6 +55,7 @@
 mod format;
 mod recovery;
 
+use crate::engine::watermark::{self, End, Found, Mark, Watermark};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile, DIRECT_ALIGN};
 use crate::record::{self, Decoded, RecordKind, HEADER_BYTES};
@@ -72,6 +73,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How often the durable end is checkpointed in the watermark (when it moved): the window
+/// after a crash in which lost durable data at the end of the last segment looks like a
+/// torn tail.
+const CHECKPOINT_PERIOD: Duration = Duration::from_secs(1);
 /// Smallest segment accepted: a batch, a checkpoint and a header must fit in one.
 pub const SEGMENT_BYTES_MIN: u64 = 64 << 10;
 /// Largest segment accepted: offsets inside a segment are stored as `u32`.
@@ -612,7 +617,12 @@ struct Shared {
     syncer_cv: Condvar,
     /// Wakes the spare-file thread when a rotation took the last free file (waits on `writer`).
     spare_cv: Condvar,
+    /// Wakes the checkpoint thread at shutdown (waits on `state`).
+    checkpoint_cv: Condvar,
     writer: Mutex<Writer>,
+    /// The directory's watermark: checkpoints of the durable end, and the clean close.
+    watermark: Mutex<Watermark>,
+    incarnation: u64,
     immediate: bool,
     /// Under `rpo = 0`: idle time after which buffered completions are written on their own.
     completion_idle: Duration,
@@ -998,12 +1008,67 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Every `CHECKPOINT_PERIOD`, records the durable end in the watermark when it moved,
+    /// so that recovery can tell lost durable data from a torn tail after a crash. Off the
+    /// commit path: its sync is of another file, in this thread.
+    fn checkpoint_loop(&self) {
+        let mut written = End::default();
+        let mut st = self.state.lock();
+        loop {
+            self.checkpoint_cv.wait_for(&mut st, CHECKPOINT_PERIOD);
+            if st.shutdown || st.stopped.is_some() {
+                return;
+            }
+            let end = End { seq: st.segment_seq, offset: st.segment_synced };
+            if end <= written {
+                continue;
+            }
+            let result = MutexGuard::unlocked(&mut st, || {
+                let live = self.writer.lock().live.len() as u64;
+                self.watermark.lock().write(Mark { clean: false, live, end, incarnation: self.incarnation })
+            });
+            match result {
+                Ok(()) => written = end,
+                Err(err) => {
+                    tracing::error!(%err, "journal: writing a checkpoint failed, the log is stopped");
+                    if st.stopped.is_none() {
+                        st.stopped = Some(err);
+                    }
+                    self.hand_off(&mut st);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// After the final flush of a clean close: records the end and the live count, so
+    /// that the next open finds exactly them (and warns about nothing).
+    fn mark_clean_close(&self) {
+        let writer = self.writer.lock();
+        if writer.sync_failed || writer.synced < writer.pos {
+            return;
+        }
+        let Some(current) = writer.segments.back() else { return };
+        let mark = Mark {
+            clean: true,
+            live: writer.live.len() as u64,
+            end: End { seq: current.seq, offset: writer.pos },
+            incarnation: self.incarnation,
+        };
+        if let Err(err) = self.watermark.lock().write(mark) {
+            tracing::error!(%err, "journal: cannot record the clean close; the next open checks less");
+        }
+    }
+}
+
 /// The journal engine; see the module documentation.
 pub struct JournalLog {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     recovered: Mutex<Vec<LiveRecord>>,
     incarnation: u64,
+    warnings: Vec<String>,
 }
 
 impl JournalLog {
@@ -1019,7 +1084,16 @@ impl JournalLog {
         let dir = config.dir.clone();
         storage.create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
         let incarnation = owner::bump_incarnation(&*storage, &dir)?;
+        let mut watermark = Watermark::open(&*storage, &dir)?;
         let recovery = recovery::recover(&*storage, &dir)?;
+        let found = Found { live: recovery.live.len() as u64, end: recovery.end(), torn: recovery.torn };
+        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &found, true)) {
+            let path = recovery.segments.last().map_or(dir.clone(), |s| s.path.clone());
+            return Err(LogError::Lost { path, offset: recovery.last_end, reason: why });
+        }
+        // From here on a crash is a crash: the clean mark of the last close no longer holds.
+        watermark.write(Mark { clean: false, live: found.live, end: found.end, incarnation })?;
+        let warnings = recovery.warnings.clone();
 
         let mut free = Vec::new();
         let mut removed = false;
@@ -1115,15 +1189,23 @@ impl JournalLog {
             flusher_cv: Condvar::new(),
             syncer_cv: Condvar::new(),
             spare_cv: Condvar::new(),
+            checkpoint_cv: Condvar::new(),
             writer: Mutex::new(writer),
+            watermark: Mutex::new(watermark),
+            incarnation,
             completion_idle: Duration::from_millis(u64::from(config.completion_idle_ms.max(1))),
             immediate,
             pending_bytes_max,
             record_bytes_max,
             stats,
         });
-        let mut log =
-            JournalLog { shared, threads: Vec::new(), recovered: Mutex::new(recovered), incarnation };
+        let mut log = JournalLog {
+            shared,
+            threads: Vec::new(),
+            recovered: Mutex::new(recovered),
+            incarnation,
+            warnings,
+        };
         let spawn_error = |e: std::io::Error| LogError::Config(format!("cannot start a journal thread: {e}"));
         let shared = log.shared.clone();
         log.threads.push(
@@ -1137,6 +1219,13 @@ impl JournalLog {
             std::thread::Builder::new()
                 .name("decree-journal-spare".into())
                 .spawn(move || shared.spare_loop())
+                .map_err(spawn_error)?,
+        );
+        let shared = log.shared.clone();
+        log.threads.push(
+            std::thread::Builder::new()
+                .name("decree-journal-mark".into())
+                .spawn(move || shared.checkpoint_loop())
                 .map_err(spawn_error)?,
         );
         if let SyncPolicy::Window(window) = config.sync {
@@ -1296,6 +1385,10 @@ impl Log for JournalLog {
     fn write_times(&self) -> WriteTimes {
         self.shared.stats.write_times.snapshot()
     }
+
+    fn open_warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
 }
 
 impl Drop for JournalLog {
@@ -1305,6 +1398,7 @@ impl Drop for JournalLog {
             st.shutdown = true;
             self.shared.flusher_cv.notify_all();
             self.shared.syncer_cv.notify_all();
+            self.shared.checkpoint_cv.notify_all();
         }
         {
             let mut writer = self.shared.writer.lock();
@@ -1314,14 +1408,20 @@ impl Drop for JournalLog {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        // Write out buffered completions so that a clean shutdown replays nothing finished.
+        // Write out buffered completions so that a clean shutdown replays nothing finished,
+        // and sync at least once, so that the writer knows its end is durable for the mark.
         let mut st = self.shared.state.lock();
-        while st.stopped.is_none()
-            && !st.flush_in_flight
-            && (!st.pending.is_empty() || !st.overflow.is_empty() || st.acked_lsn > st.durable_lsn)
-        {
+        while st.stopped.is_none() && !st.flush_in_flight {
             self.shared.lead(&mut st, true);
+            if st.pending.is_empty() && st.overflow.is_empty() && st.acked_lsn <= st.durable_lsn {
+                break;
+            }
         }
         self.shared.hand_off(&mut st);
+        let clean = st.stopped.is_none() && st.durable_lsn >= st.acked_lsn && st.pending.is_empty();
+        drop(st);
+        if clean {
+            self.shared.mark_clean_close();
+        }
     }
 }

@@ -5,6 +5,7 @@ pub mod journal;
 pub mod owner;
 pub mod slots;
 pub mod volatile;
+pub mod watermark;
 pub(crate) mod worker;
 
 use crate::io::{StdStorage, Storage};
@@ -78,6 +79,9 @@ impl Log for Owned {
     }
     fn write_times(&self) -> crate::WriteTimes {
         self.inner.write_times()
+    }
+    fn open_warnings(&self) -> Vec<String> {
+        self.inner.open_warnings()
     }
 }
 

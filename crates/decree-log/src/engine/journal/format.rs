@@ -106,8 +106,9 @@ pub fn decode_marker(buf: &[u8], seq: u64) -> Option<BatchMarker> {
     })
 }
 
-/// A cheap filter before the checksum, used when scanning every offset for markers.
-fn looks_like_marker(buf: &[u8], seq: u64) -> bool {
+/// A cheap filter before the checksum, used when scanning every offset for markers, and
+/// the sign that a batch of segment `seq` was started at `buf` even when its marker is torn.
+pub fn looks_like_marker(buf: &[u8], seq: u64) -> bool {
     buf.len() >= MARKER_BYTES
         && buf[0..4] == ((MARKER_BYTES - 8) as u32).to_le_bytes()
         && buf[8] == RecordKind::Padding as u8

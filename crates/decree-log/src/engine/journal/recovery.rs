@@ -6,12 +6,17 @@
 //! that has a successor in the range must parse cleanly up to the `previous_end` its
 //! successor recorded; the last segment may end in a torn batch, which is dropped whole,
 //! unless a later batch of the same segment proves (by its `synced_through`) that the bad
-//! bytes had been durable: that is corruption, reported with the file and offset.
+//! bytes had been durable: that is corruption, reported with the file and offset. A
+//! segment reused without clearing normally ends at bytes of its previous life; only a
+//! batch whose marker names this segment is a torn write (reported in `warnings`). Lost
+//! data with nothing valid after it (a zero-filled or truncated end) is caught against
+//! the watermark by the engine (see `engine/watermark.rs`).
 //! Nothing is written here; the engine starts a fresh segment after recovery, whose header
 //! records where the cut was made.
 
 use super::format::{self, SegmentHeader, MARKER_BYTES, SEGMENT_HEADER_BYTES};
 use super::Loc;
+use crate::engine::watermark::End;
 use crate::io::{Storage, StorageFile};
 use crate::record::{self, Decoded, RecordKind};
 use crate::LogError;
@@ -54,6 +59,17 @@ pub struct Recovery {
     pub next_file_id: u64,
     /// The sequence number the next segment gets.
     pub next_seq: u64,
+    /// Torn batches cut from the end of the last segment (0 or 1).
+    pub torn: u64,
+    /// What was cut and why, for the operator (`decree recover list` shows them).
+    pub warnings: Vec<String>,
+}
+
+impl Recovery {
+    /// Where the valid content ends: the last segment's sequence number and end offset.
+    pub fn end(&self) -> End {
+        self.segments.last().map_or(End::default(), |s| End { seq: s.seq, offset: self.last_end })
+    }
 }
 
 struct Candidate {
@@ -89,6 +105,8 @@ pub fn recover(storage: &dyn Storage, dir: &Path) -> Result<Recovery, LogError> 
             live: Vec::new(),
             next_file_id,
             next_seq: 1,
+            torn: 0,
+            warnings: Vec::new(),
         });
     };
     let range = newest.oldest_needed..=newest.seq;
@@ -116,6 +134,7 @@ pub fn recover(storage: &dyn Storage, dir: &Path) -> Result<Recovery, LogError> 
     let mut live = LiveSet::default();
     let mut segments = Vec::new();
     let mut last_end = 0;
+    let mut tail = Tail::Clean;
     for seq in range {
         let Some(candidate) = in_range.remove(&seq) else {
             return Err(LogError::Corrupted {
@@ -130,7 +149,7 @@ pub fn recover(storage: &dyn Storage, dir: &Path) -> Result<Recovery, LogError> 
         let bound = in_range.get(&(seq + 1)).and_then(|c| c.header).map(|h| h.previous_end);
         let mut buf = vec![0u8; candidate.len as usize];
         candidate.file.read_exact_at(&mut buf, 0).map_err(|e| LogError::io(&candidate.path, e))?;
-        last_end = scan_segment(&buf, seq, &candidate.path, bound, &mut live)?;
+        (last_end, tail) = scan_segment(&buf, seq, &candidate.path, bound, &mut live)?;
         segments.push(RecoveredSegment {
             seq,
             path: candidate.path,
@@ -145,7 +164,20 @@ pub fn recover(storage: &dyn Storage, dir: &Path) -> Result<Recovery, LogError> 
         live: live.into_ordered(),
         next_file_id,
         next_seq: newest.seq + 1,
+        torn: u64::from(matches!(tail, Tail::Torn(_))),
+        warnings: match tail {
+            Tail::Torn(warning) => vec![warning],
+            Tail::Clean => Vec::new(),
+        },
     })
+}
+
+/// How the last segment ends.
+enum Tail {
+    /// At zeroed space or at bytes of the file's previous life: where the writer stopped.
+    Clean,
+    /// In a batch of this segment that is incomplete or damaged (the warning says where).
+    Torn(String),
 }
 
 /// The records of one transaction met so far: where each lies and its payload.
@@ -170,19 +202,19 @@ impl LiveSet {
     }
 }
 
-/// Replays one segment; returns the end of its valid content.
+/// Replays one segment; returns the end of its valid content and how it ends.
 fn scan_segment(
     buf: &[u8],
     seq: u64,
     path: &Path,
     bound: Option<u64>,
     live: &mut LiveSet,
-) -> Result<u64, LogError> {
+) -> Result<(u64, Tail), LogError> {
     let mut pos = SEGMENT_HEADER_BYTES;
     let (bad_at, batch_start, reason) = loop {
         if let Some(bound) = bound {
             if pos as u64 == bound {
-                return Ok(bound);
+                return Ok((bound, Tail::Clean));
             }
             if pos as u64 > bound {
                 return Err(LogError::Corrupted {
@@ -233,10 +265,21 @@ fn scan_segment(
             }
         }
     }
-    if bad_at != batch_start || buf[batch_start..].iter().take(MARKER_BYTES).any(|&b| b != 0) {
-        tracing::warn!(path = %path.display(), offset = batch_start, %reason, "journal: cutting a torn tail");
+    // A file is reused without being cleared, so the writer's last batch is normally
+    // followed by zeros or by bytes of the file's previous life, whose markers name an older
+    // sequence number: that is where the writer stopped, not damage. Only a batch this
+    // segment started (its marker names this sequence number) and did not finish is torn.
+    let started_here = bad_at != batch_start || format::looks_like_marker(&buf[batch_start..], seq);
+    if !started_here {
+        tracing::debug!(path = %path.display(), offset = batch_start, "journal: the last segment ends here");
+        return Ok((batch_start as u64, Tail::Clean));
     }
-    Ok(batch_start as u64)
+    let warning = format!(
+        "{}: cut a torn batch at offset {batch_start} ({reason} at offset {bad_at}); a write that was not yet durable",
+        path.display()
+    );
+    tracing::warn!(path = %path.display(), offset = batch_start, %reason, "journal: cutting a torn tail");
+    Ok((batch_start as u64, Tail::Torn(warning)))
 }
 
 /// The offset and reason of the first frame in `start..end` that is not a valid record.

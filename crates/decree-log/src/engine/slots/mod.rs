@@ -45,6 +45,7 @@ pub mod layout;
 
 use self::allocator::FreeSlots;
 use self::layout::{SlotContent, HEADER_AREA_BYTES, SLOTS_FILE, SLOT_OVERHEAD_BYTES};
+use crate::engine::watermark::{self, Found as Counted, Mark, Watermark};
 use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
@@ -165,6 +166,8 @@ struct Inner {
     /// whole-file sync covered, so the rpo=N flusher skips syncs when nothing changed.
     changes: AtomicU64,
     synced_changes: AtomicU64,
+    /// The directory's watermark: the live record count of the last clean close.
+    watermark: Mutex<Watermark>,
 }
 
 fn check_config(config: &LogConfig) -> Result<(), LogError> {
@@ -289,7 +292,15 @@ impl SlotsLog {
         layout::prepare_file(&*storage, dir, &*file, &path, config.slot_bytes, config.slots_count)?;
 
         let slot_bytes = config.slot_bytes as usize;
+        let mut watermark = Watermark::open(&*storage, dir)?;
         let scanned = scan(&*file, &path, slot_bytes, config.slots_count)?;
+        let counted = Counted { live: scanned.records.len() as u64, end: Default::default(), torn: 0 };
+        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &counted, false))
+        {
+            // A zeroed slot reads as free: only the count shows it, not where it was.
+            return Err(LogError::Lost { path, offset: HEADER_AREA_BYTES, reason: why });
+        }
+        watermark.write(Mark { clean: false, live: counted.live, end: counted.end, incarnation })?;
         let map = match (mmap, file.raw_fd()) {
             (true, Some(fd)) => {
                 let total = HEADER_AREA_BYTES + u64::from(config.slots_count) * slot_bytes as u64;
@@ -342,6 +353,7 @@ impl SlotsLog {
             stats: StatCounters::default(),
             changes: AtomicU64::new(0),
             synced_changes: AtomicU64::new(0),
+            watermark: Mutex::new(watermark),
         });
         let worker_inner = inner.clone();
         let pool = WritePool::start(
@@ -714,9 +726,24 @@ impl Drop for SlotsLog {
         drop(self.pool.take());
         drop(self.flusher.take());
         if self.inner.fail.check().is_ok() {
-            if let Err(e) = self.inner.sync_whole(true) {
-                tracing::error!(error = %e, "final sync of the slot log failed");
+            match self.inner.sync_whole(true) {
+                Ok(()) => self.inner.mark_clean_close(),
+                Err(e) => tracing::error!(error = %e, "final sync of the slot log failed"),
             }
+        }
+    }
+}
+
+impl Inner {
+    /// After the final sync of a clean close: records the live record count, so that the
+    /// next open can tell a zeroed live slot (which reads as free) from a completion.
+    fn mark_clean_close(&self) {
+        let live: usize =
+            self.live.iter().map(|shard| shard.lock().values().map(|t| t.slots.len()).sum::<usize>()).sum();
+        let mark =
+            Mark { clean: true, live: live as u64, end: Default::default(), incarnation: self.incarnation };
+        if let Err(err) = self.watermark.lock().write(mark) {
+            tracing::error!(%err, "slot log: cannot record the clean close; the next open checks less");
         }
     }
 }
