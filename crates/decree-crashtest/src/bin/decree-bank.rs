@@ -10,7 +10,7 @@
 //!
 //! `run` and `recover` open the log and the coordinator, which recovers first (commits
 //! decided branches, rolls back prepared branches of dead incarnations), then print
-//! `RECOVERED ...` and `READY ...`. `run` then moves money on `--workers` threads and prints
+//! `LOG-WARNING ...` for what the log's open cut, `RECOVERED ...` and `READY ...`. `run` then moves money on `--workers` threads and prints
 //! `ACK <transfer id>` (flushed) after each commit that returned Ok: the acknowledged set
 //! the test checks. `recover` waits for background retries and exits. With a crash point,
 //! the process SIGKILLs itself at that point of the `--crash-at`th transaction.
@@ -124,6 +124,9 @@ fn open_tm(args: &Args, bank: &BankConfig, node: u32) -> Result<Arc<TransactionM
     let mut log_config = LogConfig::new(args.get("log-dir")?, engine, SyncPolicy::Immediate);
     log_config.segment_bytes = SEGMENT_BYTES;
     let log = decree_log::open(&log_config).map_err(|e| format!("cannot open the log: {e}"))?;
+    for warning in log.open_warnings() {
+        say(&format!("LOG-WARNING {warning}"));
+    }
     let config = TmConfig {
         node,
         retry_backoff_min: Duration::from_millis(5),
