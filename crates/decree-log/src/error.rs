@@ -16,7 +16,7 @@ pub enum LogError {
     Corrupted { path: PathBuf, offset: u64, reason: String },
     /// Records that were durable are gone (a zero-filled or truncated file, a missing
     /// segment), as the watermark of the last clean close or checkpoint shows.
-    #[error("durable log data lost in {path} at offset {offset}: {reason}; refusing to open (restore the log directory from a copy, or move it away to start empty)")]
+    #[error("durable log data lost in {path} at offset {offset}: {reason}; refusing to open (restore the log directory from a copy: on an empty log, recovery would roll back the branches of the lost decisions)")]
     Lost { path: PathBuf, offset: u64, reason: String },
     /// Another process (or another open in this one) owns the directory.
     #[error("log directory {path} is locked by another owner (is another decree process running?)")]
