@@ -19,6 +19,14 @@
 //! connection the errors the server sends for an unknown or heuristic outcome become
 //! [`Outcome::Unknown`] and [`Outcome::Heuristic`], and a heuristic completion is sent as
 //! a plain `Complete`.
+//!
+//! A server may close sessions that stay silent (`idle_timeout_ms` in its `HelloOk`; off
+//! by default), which would roll back their undecided branches. When it announces such a
+//! bound, a [`RemoteDecisions`] runs one keep-alive thread (stopped when it is dropped)
+//! that sends `Ping` on every connection that has sent nothing for a third of the bound.
+//! The thread takes a connection only when nobody uses it (a connection in use is not
+//! idle), holds it for that one round trip and never while it sleeps, and keeps no queue.
+//! With no bound announced, there is no thread.
 
 use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, Xid};
 use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
@@ -29,8 +37,10 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Completions buffered on one connection before they are sent on their own.
 pub const COMPLETES_BUFFERED_MAX: usize = 16;
@@ -175,6 +185,9 @@ struct Connection {
     completes_buffered: usize,
     frames: FrameBuffer,
     broken: Option<String>,
+    /// When bytes last went to the server: the server's idle clock restarts with each
+    /// request, so this is what the keep-alive measures.
+    last_sent: Instant,
 }
 
 /// What became of a `Hello`.
@@ -225,6 +238,7 @@ impl Connection {
             completes_buffered: 0,
             frames: FrameBuffer::new(decree_proto::FRAME_BYTES_MAX),
             broken: None,
+            last_sent: Instant::now(),
         };
         let hello = Message::Hello {
             node_expected: options.node_expected,
@@ -331,6 +345,7 @@ impl Connection {
         let result = self.stream.write_all(&self.out);
         self.out.clear();
         self.completes_buffered = 0;
+        self.last_sent = Instant::now();
         if let Err(e) = result {
             let closed =
                 matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset);
@@ -423,6 +438,23 @@ impl Connection {
         }
     }
 
+    /// Sends a `Ping` (after any buffered completions) when the server announced an idle
+    /// bound and this connection has sent nothing for a third of it, so the server does
+    /// not close the session; a broken connection is left for its next user to report.
+    fn keep_alive(&mut self) -> Result<(), StoreError> {
+        if self.broken.is_some() || self.session.idle_timeout_ms == 0 {
+            return Ok(());
+        }
+        let third = Duration::from_millis(u64::from(self.session.idle_timeout_ms) / 3);
+        if self.last_sent.elapsed() < third {
+            return Ok(());
+        }
+        match self.request(&Message::Ping)? {
+            Message::Pong => Ok(()),
+            other => Err(self.break_with(format!("expected Pong, got {}", other.kind().name()))),
+        }
+    }
+
     fn check(&self) -> Result<(), StoreError> {
         match &self.broken {
             Some(why) => Err(StoreError::Unreachable(why.clone())),
@@ -445,8 +477,85 @@ pub struct RemoteDecisions {
     options: ClientOptions,
     node: u32,
     incarnation: u64,
-    control: Mutex<Connection>,
-    sessions: RwLock<HashMap<u64, Arc<Mutex<Connection>>>>,
+    control: Arc<Mutex<Connection>>,
+    sessions: Arc<RwLock<HashMap<u64, Arc<Mutex<Connection>>>>>,
+    /// Pings idle connections when the server announced an idle bound; `None` otherwise.
+    keep_alive: Option<KeepAlive>,
+}
+
+/// Shortest pause between two rounds of the keep-alive thread, whatever a server announces.
+const KEEP_ALIVE_TICK_MIN: Duration = Duration::from_millis(10);
+
+/// The keep-alive thread of a [`RemoteDecisions`]; dropping it stops and joins the thread.
+struct KeepAlive {
+    /// Dropped to stop the thread (which wakes at once: it waits on this channel).
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KeepAlive {
+    /// Starts the thread when `idle_timeout_ms` is not 0. It wakes every sixth of the bound
+    /// and pings the connections quiet for a third of it, so a session is pinged at most
+    /// half the bound after its last request: the other half is the margin for the round
+    /// trip and a busy machine.
+    fn start(
+        idle_timeout_ms: u32,
+        control: Arc<Mutex<Connection>>,
+        sessions: Arc<RwLock<HashMap<u64, Arc<Mutex<Connection>>>>>,
+    ) -> Option<KeepAlive> {
+        if idle_timeout_ms == 0 {
+            return None;
+        }
+        let tick = Duration::from_millis(u64::from(idle_timeout_ms) / 6).max(KEEP_ALIVE_TICK_MIN);
+        let (stop, stopped) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("decree-keepalive".into())
+            .spawn(move || keep_alive(&control, &sessions, tick, &stopped));
+        match thread {
+            Ok(thread) => Some(KeepAlive { stop: Some(stop), thread: Some(thread) }),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the keep-alive thread: idle sessions may be closed by the server");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The keep-alive loop: every `tick` until `stopped` says so (its sender is dropped), pings
+/// the control connection and every session connection that has been quiet too long. The
+/// map's lock is held only to copy the list of connections, never across IO.
+fn keep_alive(
+    control: &Mutex<Connection>,
+    sessions: &RwLock<HashMap<u64, Arc<Mutex<Connection>>>>,
+    tick: Duration,
+    stopped: &mpsc::Receiver<()>,
+) {
+    let mut snapshot: Vec<Arc<Mutex<Connection>>> = Vec::new();
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+        ping_if_idle(control);
+        snapshot.extend(sessions.read().values().cloned());
+        for conn in snapshot.drain(..) {
+            ping_if_idle(&conn);
+        }
+    }
+}
+
+/// Pings `conn` if it is idle; a connection someone holds is in use, hence not idle, and
+/// is skipped rather than waited for.
+fn ping_if_idle(conn: &Mutex<Connection>) {
+    let Some(mut conn) = conn.try_lock() else { return };
+    if let Err(e) = conn.keep_alive() {
+        tracing::debug!(error = %e, "keep-alive ping failed");
+    }
 }
 
 impl RemoteDecisions {
@@ -458,15 +567,11 @@ impl RemoteDecisions {
     /// Connects with explicit options.
     pub fn connect_with(endpoint: Endpoint, options: ClientOptions) -> Result<Self, StoreError> {
         let control = Connection::open(&endpoint, &options)?;
-        let Session { node, incarnation, .. } = control.session;
-        Ok(RemoteDecisions {
-            endpoint,
-            options,
-            node,
-            incarnation,
-            control: Mutex::new(control),
-            sessions: RwLock::new(HashMap::new()),
-        })
+        let Session { node, incarnation, idle_timeout_ms, .. } = control.session;
+        let control = Arc::new(Mutex::new(control));
+        let sessions = Arc::new(RwLock::new(HashMap::new()));
+        let keep_alive = KeepAlive::start(idle_timeout_ms, control.clone(), sessions.clone());
+        Ok(RemoteDecisions { endpoint, options, node, incarnation, control, sessions, keep_alive })
     }
 
     /// What became of `xid`: committed, in progress, rolled back, heuristic (a branch
@@ -483,7 +588,8 @@ impl RemoteDecisions {
     }
 
     /// How long the server lets the control connection's session be silent before it
-    /// closes it (`None`: forever), as negotiated in its hello.
+    /// closes it (`None`: forever), as negotiated in its hello. When it is set, this
+    /// store's keep-alive thread pings idle connections (see the crate documentation).
     pub fn idle_timeout(&self) -> Option<Duration> {
         match self.control.lock().session.idle_timeout_ms {
             0 => None,
@@ -613,6 +719,8 @@ impl RemoteDecisions {
 
 impl Drop for RemoteDecisions {
     fn drop(&mut self) {
+        // The keep-alive first, so that no ping races the closes below.
+        drop(self.keep_alive.take());
         for (_, conn) in self.sessions.write().drain() {
             let mut conn = conn.lock();
             let _ = conn.flush();
@@ -649,23 +757,33 @@ mod tests {
         endpoint: Endpoint,
         path: PathBuf,
         seen: Arc<Mutex<Vec<(u8, Message)>>>,
+        /// The session of every `Ping` received, in order.
+        pinged: Arc<Mutex<Vec<u64>>>,
     }
 
     impl Fake {
         fn start(name: &str, greets: Greets) -> Fake {
+            Self::start_with_idle(name, greets, 0)
+        }
+
+        /// A fake that announces `idle_timeout_ms` to negotiating clients (it closes
+        /// nothing itself).
+        fn start_with_idle(name: &str, greets: Greets, idle_timeout_ms: u32) -> Fake {
             let path = std::env::temp_dir().join(format!("decree-client-{name}-{}.sock", std::process::id()));
             let _ = std::fs::remove_file(&path);
             let listener = UnixListener::bind(&path).unwrap();
             let seen = Arc::new(Mutex::new(Vec::new()));
-            let record = seen.clone();
+            let pinged = Arc::new(Mutex::new(Vec::new()));
+            let (record, pings) = (seen.clone(), pinged.clone());
             std::thread::spawn(move || {
                 for (n, stream) in listener.incoming().enumerate() {
                     let Ok(stream) = stream else { return };
-                    let record = record.clone();
-                    std::thread::spawn(move || serve(stream, greets, n as u64 + 1, record));
+                    let script = Script { greets, session: n as u64 + 1, idle_timeout_ms };
+                    let (record, pings) = (record.clone(), pings.clone());
+                    std::thread::spawn(move || serve(stream, script, record, pings));
                 }
             });
-            Fake { endpoint: Endpoint::Unix(path.clone()), path, seen }
+            Fake { endpoint: Endpoint::Unix(path.clone()), path, seen, pinged }
         }
 
         fn connect(&self) -> Result<RemoteDecisions, StoreError> {
@@ -691,7 +809,21 @@ mod tests {
         }
     }
 
-    fn serve(mut stream: UnixStream, greets: Greets, session: u64, seen: Arc<Mutex<Vec<(u8, Message)>>>) {
+    /// What one connection of a [`Fake`] says about itself.
+    #[derive(Clone, Copy)]
+    struct Script {
+        greets: Greets,
+        session: u64,
+        idle_timeout_ms: u32,
+    }
+
+    fn serve(
+        mut stream: UnixStream,
+        script: Script,
+        seen: Arc<Mutex<Vec<(u8, Message)>>>,
+        pinged: Arc<Mutex<Vec<u64>>>,
+    ) {
+        let Script { greets, session, idle_timeout_ms } = script;
         let mut frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
         let mut version = 1;
         loop {
@@ -732,8 +864,7 @@ mod tests {
                                 session,
                                 frame_bytes_max: 65536,
                                 inflight_max: 64,
-                                negotiated: negotiated
-                                    .map(|version| Negotiated { version, idle_timeout_ms: 0 }),
+                                negotiated: negotiated.map(|version| Negotiated { version, idle_timeout_ms }),
                             };
                             (hello_ok, false)
                         }
@@ -756,7 +887,10 @@ mod tests {
                     };
                     (decree_proto::outcome_reply(outcome, version), false)
                 }
-                Message::Ping => (Message::Pong, false),
+                Message::Ping => {
+                    pinged.lock().push(session);
+                    (Message::Pong, false)
+                }
                 Message::Complete(_) => continue,
                 Message::CompleteHeuristic(..) if version >= 2 => continue,
                 other => (error(ErrorCode::Protocol, other.kind().name()), true),
@@ -880,6 +1014,39 @@ mod tests {
         }
         store.decide(&decision(xid(session, 3), &["pg-a"])).unwrap();
         store.close_session(session);
+    }
+
+    #[test]
+    fn idle_connections_are_pinged_when_the_server_announces_an_idle_bound() {
+        let fake = Fake::start_with_idle("idle", Greets::Speaks(&[1, 2]), 150);
+        let store = fake.connect().unwrap();
+        assert_eq!(store.idle_timeout(), Some(Duration::from_millis(150)));
+        let session = store.open_session().unwrap();
+        let control = 1; // The fake numbers connections from 1: the control connection.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pinged = fake.pinged.lock().clone();
+            let count = |s: u64| pinged.iter().filter(|&&p| p == s).count();
+            if count(control) >= 2 && count(session) >= 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "idle connections were not pinged: {pinged:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A connection in use is still usable between pings, and dropping the store stops
+        // the thread (the drop returns).
+        store.decide(&decision(xid(session, 1), &["pg-a"])).unwrap();
+        drop(store);
+    }
+
+    #[test]
+    fn without_an_idle_bound_nothing_is_pinged() {
+        let fake = Fake::start("no-idle", Greets::Speaks(&[1, 2]));
+        let store = fake.connect().unwrap();
+        assert_eq!(store.idle_timeout(), None);
+        let _session = store.open_session().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(fake.pinged.lock().is_empty(), "pinged {:?}", fake.pinged.lock());
     }
 
     #[test]

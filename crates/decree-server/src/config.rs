@@ -17,6 +17,8 @@
 //! inflight_per_connection_max = 64
 //! inflight_total_max = 8192
 //! frame_bytes_max = 65536
+//! handshake_timeout_ms = 10000  # a connection must complete its Hello within this
+//! idle_timeout_ms = 0           # 0: idle sessions stay open; N: closed after N ms silent
 //!
 //! [[rm]]
 //! name = "pg-a"
@@ -26,6 +28,21 @@
 //!
 //! [`ServerConfig::validate`] refuses configurations that cannot work or that would expose
 //! the server by accident (a non-loopback address without `allow_remote`).
+//!
+//! The two timeouts of `[limits]` protect the connection slots (`connections_max`):
+//! - `handshake_timeout_ms` (10,000 by default, 1 to 3,600,000; 0 is refused) closes a
+//!   connection that has not delivered a complete `Hello` that long after it was accepted,
+//!   however slowly it trickles bytes, so that silent or half-open connections cannot keep
+//!   legitimate clients out. It cannot be turned off: a client that means to talk says
+//!   Hello at once, and the bound only matters against those that do not; raise it for
+//!   very slow links instead.
+//! - `idle_timeout_ms` (0, off, by default; otherwise 100 to 4,294,967,295) closes a
+//!   session that has sent no request for that long and has none in flight. Closing a
+//!   session rolls back its prepared branches that have no decision (presumed abort), so a
+//!   client that merely paused would lose its transactions: that is why it is off unless
+//!   the operator opts in. The value is announced in `HelloOk` to clients that negotiate a
+//!   protocol version (decree-client then keeps its sessions alive with `Ping`); it applies
+//!   to version-1 clients too, who are not told, since the operator chose it.
 
 use decree_core::{DummyFactory, RmFactory};
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
@@ -57,7 +74,22 @@ pub struct Limits {
     /// Finished transactions whose outcome is remembered (durably, in `outcomes.dat` of
     /// the log directory) for `Outcome` questions; the oldest is forgotten first.
     pub outcomes_remembered_max: u32,
+    /// Milliseconds a new connection has to deliver a complete `Hello`, counted from
+    /// accept; past it the server closes the connection, which frees its slot of
+    /// `connections_max` (silent or trickling peers would otherwise hold them all).
+    pub handshake_timeout_ms: u32,
+    /// Milliseconds a session may send nothing, with no request in flight, before the
+    /// server closes it; 0 never closes an idle session (the default, since closing rolls
+    /// back the session's undecided prepared branches). Announced in `HelloOk`.
+    pub idle_timeout_ms: u32,
 }
+
+/// Shortest accepted `idle_timeout_ms` (0 aside): a client pings at about a third of it,
+/// and a shorter bound would turn the keep-alive into a stream of requests.
+pub const IDLE_TIMEOUT_MS_MIN: u32 = 100;
+
+/// Longest accepted `handshake_timeout_ms`: one hour, already far beyond any real hello.
+pub const HANDSHAKE_TIMEOUT_MS_MAX: u32 = 3_600_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -67,6 +99,42 @@ impl Default for Limits {
             inflight_total_max: 8192,
             frame_bytes_max: decree_proto::FRAME_BYTES_MAX as u32,
             outcomes_remembered_max: 65536,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 0,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks the two timeouts: a handshake bound of 0 would reopen the slot exhaustion
+    /// it exists to close, and a tiny idle bound would make keep-alives a flood.
+    fn validate_timeouts(&self) -> Result<(), ConfigError> {
+        if self.handshake_timeout_ms == 0 || self.handshake_timeout_ms > HANDSHAKE_TIMEOUT_MS_MAX {
+            return Err(ConfigError(format!(
+                "limits.handshake_timeout_ms = {} must be between 1 and {HANDSHAKE_TIMEOUT_MS_MAX} (it cannot \
+                 be turned off: silent connections would hold every connection slot)",
+                self.handshake_timeout_ms
+            )));
+        }
+        if self.idle_timeout_ms != 0 && self.idle_timeout_ms < IDLE_TIMEOUT_MS_MIN {
+            return Err(ConfigError(format!(
+                "limits.idle_timeout_ms = {} must be 0 (off) or at least {IDLE_TIMEOUT_MS_MIN}",
+                self.idle_timeout_ms
+            )));
+        }
+        Ok(())
+    }
+
+    /// The handshake bound as a duration.
+    pub fn handshake_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.handshake_timeout_ms.into())
+    }
+
+    /// The idle bound as a duration, `None` when idle sessions are never closed.
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        match self.idle_timeout_ms {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms.into())),
         }
     }
 }
@@ -250,6 +318,7 @@ impl ServerConfig {
                 return Err(ConfigError(format!("limits.{name} = {v} must be between 1 and {}", 1 << 20)));
             }
         }
+        l.validate_timeouts()?;
         let mut names = std::collections::HashSet::new();
         for rm in &self.rm {
             if rm.name.is_empty() || rm.name.len() > 255 {
@@ -289,6 +358,42 @@ mod tests {
         assert_eq!(c.limits.inflight_per_connection_max, 8);
         assert_eq!(c.limits.connections_max, Limits::default().connections_max);
         assert_eq!(c.rm[0].kind, "postgres");
+    }
+
+    #[test]
+    fn the_timeouts_default_to_a_bounded_handshake_and_no_idle_timeout() {
+        let c = ServerConfig::from_toml_str("log_dir = \"/x\"\nunix = \"/s\"").unwrap();
+        assert_eq!(c.limits.handshake_timeout_ms, 10_000);
+        assert_eq!(c.limits.handshake_timeout(), std::time::Duration::from_secs(10));
+        assert_eq!(c.limits.idle_timeout_ms, 0);
+        assert_eq!(c.limits.idle_timeout(), None);
+        let c = ServerConfig::from_toml_str(
+            "log_dir = \"/x\"\nunix = \"/s\"\n[limits]\nhandshake_timeout_ms = 300\nidle_timeout_ms = 60000",
+        )
+        .unwrap();
+        assert_eq!(c.limits.handshake_timeout_ms, 300);
+        assert_eq!(c.limits.idle_timeout_ms, 60_000);
+        assert_eq!(c.limits.idle_timeout(), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(c.limits.connections_max, Limits::default().connections_max);
+    }
+
+    #[test]
+    fn a_disabled_handshake_timeout_and_a_tiny_idle_timeout_are_refused_by_name() {
+        let with = |limits: &str| {
+            ServerConfig::from_toml_str(&format!("log_dir = \"/x\"\nunix = \"/s\"\n[limits]\n{limits}"))
+        };
+        let e = with("handshake_timeout_ms = 0").unwrap_err();
+        assert!(e.0.contains("handshake_timeout_ms = 0"), "{e}");
+        let e = with("handshake_timeout_ms = 3600001").unwrap_err();
+        assert!(e.0.contains("handshake_timeout_ms"), "{e}");
+        let e = with("idle_timeout_ms = 99").unwrap_err();
+        assert!(e.0.contains("idle_timeout_ms = 99"), "{e}");
+        assert!(with("idle_timeout_ms = 100").is_ok());
+        assert!(with("idle_timeout_ms = 0").is_ok());
+        let e = with("idle_timeout_ms = -1").unwrap_err();
+        assert!(e.0.contains("idle_timeout_ms"), "{e}");
+        let e = with("idle_timeout = 5").unwrap_err();
+        assert!(e.0.contains("idle_timeout"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! ends only when every sender is gone, including those held by decide callbacks, so once
 //! it has ended no decision of this session can still become durable: only then are the
 //! session's decided transactions handed to the recovery worker.
+//!
+//! Two bounds free the connection slot of a peer that says nothing: a connection must
+//! deliver a complete `Hello` within `handshake_timeout_ms` of its accept (however slowly
+//! it trickles bytes), and, when `idle_timeout_ms` is set, a session is closed once it has
+//! sent no request for that long with none in flight (a decide waiting on the log keeps
+//! its session alive, and the bound restarts when the last answer leaves).
 
 use crate::rules;
 use crate::state::{SessionTxns, State};
@@ -18,6 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant as TokioInstant;
 
 /// Bytes of responses coalesced into one write.
 const WRITE_BATCH_BYTES_MAX: usize = 64 << 10;
@@ -38,11 +45,21 @@ enum Next {
     Close,
 }
 
+/// Why the server closes a connection that stayed silent.
+enum Expiry {
+    /// No complete `Hello` within `handshake_timeout_ms` of the accept.
+    Handshake,
+    /// No request, and none in flight, for `idle_timeout_ms`.
+    Idle,
+}
+
 /// The reader's view of its connection.
 struct Conn {
     state: Arc<State>,
     total: Arc<Semaphore>,
     permits: Arc<Semaphore>,
+    /// The permits `permits` started with: all of them free means nothing is in flight.
+    inflight_max: u32,
     responses: mpsc::Sender<Response>,
     session: Option<(u64, Arc<SessionTxns>)>,
     /// The protocol version agreed in the hello (1 for a client that offered none).
@@ -60,22 +77,26 @@ pub(crate) async fn serve<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let inflight_max = state.limits.inflight_per_connection_max as usize;
-    let (tx, rx) = mpsc::channel(inflight_max);
+    let accepted = TokioInstant::now();
+    let inflight_max = state.limits.inflight_per_connection_max;
+    let (tx, rx) = mpsc::channel(inflight_max as usize);
     let writer_task = tokio::spawn(write_responses(writer, rx));
     let mut conn = Conn {
         state: state.clone(),
         total,
-        permits: Arc::new(Semaphore::new(inflight_max)),
+        permits: Arc::new(Semaphore::new(inflight_max as usize)),
+        inflight_max,
         responses: tx,
         session: None,
         version: 1,
     };
     let mut frames = FrameBuffer::new(state.limits.frame_bytes_max as usize);
+    let mut last_request = accepted;
     'read: loop {
         loop {
             match frames.next_message() {
                 Ok(Some((id, message))) => {
+                    last_request = TokioInstant::now();
                     if let Next::Close = conn.handle(id, message).await {
                         break 'read;
                     }
@@ -89,12 +110,19 @@ pub(crate) async fn serve<R, W>(
             }
         }
         let space = frames.read_space();
+        // Biased: shutdown first, and bytes already received before a bound that expired
+        // at the same moment (a request that arrived in time is served).
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => break 'read,
             read = reader.read(space) => match read {
                 Ok(0) | Err(_) => break 'read,
                 Ok(n) => frames.commit(n),
             },
-            _ = shutdown.changed() => break 'read,
+            expiry = conn.expiry(accepted, last_request) => {
+                conn.expired(expiry);
+                break 'read;
+            }
         }
     }
     let session = conn.session.take();
@@ -154,7 +182,9 @@ impl Conn {
                 return self.fail(id, ErrorCode::Version, why).await;
             };
             self.version = version;
-            Some(Negotiated { version, idle_timeout_ms: 0 })
+            // Version-1 clients are not told, yet the bound applies to them too: the
+            // operator opted in (see the config module).
+            Some(Negotiated { version, idle_timeout_ms: state.limits.idle_timeout_ms })
         };
         let (session, txns) = state.open_session();
         tracing::debug!(session, client, version = self.version, "session opened");
@@ -246,6 +276,67 @@ impl Conn {
             }),
         );
         Next::Continue
+    }
+
+    /// Resolves when the connection has stayed silent too long: before its `Hello`, at
+    /// the handshake bound counted from `accepted`; in a session with an idle bound, once
+    /// no request came since `last_request` and none is in flight for that long (an
+    /// answer that leaves later restarts the bound, so a decide that waited on the log is
+    /// not followed by an immediate close). Never resolves otherwise.
+    async fn expiry(&self, accepted: TokioInstant, last_request: TokioInstant) -> Expiry {
+        if self.session.is_none() {
+            tokio::time::sleep_until(accepted + self.state.limits.handshake_timeout()).await;
+            return Expiry::Handshake;
+        }
+        let Some(idle) = self.state.limits.idle_timeout() else {
+            return std::future::pending().await;
+        };
+        let mut quiet_since = last_request;
+        loop {
+            tokio::time::sleep_until(quiet_since + idle).await;
+            if self.permits.available_permits() == self.inflight_max as usize {
+                return Expiry::Idle;
+            }
+            // Every answered request returns its permit: holding them all means nothing
+            // is in flight any more. Only the reader takes permits, and it is waiting here.
+            if let Ok(all) = self.permits.acquire_many(self.inflight_max).await {
+                drop(all);
+            }
+            quiet_since = TokioInstant::now();
+        }
+    }
+
+    /// Counts and logs a connection closed by [`Conn::expiry`]. Handshake timeouts are
+    /// what a flood of hostile connections produces, so each one is logged at debug only
+    /// and the running total at info when it reaches a power of two (a handful of lines
+    /// even for millions); idle closes are bounded by the sessions and each one matters
+    /// (its undecided branches are rolled back), so each is logged at info.
+    fn expired(&self, expiry: Expiry) {
+        let limits = &self.state.limits;
+        let metrics = &self.state.metrics;
+        match expiry {
+            Expiry::Handshake => {
+                let total = metrics.handshakes_timed_out.fetch_add(1, Ordering::Relaxed) + 1;
+                let timeout_ms = limits.handshake_timeout_ms;
+                tracing::debug!(timeout_ms, "closing a connection that sent no complete Hello in time");
+                if total.is_power_of_two() {
+                    tracing::info!(
+                        total,
+                        timeout_ms,
+                        "connections closed for not completing their Hello in time (logged at 1, 2, 4, 8, ... of them)"
+                    );
+                }
+            }
+            Expiry::Idle => {
+                metrics.sessions_idle_closed.fetch_add(1, Ordering::Relaxed);
+                let session = self.session.as_ref().map_or(0, |(id, _)| *id);
+                tracing::info!(
+                    session,
+                    timeout_ms = limits.idle_timeout_ms,
+                    "closing an idle session; its undecided prepared branches will be rolled back"
+                );
+            }
+        }
     }
 
     /// Waits for a connection permit (the client pipelines more than it was allowed).

@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     pub(crate) sessions_opened: AtomicU64,
     pub(crate) sessions_closed: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
+    pub(crate) handshakes_timed_out: AtomicU64,
+    pub(crate) sessions_idle_closed: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) phase_two_commits: AtomicU64,
     pub(crate) recovery_rollbacks: AtomicU64,
@@ -76,6 +78,16 @@ pub(crate) fn render(state: &State) -> String {
         "connections_refused_total",
         "Connections refused over connections_max.",
         load(&m.connections_refused),
+    );
+    counter(
+        "handshakes_timed_out_total",
+        "Connections closed for not completing their Hello within handshake_timeout_ms.",
+        load(&m.handshakes_timed_out),
+    );
+    counter(
+        "sessions_idle_closed_total",
+        "Sessions closed after idle_timeout_ms without a request (their undecided branches are rolled back).",
+        load(&m.sessions_idle_closed),
     );
     counter("protocol_errors_total", "Connections closed for a protocol error.", load(&m.protocol_errors));
     counter("phase_two_commits_total", "Branches committed by the server.", load(&m.phase_two_commits));
