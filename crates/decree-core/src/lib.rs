@@ -47,6 +47,7 @@ pub mod error;
 mod fanout;
 pub mod keys;
 pub mod protocol;
+pub mod recovery;
 pub mod rm;
 pub mod session;
 pub mod store;

@@ -2,13 +2,11 @@
 //!
 //! The session and the recovery code execute what these functions decide, so the rules
 //! of the protocol live in one place and are tested without resource managers or disks:
-//! which commit path a transaction takes, how phase-one votes are tallied, what a
-//! phase-two answer means, and what recovery does with a prepared branch it finds.
-//! Invariant: nothing here ever chooses "commit" for a branch without a decision, and a
-//! branch of a live incarnation is never rolled back by recovery.
+//! which commit path a transaction takes, how phase-one votes are tallied and what a
+//! phase-two answer means. What recovery does with a transaction after the fact is the
+//! recovery engine's (`recovery::engine`), built on these.
 
 use crate::rm::{HeuristicOutcome, RmError, Vote};
-use crate::xid::Xid;
 
 /// How a commit proceeds, given how many branches are enlisted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,36 +116,6 @@ pub fn combine_heuristic(so_far: Option<HeuristicOutcome>, next: HeuristicOutcom
     }
 }
 
-/// What recovery does with a prepared branch it found in a resource manager.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryStep {
-    /// A decision exists: commit it.
-    Commit,
-    /// Ours, from a dead incarnation, no decision: presumed abort.
-    RollBack,
-    /// Someone else's, or possibly owned by a live session: do not touch.
-    LeaveAlone,
-}
-
-/// Decides the fate of prepared branch `xid` found by a coordinator of `node` in
-/// `incarnation`; `decided` says whether a decision record names its transaction.
-pub fn recovery_step(xid: &Xid, node: u32, incarnation: u64, decided: bool) -> RecoveryStep {
-    let Some(origin) = xid.origin() else {
-        return RecoveryStep::LeaveAlone;
-    };
-    if origin.node != node {
-        return RecoveryStep::LeaveAlone;
-    }
-    if decided {
-        return RecoveryStep::Commit;
-    }
-    if origin.incarnation < incarnation {
-        RecoveryStep::RollBack
-    } else {
-        RecoveryStep::LeaveAlone
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,19 +185,5 @@ mod tests {
         assert!(heuristic_is_damage(HeuristicOutcome::Mixed, true));
         assert!(!heuristic_is_damage(HeuristicOutcome::Committed, true));
         assert!(heuristic_is_damage(HeuristicOutcome::Committed, false));
-    }
-
-    #[test]
-    fn recovery_touches_only_own_dead_or_decided_branches() {
-        let ours_old = Xid::decree(Origin { node: 1, incarnation: 4, session: 1, sequence: 1 }).branch(0);
-        let ours_now = Xid::decree(Origin { node: 1, incarnation: 5, session: 1, sequence: 1 }).branch(0);
-        let other_node = Xid::decree(Origin { node: 2, incarnation: 1, session: 1, sequence: 1 }).branch(0);
-        let foreign = Xid::new(7, b"someone-else", b"b").unwrap();
-        assert_eq!(recovery_step(&ours_old, 1, 5, false), RecoveryStep::RollBack);
-        assert_eq!(recovery_step(&ours_old, 1, 5, true), RecoveryStep::Commit);
-        assert_eq!(recovery_step(&ours_now, 1, 5, false), RecoveryStep::LeaveAlone);
-        assert_eq!(recovery_step(&other_node, 1, 5, false), RecoveryStep::LeaveAlone);
-        assert_eq!(recovery_step(&other_node, 1, 5, true), RecoveryStep::LeaveAlone);
-        assert_eq!(recovery_step(&foreign, 1, 5, false), RecoveryStep::LeaveAlone);
     }
 }

@@ -14,13 +14,14 @@
 
 use crate::embedded::LogDecisions;
 use crate::error::{HeuristicReport, TmError};
-use crate::protocol::{self, PhaseTwoStep, RecoveryStep};
-use crate::rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
+use crate::recovery::runtime::{self, Backoff, Connections, Recorder, ScanRules};
+use crate::recovery::{DecisionFact, OlderIncarnation, PhaseTwo};
+use crate::rm::{HeuristicOutcome, RmError, RmFactory};
 use crate::store::{BranchRecord, Decision, DecisionStore, RecoveredDecisions};
 use crate::xid::Xid;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -98,9 +99,8 @@ pub struct RecoveryReport {
 /// What a background job must do.
 #[derive(Debug)]
 enum JobKind {
-    /// Phase two of a transaction: commit (then complete it) or roll back these branches;
-    /// `heuristic` is what branches finished so far decided on their own.
-    PhaseTwo { xid: Xid, commit: bool, branches: Vec<BranchRecord>, heuristic: Option<HeuristicOutcome> },
+    /// Phase two of a transaction: commit (then complete it) or roll back its branches.
+    PhaseTwo(PhaseTwo),
     /// List an RM's prepared branches and resolve ours (recovery of an RM that was down).
     Scan { rm: String },
 }
@@ -300,12 +300,8 @@ impl TransactionManager {
         branches: Vec<BranchRecord>,
         heuristic: Option<HeuristicOutcome>,
     ) -> bool {
-        self.shared.push(Job {
-            kind: JobKind::PhaseTwo { xid, commit, branches, heuristic },
-            due: Instant::now() + self.shared.config.retry_backoff_min,
-            backoff: self.shared.config.retry_backoff_min,
-            attempts: 0,
-        })
+        let phase_two = PhaseTwo::new(xid, commit, branches).with_heuristic(heuristic);
+        self.shared.push(self.shared.job(JobKind::PhaseTwo(phase_two)))
     }
 }
 
@@ -322,55 +318,6 @@ impl Drop for TransactionManager {
         let left = self.shared.jobs.lock().waiting.len();
         if left > 0 {
             tracing::warn!(left, "coordinator stopped with phase-two work pending; recovery will finish it");
-        }
-    }
-}
-
-/// Connections opened during one pass of recovery or retries, one per RM name. An RM
-/// that failed once in a pass is not tried again in that pass, so that a thousand pending
-/// transactions on a down RM cost one connection attempt per backoff period, not a thousand.
-struct Connections<'a> {
-    shared: &'a Shared,
-    open: HashMap<String, Box<dyn ResourceManager>>,
-    down: HashSet<String>,
-}
-
-impl<'a> Connections<'a> {
-    fn new(shared: &'a Shared) -> Self {
-        Connections { shared, open: HashMap::new(), down: HashSet::new() }
-    }
-
-    fn get(&mut self, rm: &str) -> Result<&mut Box<dyn ResourceManager>, RmError> {
-        if self.down.contains(rm) {
-            return Err(RmError::Unavailable(format!("{rm:?} failed earlier in this retry pass")));
-        }
-        if !self.open.contains_key(rm) {
-            let factory = self.shared.factory(rm).ok_or_else(|| {
-                RmError::Unavailable(format!("no resource manager named {rm:?} is configured"))
-            })?;
-            let conn = match factory.connect() {
-                Ok(conn) => conn,
-                Err(e) => {
-                    self.down.insert(rm.to_string());
-                    return Err(e);
-                }
-            };
-            self.open.insert(rm.to_string(), conn);
-        }
-        self.open.get_mut(rm).ok_or_else(|| RmError::Unavailable(format!("connection to {rm:?} lost")))
-    }
-
-    /// Drops a connection after a failure; the RM is skipped for the rest of the pass.
-    fn drop_conn(&mut self, rm: &str) {
-        self.down.insert(rm.to_string());
-        if let Some(mut conn) = self.open.remove(rm) {
-            let _ = conn.close();
-        }
-    }
-
-    fn close_all(&mut self) {
-        for (_, mut conn) in self.open.drain() {
-            let _ = conn.close();
         }
     }
 }
@@ -397,6 +344,11 @@ impl Shared {
 
     pub(crate) fn report_heuristic(&self, report: HeuristicReport) {
         tracing::error!(%report, "heuristic outcome");
+        self.keep_heuristic(report);
+    }
+
+    /// Keeps `report` for [`TransactionManager::take_heuristics`] (up to `heuristics_max`).
+    fn keep_heuristic(&self, report: HeuristicReport) {
         let mut list = self.heuristics.lock();
         if list.len() < self.config.heuristics_max {
             list.push(report);
@@ -405,56 +357,21 @@ impl Shared {
         }
     }
 
-    /// Runs phase two on `branches` through fresh connections; returns those still to do.
-    fn finish_branches(
-        &self,
-        conns: &mut Connections<'_>,
-        xid: &Xid,
-        commit: bool,
-        branches: Vec<BranchRecord>,
-        heuristic: &mut Option<HeuristicOutcome>,
-    ) -> Vec<BranchRecord> {
-        let mut left = Vec::new();
-        for b in branches {
-            let bx = xid.branch(b.branch);
-            let result = match conns.get(&b.rm) {
-                Ok(conn) => {
-                    if commit {
-                        conn.commit(&bx, false)
-                    } else {
-                        conn.rollback(&bx)
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            match protocol::phase_two_step(&result, commit) {
-                PhaseTwoStep::Done => {}
-                PhaseTwoStep::Retry => {
-                    tracing::warn!(xid = %bx, rm = %b.rm, error = ?result, "phase two failed; will retry");
-                    conns.drop_conn(&b.rm);
-                    left.push(b);
-                }
-                PhaseTwoStep::Heuristic(outcome) => {
-                    *heuristic = Some(protocol::combine_heuristic(*heuristic, outcome));
-                    if let Ok(conn) = conns.get(&b.rm) {
-                        let _ = conn.forget(&bx);
-                    }
-                    self.report_heuristic(HeuristicReport {
-                        xid: *xid,
-                        rm: b.rm.clone(),
-                        branch: b.branch,
-                        outcome,
-                    });
-                }
-            }
-        }
-        left
+    /// The backoff of background retries.
+    fn backoff(&self) -> Backoff {
+        Backoff { min: self.config.retry_backoff_min, max: self.config.retry_backoff_max }
+    }
+
+    /// A job due after the first backoff delay.
+    fn job(&self, kind: JobKind) -> Job {
+        let backoff = self.backoff().next(None);
+        Job { kind, due: Instant::now() + backoff, backoff, attempts: 0 }
     }
 
     /// Recovery at start: commit recovered decisions, then scan every RM.
     fn recover(&self, decisions: Vec<Decision>) -> RecoveryReport {
         let mut report = RecoveryReport { decisions: decisions.len(), ..Default::default() };
-        let mut conns = Connections::new(self);
+        let mut conns = Connections::new(&self.factories);
         for d in decisions {
             for b in &d.branches {
                 if self.factory(&b.rm).is_none() && !report.missing_rms.contains(&b.rm) {
@@ -463,78 +380,51 @@ impl Shared {
                 }
             }
             let total = d.branches.len();
-            let mut heuristic = None;
-            let left = self.finish_branches(&mut conns, &d.xid, true, d.branches, &mut heuristic);
-            report.branches_committed += total - left.len();
-            if left.is_empty() {
-                self.complete(&d.xid, heuristic);
-            } else {
+            let mut phase_two = PhaseTwo::new(d.xid, true, d.branches);
+            let finished = runtime::run_phase_two(&mut phase_two, &mut conns, self);
+            report.branches_committed += total - phase_two.left().len();
+            if !finished {
                 report.deferred += 1;
-                self.push(Job {
-                    kind: JobKind::PhaseTwo { xid: d.xid, commit: true, branches: left, heuristic },
-                    due: Instant::now() + self.config.retry_backoff_min,
-                    backoff: self.config.retry_backoff_min,
-                    attempts: 0,
-                });
+                self.push(self.job(JobKind::PhaseTwo(phase_two)));
             }
         }
         // A failed commit does not mean that listing fails: give every RM a fresh try.
-        conns.down.clear();
-        let names: Vec<String> = self.factories.iter().map(|f| f.name().to_string()).collect();
-        for rm in names {
+        conns.forgive();
+        for rm in conns.names() {
             match self.scan(&mut conns, &rm) {
-                Ok((rolled_back, left_alone)) => {
-                    report.branches_rolled_back += rolled_back;
-                    report.branches_left_alone += left_alone;
+                Ok(counts) => {
+                    report.branches_rolled_back += counts.rolled_back;
+                    report.branches_left_alone += counts.left_alone;
                 }
                 Err(e) => {
                     tracing::warn!(rm = %rm, error = %e, "recovery scan failed; retrying in the background");
-                    conns.drop_conn(&rm);
+                    conns.drop_connection(&rm);
                     report.deferred += 1;
-                    self.push(Job {
-                        kind: JobKind::Scan { rm },
-                        due: Instant::now() + self.config.retry_backoff_min,
-                        backoff: self.config.retry_backoff_min,
-                        attempts: 0,
-                    });
+                    self.push(self.job(JobKind::Scan { rm }));
                 }
             }
         }
-        conns.close_all();
         report
     }
 
     /// Lists `rm`'s prepared branches and rolls back ours from dead incarnations that no
-    /// decision names; returns (rolled back, left alone). Branches with a decision are
-    /// committed by the decision's own job, not here.
-    fn scan(&self, conns: &mut Connections<'_>, rm: &str) -> Result<(usize, usize), RmError> {
-        let prepared = conns.get(rm)?.recover()?;
-        let (node, incarnation) = (self.store.node(), self.store.incarnation());
-        let (mut rolled_back, mut left_alone) = (0, 0);
-        for bx in prepared {
-            let decided = self.recovered_decided.contains(&bx.global());
-            match protocol::recovery_step(&bx, node, incarnation, decided) {
-                RecoveryStep::Commit => {}
-                RecoveryStep::LeaveAlone => left_alone += 1,
-                RecoveryStep::RollBack => {
-                    let result = conns.get(rm)?.rollback(&bx);
-                    match protocol::phase_two_step(&result, false) {
-                        PhaseTwoStep::Done => rolled_back += 1,
-                        PhaseTwoStep::Retry => return result.map(|_| (rolled_back, left_alone)),
-                        PhaseTwoStep::Heuristic(outcome) => {
-                            let _ = conns.get(rm)?.forget(&bx);
-                            self.report_heuristic(HeuristicReport {
-                                xid: bx.global(),
-                                rm: rm.to_string(),
-                                branch: bx.branch_number().unwrap_or(0),
-                                outcome,
-                            });
-                        }
-                    }
-                }
+    /// decision names. Branches with a decision are committed by the decision's own job.
+    /// A rollback that failed is an error too (the scan is retried).
+    fn scan(&self, conns: &mut Connections, rm: &str) -> Result<runtime::ScanCounts, RmError> {
+        let decision = |xid: &Xid| {
+            if self.recovered_decided.contains(xid) {
+                DecisionFact::Commit
+            } else {
+                DecisionFact::Absent
             }
+        };
+        let liveness = OlderIncarnation { current: self.store.incarnation() };
+        let rules = ScanRules { node: self.store.node(), liveness: &liveness, decision: &decision };
+        let counts = runtime::scan(rm, conns, &rules, self)?;
+        if counts.failed > 0 {
+            return Err(RmError::Unavailable(format!("{} rollbacks on {rm:?} failed", counts.failed)));
         }
-        Ok((rolled_back, left_alone))
+        Ok(counts)
     }
 
     fn complete(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
@@ -576,7 +466,7 @@ impl Shared {
                 ready
             };
             self.retry_passes.fetch_add(1, Ordering::Relaxed);
-            let mut conns = Connections::new(self);
+            let mut conns = Connections::new(&self.factories);
             for job in due {
                 self.retries.fetch_add(1, Ordering::Relaxed);
                 let again = self.run_job(&mut conns, job);
@@ -591,30 +481,15 @@ impl Shared {
     }
 
     /// Runs one job; returns it (with a later due time) when it must be retried.
-    fn run_job(&self, conns: &mut Connections<'_>, mut job: Job) -> Option<Job> {
+    fn run_job(&self, conns: &mut Connections, mut job: Job) -> Option<Job> {
         let done = match &mut job.kind {
-            JobKind::PhaseTwo { xid, commit, branches, heuristic } => {
-                let commit = *commit;
-                let todo = std::mem::take(branches);
-                let left = self.finish_branches(conns, xid, commit, todo, heuristic);
-                if left.is_empty() {
-                    // A rollback is reported only when a branch decided on its own: the
-                    // store must not answer "rolled back" for it.
-                    if commit || heuristic.is_some() {
-                        self.complete(xid, *heuristic);
-                    }
-                    true
-                } else {
-                    *branches = left;
-                    false
-                }
-            }
+            JobKind::PhaseTwo(phase_two) => runtime::run_phase_two(phase_two, conns, self),
             JobKind::Scan { rm } => match self.scan(conns, rm) {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(rm = %rm, error = %e, "recovery scan failed again");
                     let rm = rm.clone();
-                    conns.drop_conn(&rm);
+                    conns.drop_connection(&rm);
                     false
                 }
             },
@@ -623,8 +498,20 @@ impl Shared {
             return None;
         }
         job.attempts += 1;
-        job.backoff = (job.backoff * 2).min(self.config.retry_backoff_max);
+        job.backoff = self.backoff().next(Some(job.backoff));
         job.due = Instant::now() + job.backoff;
         Some(job)
+    }
+}
+
+/// The embedded coordinator's books: completions go to its decision store, heuristics to
+/// the list [`TransactionManager::take_heuristics`] returns.
+impl Recorder for Shared {
+    fn complete(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
+        Shared::complete(self, xid, heuristic);
+    }
+
+    fn heuristic(&self, report: &HeuristicReport) {
+        self.keep_heuristic(report.clone());
     }
 }
