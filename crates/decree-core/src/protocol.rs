@@ -119,7 +119,6 @@ pub fn combine_heuristic(so_far: Option<HeuristicOutcome>, next: HeuristicOutcom
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xid::Origin;
 
     fn no() -> Option<Result<Vote, RmError>> {
         Some(Err(RmError::RolledBack("no".into())))

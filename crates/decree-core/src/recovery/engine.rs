@@ -282,7 +282,7 @@ mod tests {
                 if retry {
                     assert_eq!(out, vec![Command::DropConnection("a".into())], "{context}");
                     assert_eq!(end, Some(Command::RetryLater), "{context}");
-                    assert_eq!(p.left(), &[b.clone()], "{context}");
+                    assert_eq!(p.left(), std::slice::from_ref(&b), "{context}");
                     continue;
                 }
                 assert!(p.left().is_empty(), "{context}");
