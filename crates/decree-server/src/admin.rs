@@ -31,9 +31,11 @@
 
 use crate::config::ServerConfig;
 use crate::rules::Remembered;
+use decree_core::protocol::{self, PhaseTwoStep};
+use decree_core::recovery::Connections;
 use decree_core::{
-    BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, RecoveredDecisions, ResourceManager,
-    RmError, RmFactory, Xid,
+    BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, RecoveredDecisions, RmError, RmFactory,
+    Xid,
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
@@ -393,10 +395,10 @@ impl std::fmt::Display for Resolution {
 /// One configured resource manager and its connection, made on first use.
 struct RmSlot {
     name: String,
-    factory: Option<Arc<dyn RmFactory>>,
+    /// Whether a connection factory exists for it (else its kind is unsupported).
+    connectable: bool,
     /// The DSN when the `[[rm]]` kind is postgres (for the age query).
     pg_dsn: Option<String>,
-    connection: Option<Box<dyn ResourceManager>>,
 }
 
 /// This node's prepared branches in each RM, or why the RM could not be asked.
@@ -416,6 +418,9 @@ pub struct Inspector {
     outcomes: OutcomeMemory,
     warnings: Vec<String>,
     rms: Vec<RmSlot>,
+    /// The recovery runtime's connection cache (one connection per RM, kept between
+    /// commands; an RM that failed is tried again by the next command).
+    connections: Connections,
 }
 
 impl Inspector {
@@ -445,15 +450,16 @@ impl Inspector {
         for rm in &config.rm {
             let pg_dsn = matches!(rm.kind.to_ascii_lowercase().as_str(), "postgres" | "postgresql" | "pg")
                 .then(|| rm.dsn.clone());
-            let factory = factories.iter().find(|f| f.name() == rm.name).cloned();
-            rms.push(RmSlot { name: rm.name.clone(), factory, pg_dsn, connection: None });
+            let connectable = factories.iter().any(|f| f.name() == rm.name);
+            rms.push(RmSlot { name: rm.name.clone(), connectable, pg_dsn });
         }
-        for factory in factories {
+        for factory in &factories {
             if !rms.iter().any(|r| r.name == factory.name()) {
                 let name = factory.name().to_string();
-                rms.push(RmSlot { name, factory: Some(factory), pg_dsn: None, connection: None });
+                rms.push(RmSlot { name, connectable: true, pg_dsn: None });
             }
         }
+        let connections = Connections::new(&factories);
         // Connections are made by the first scan, so that an unreachable RM costs one
         // connect timeout and is reported by `list` rather than failing here.
         Ok(Inspector {
@@ -466,6 +472,7 @@ impl Inspector {
             outcomes,
             warnings,
             rms,
+            connections,
         })
     }
 
@@ -692,9 +699,10 @@ impl Inspector {
     /// This node's prepared decree branches in every RM.
     fn scan(&mut self) -> Scan {
         let node = self.node;
+        self.connections.forgive();
         let mut scan = Vec::with_capacity(self.rms.len());
-        for slot in &mut self.rms {
-            let result = slot.recover().map(|xids| {
+        for slot in &self.rms {
+            let result = slot.recover(&mut self.connections).map(|xids| {
                 xids.into_iter().filter(|x| x.origin().is_some_and(|o| o.node == node)).collect()
             });
             scan.push((slot.name.clone(), result));
@@ -721,30 +729,36 @@ impl Inspector {
         ages
     }
 
-    /// Commits (`commit`) or rolls back one branch; the error names the RM and Xid.
+    /// Commits (`commit`) or rolls back one branch; the error names the RM and Xid. What
+    /// an answer means is the recovery engine's one reading (`protocol::phase_two_step`).
     fn on_branch(&mut self, rm: &str, xid: &Xid, commit: bool) -> Result<BranchOutcome, String> {
         let verb = if commit { "commit" } else { "rollback" };
-        let Some(slot) = self.rms.iter_mut().find(|s| s.name == rm) else {
+        if !self.rms.iter().any(|s| s.name == rm) {
             return Err(format!("{verb} of {xid} on {rm}: that resource manager is not configured"));
-        };
-        let connection = slot.connect().map_err(|e| format!("{verb} of {xid} on {rm}: {e}"))?;
+        }
+        self.connections.forgive();
+        let connection = self.connections.get(rm).map_err(|e| format!("{verb} of {xid} on {rm}: {e}"))?;
         let result = if commit { connection.commit(xid, false) } else { connection.rollback(xid) };
-        match result {
-            Ok(()) if commit => Ok(BranchOutcome::Committed),
-            Ok(()) => Ok(BranchOutcome::RolledBack),
-            Err(RmError::UnknownXid(_)) => Ok(BranchOutcome::AlreadyDone),
-            Err(RmError::Heuristic(outcome)) => {
-                let _ = connection.forget(xid);
-                tracing::error!(%xid, rm, ?outcome, "heuristic outcome reported by the resource manager");
-                Ok(BranchOutcome::Heuristic(format!("{rm} reports a heuristic outcome: {outcome:?}")))
+        match protocol::phase_two_step(&result, commit) {
+            PhaseTwoStep::Done => Ok(match result {
+                Err(RmError::UnknownXid(_)) => BranchOutcome::AlreadyDone,
+                _ if commit => BranchOutcome::Committed,
+                _ => BranchOutcome::RolledBack,
+            }),
+            PhaseTwoStep::Heuristic(outcome) => {
+                if let Ok(connection) = self.connections.get(rm) {
+                    let _ = connection.forget(xid);
+                }
+                tracing::error!(%xid, rm, ?outcome, error = ?result, "heuristic outcome reported by the resource manager");
+                let why = match result {
+                    Err(RmError::RolledBack(why)) => format!("{rm} rolled the branch back: {why}"),
+                    _ => format!("{rm} reports a heuristic outcome: {outcome:?}"),
+                };
+                Ok(BranchOutcome::Heuristic(why))
             }
-            Err(RmError::RolledBack(why)) if commit => {
-                tracing::error!(%xid, rm, %why, "a decided branch was rolled back by the resource manager");
-                Ok(BranchOutcome::Heuristic(format!("{rm} rolled the branch back: {why}")))
-            }
-            Err(RmError::RolledBack(_)) => Ok(BranchOutcome::RolledBack),
-            Err(e) => {
-                slot.connection = None;
+            PhaseTwoStep::Retry => {
+                self.connections.drop_connection(rm);
+                let e = result.err().map(|e| e.to_string()).unwrap_or_default();
                 Err(format!("{verb} of {xid} on {rm}: {e}"))
             }
         }
@@ -806,20 +820,16 @@ impl Inspector {
 }
 
 impl RmSlot {
-    /// The connection, made now if there is none.
-    fn connect(&mut self) -> Result<&mut Box<dyn ResourceManager>, String> {
-        if self.connection.is_none() {
-            let factory = self.factory.as_ref().ok_or_else(|| {
-                format!("no connection factory for resource manager {} (unsupported kind?)", self.name)
-            })?;
-            self.connection = Some(factory.connect().map_err(|e| e.to_string())?);
+    /// The RM's prepared decree branches, through the runtime's connection cache (a
+    /// failure drops the connection, so the next command tries a new one).
+    fn recover(&self, connections: &mut Connections) -> Result<Vec<Xid>, String> {
+        if !self.connectable {
+            return Err(format!(
+                "no connection factory for resource manager {} (unsupported kind?)",
+                self.name
+            ));
         }
-        self.connection.as_mut().ok_or_else(|| format!("{}: not connected", self.name))
-    }
-
-    /// The RM's prepared decree branches; a failure drops the connection for a retry.
-    fn recover(&mut self) -> Result<Vec<Xid>, String> {
-        let result = self.connect()?.recover().map_err(|e| e.to_string());
+        let result = connections.get(&self.name).and_then(|c| c.recover()).map_err(|e| e.to_string());
         match result {
             Ok(xids) if xids.len() > PREPARED_PER_RM_MAX => Err(format!(
                 "{} lists {} prepared branches, more than the {PREPARED_PER_RM_MAX} this tool reads",
@@ -828,7 +838,7 @@ impl RmSlot {
             )),
             Ok(xids) => Ok(xids.into_iter().filter(|x| x.origin().is_some()).collect()),
             Err(e) => {
-                self.connection = None;
+                connections.drop_connection(&self.name);
                 Err(e)
             }
         }
