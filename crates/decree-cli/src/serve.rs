@@ -169,6 +169,11 @@ mod tests {
         assert_eq!(config, ServerConfig::from_toml_file(&path).unwrap());
         assert_eq!(config.unix, Some(PathBuf::from("/run/decree/decree.sock")));
         assert_eq!(config.limits, decree_server::Limits::default());
+        assert_eq!(
+            config.recovery,
+            decree_server::RecoveryConfig::default(),
+            "the example shows the defaults"
+        );
     }
 
     #[test]

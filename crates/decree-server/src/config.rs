@@ -20,6 +20,11 @@
 //! handshake_timeout_ms = 10000  # a connection must complete its Hello within this
 //! idle_timeout_ms = 0           # 0: idle sessions stay open; N: closed after N ms silent
 //!
+//! [recovery]
+//! periodic_pass_ms = 60000      # a pass at least this often
+//! recheck_after_close_ms = 1000 # first recheck after a session closes
+//! rechecks_after_close = 5      # rechecks, each delay doubled: 1, 2, 4, 8, 16 s
+//!
 //! [[rm]]
 //! name = "pg-a"
 //! kind = "postgres"
@@ -43,6 +48,19 @@
 //!   the operator opts in. The value is announced in `HelloOk` to clients that negotiate a
 //!   protocol version (decree-client then keeps its sessions alive with `Ping`); it applies
 //!   to version-1 clients too, who are not told, since the operator chose it.
+//!
+//! `[recovery]` says when the recovery worker lists the resource managers' prepared
+//! branches (see [`RecoveryConfig`]): at start, when a session closes, and at least every
+//! `periodic_pass_ms`. The branches a dead client prepared without a decision are rolled
+//! back by the pass at its session's close, within moments. But a `PREPARE` the client
+//! sent may still be running in the database then, and land after that pass: so each
+//! close also asks for `rechecks_after_close` more passes, the first
+//! `recheck_after_close_ms` after it and each later one twice as long after it as the one
+//! before (1, 2, 4, 8 and 16 s by default). A recheck due `d` after a close runs between
+//! `d` and `1.5 d` after it (rechecks of sessions that close close together share one
+//! pass). A branch whose `PREPARE` lands within 16 s of the close is thus rolled back by
+//! default at most about 24 s after the close, and one that lands later at the next
+//! periodic pass.
 
 use decree_core::{DummyFactory, RmFactory};
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
@@ -50,6 +68,7 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The TCP address `decree serve` suggests when none is configured (loopback only).
 pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:7411";
@@ -139,6 +158,90 @@ impl Limits {
     }
 }
 
+/// Longest delay of the last recheck after a close (`recheck_after_close_ms` doubled
+/// `rechecks_after_close - 1` times) and longest periodic pass: one day. Longer is a typo,
+/// not a policy: a branch would hold its locks for days.
+pub const RECOVERY_DELAY_MS_MAX: u64 = 86_400_000;
+
+/// Most rechecks one session's close may ask for.
+pub const RECHECKS_AFTER_CLOSE_MAX: u32 = 16;
+
+/// When the recovery worker lists prepared branches to finish or roll back (see the
+/// module comment): the periodic pass, and the rechecks that follow each session's close
+/// so that a `PREPARE` landing after the close's own pass does not wait for the periodic
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecoveryConfig {
+    /// Longest time between two passes (1 ms to one day). The periodic pass is the last
+    /// resort for a branch nothing else looked at again: a branch prepared after every
+    /// recheck of its session's close (or by a client of a server that restarted since).
+    pub periodic_pass_ms: u64,
+    /// Delay of the first recheck after a session closes (1 ms to one day); each next
+    /// recheck comes twice as long after the close as the one before.
+    pub recheck_after_close_ms: u64,
+    /// Rechecks after each close (0 to [`RECHECKS_AFTER_CLOSE_MAX`]; 0: only the periodic
+    /// pass looks again).
+    pub rechecks_after_close: u32,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig { periodic_pass_ms: 60_000, recheck_after_close_ms: 1_000, rechecks_after_close: 5 }
+    }
+}
+
+impl RecoveryConfig {
+    /// The longest time between two passes.
+    pub fn periodic_pass(&self) -> Duration {
+        Duration::from_millis(self.periodic_pass_ms)
+    }
+
+    /// The delay of the first recheck after a close.
+    pub fn recheck_after_close(&self) -> Duration {
+        Duration::from_millis(self.recheck_after_close_ms)
+    }
+
+    /// The delay of the last recheck after a close, if any (saturating: validation keeps
+    /// it within [`RECOVERY_DELAY_MS_MAX`]).
+    pub fn last_recheck_after_close(&self) -> Option<Duration> {
+        let doublings = self.rechecks_after_close.checked_sub(1)?;
+        let factor = 1u64.checked_shl(doublings).unwrap_or(u64::MAX);
+        Some(Duration::from_millis(self.recheck_after_close_ms.saturating_mul(factor)))
+    }
+
+    /// Refuses values that cannot work, naming the field.
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("periodic_pass_ms", self.periodic_pass_ms),
+            ("recheck_after_close_ms", self.recheck_after_close_ms),
+        ] {
+            if v == 0 || v > RECOVERY_DELAY_MS_MAX {
+                return Err(ConfigError(format!(
+                    "recovery.{name} = {v} must be between 1 and {RECOVERY_DELAY_MS_MAX} (one day)"
+                )));
+            }
+        }
+        let n = self.rechecks_after_close;
+        if n > RECHECKS_AFTER_CLOSE_MAX {
+            return Err(ConfigError(format!(
+                "recovery.rechecks_after_close = {n} must be between 0 and {RECHECKS_AFTER_CLOSE_MAX}"
+            )));
+        }
+        if let Some(last) = self.last_recheck_after_close() {
+            if last.as_millis() > RECOVERY_DELAY_MS_MAX as u128 {
+                return Err(ConfigError(format!(
+                    "recovery.rechecks_after_close = {n} with recovery.recheck_after_close_ms = {} puts the \
+                     last recheck {} ms after a close; at most {RECOVERY_DELAY_MS_MAX} (one day)",
+                    self.recheck_after_close_ms,
+                    last.as_millis()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One resource manager the server may have to finish phase two on (kept as data: the
 /// embedding program maps `kind` to an [`decree_core::RmFactory`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -186,6 +289,9 @@ pub struct ServerConfig {
     /// Limits on connections, requests and frames.
     #[serde(default)]
     pub limits: Limits,
+    /// When the recovery worker looks for branches to finish or roll back.
+    #[serde(default)]
+    pub recovery: RecoveryConfig,
     /// Resource managers for phase two of dead sessions and recovery.
     #[serde(default)]
     pub rm: Vec<RmConfig>,
@@ -245,6 +351,7 @@ impl ServerConfig {
             allow_remote: false,
             metrics: None,
             limits: Limits::default(),
+            recovery: RecoveryConfig::default(),
             rm: Vec::new(),
         }
     }
@@ -319,6 +426,7 @@ impl ServerConfig {
             }
         }
         l.validate_timeouts()?;
+        self.recovery.validate()?;
         let mut names = std::collections::HashSet::new();
         for rm in &self.rm {
             if rm.name.is_empty() || rm.name.len() > 255 {
@@ -408,5 +516,49 @@ mod tests {
         assert!(e.0.contains("rpo"), "{e}");
         let e = ServerConfig::from_toml_str("log_dir = \"/x\"").unwrap_err();
         assert!(e.0.contains("no listener"), "{e}");
+    }
+
+    #[test]
+    fn the_recovery_section_has_defaults_takes_values_and_refuses_bad_ones_by_name() {
+        let base = "log_dir = \"/x\"\nunix = \"/s\"\n";
+        let c = ServerConfig::from_toml_str(base).unwrap();
+        assert_eq!(c.recovery, RecoveryConfig::default());
+        assert_eq!(c.recovery.periodic_pass(), Duration::from_secs(60));
+        assert_eq!(c.recovery.recheck_after_close(), Duration::from_secs(1));
+        assert_eq!(c.recovery.last_recheck_after_close(), Some(Duration::from_secs(16)));
+
+        let explicit = format!(
+            "{base}[recovery]\nperiodic_pass_ms = 600000\nrecheck_after_close_ms = 500\nrechecks_after_close = 4\n"
+        );
+        let c = ServerConfig::from_toml_str(&explicit).unwrap();
+        assert_eq!(
+            c.recovery,
+            RecoveryConfig {
+                periodic_pass_ms: 600_000,
+                recheck_after_close_ms: 500,
+                rechecks_after_close: 4
+            }
+        );
+        assert_eq!(c.recovery.last_recheck_after_close(), Some(Duration::from_secs(4)));
+        let partial = format!("{base}[recovery]\nrechecks_after_close = 0\n");
+        let c = ServerConfig::from_toml_str(&partial).unwrap();
+        assert_eq!(c.recovery.last_recheck_after_close(), None);
+        assert_eq!(c.recovery.periodic_pass_ms, 60_000, "unset fields keep their defaults");
+
+        for (section, field) in [
+            ("periodic_pass_ms = 0", "recovery.periodic_pass_ms"),
+            ("periodic_pass_ms = 86400001", "recovery.periodic_pass_ms"),
+            ("recheck_after_close_ms = 0", "recovery.recheck_after_close_ms"),
+            ("rechecks_after_close = 17", "recovery.rechecks_after_close"),
+            ("recheck_after_close_ms = 3600000\nrechecks_after_close = 6", "last recheck"),
+            ("period_ms = 1", "period_ms"),
+        ] {
+            let text = format!("{base}[recovery]\n{section}\n");
+            let e = ServerConfig::from_toml_str(&text).unwrap_err();
+            assert!(e.0.contains(field), "{section}: {e}");
+        }
+        // The largest allowed ladder: 16 rechecks, the last one day after the close.
+        let ok = format!("{base}[recovery]\nrecheck_after_close_ms = 2636\nrechecks_after_close = 16\n");
+        assert!(ServerConfig::from_toml_str(&ok).is_ok());
     }
 }

@@ -16,11 +16,12 @@ pub mod admin;
 pub mod config;
 mod connection;
 mod metrics;
+mod recheck;
 mod recovery;
 mod rules;
 mod state;
 
-pub use config::{ConfigError, Limits, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
+pub use config::{ConfigError, Limits, RecoveryConfig, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
 
 use decree_core::{RecoveredDecisions, RmFactory};
 use decree_log::outcomes::OutcomeMemory;
@@ -205,7 +206,7 @@ fn open_state(
     for (key, e) in &recovered.undecodable {
         tracing::error!(key, error = %e, "undecodable record in the log; left as is");
     }
-    Ok(State::new(log, outcomes, config.node, config.limits, factories, recovered))
+    Ok(State::new(log, outcomes, config.node, config.limits, config.recovery, factories, recovered))
 }
 
 /// The outcome memory beside the log of `log_config`: in its directory, on `storage` (the

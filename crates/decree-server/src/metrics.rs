@@ -35,6 +35,8 @@ pub(crate) struct Metrics {
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) phase_two_commits: AtomicU64,
     pub(crate) recovery_rollbacks: AtomicU64,
+    /// Recovery passes run (at start, after closes and their rechecks, periodic, retries).
+    pub(crate) recovery_passes: AtomicU64,
     pub(crate) heuristics: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
@@ -97,6 +99,11 @@ pub(crate) fn render(state: &State) -> String {
         load(&m.recovery_rollbacks),
     );
     counter(
+        "recovery_passes_total",
+        "Recovery passes (each lists every resource manager's prepared branches).",
+        load(&m.recovery_passes),
+    );
+    counter(
         "heuristic_outcomes_total",
         "Heuristic outcomes reported by resource managers.",
         load(&m.heuristics),
@@ -115,6 +122,12 @@ pub(crate) fn render(state: &State) -> String {
         "# HELP decree_in_doubt Decided transactions whose owner is gone, phase two pending.\n\
          # TYPE decree_in_doubt gauge\ndecree_in_doubt {}",
         state.in_doubt()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP decree_recovery_rechecks_pending Recovery passes asked for after sessions closed, not run yet.\n\
+         # TYPE decree_recovery_rechecks_pending gauge\ndecree_recovery_rechecks_pending {}",
+        state.rechecks_pending()
     );
     let _ = writeln!(
         out,

@@ -8,6 +8,11 @@
 //! [`State::is_decided`], and a session leaves `live` only after its decisions moved to
 //! the orphans (see `state.rs`). Failures (an RM down) are retried with a doubling backoff;
 //! the transaction stays in the log meanwhile.
+//!
+//! When it passes is the `[recovery]` configuration: at start, when a session closes, at
+//! the rechecks each close asks for (`recheck.rs`: a `PREPARE` the dead client sent may
+//! land in the database after the close's own pass), and at least every
+//! `periodic_pass_ms`. Every pass is the same whole pass, whatever asked for it.
 
 use crate::rules::Remembered;
 use crate::state::{LiveDecision, State};
@@ -16,33 +21,38 @@ use decree_core::{ResourceManager, RmFactory};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// First retry delay after a failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest retry delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Longest idle wait (a pass runs at least this often while branches may be pending).
-const IDLE_WAIT: Duration = Duration::from_secs(60);
 
-/// Runs passes until `stop` is set; call from a dedicated thread.
+/// Runs passes until `stop` is set; call from a dedicated thread. A pass runs at start (it
+/// replays recovered decisions), when woken (a session closed, an orphan appeared), when a
+/// recheck after a close is due, and at the latest `recovery.periodic_pass_ms` after the
+/// previous clean pass; after a failed pass, with a doubling backoff instead.
 pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
+    let periodic = state.recovery.periodic_pass();
     let mut backoff = BACKOFF_MIN;
-    let mut wait = Duration::ZERO; // a first pass at start replays recovered decisions.
+    let mut next_pass = Instant::now();
     loop {
-        if !wait.is_zero() {
-            state.wait_for_work(wait);
+        let due = state.next_recheck().map_or(next_pass, |recheck| recheck.min(next_pass));
+        let now = Instant::now();
+        if due > now && !state.wait_for_work(due - now) && Instant::now() < due {
+            continue; // the timer ended a little early: nothing is due yet.
         }
         if stop.load(Ordering::SeqCst) {
             return;
         }
+        let started = Instant::now();
         let clean = pass(&state, &stop);
-        state.first_pass_ended();
+        state.pass_ended(started);
         if clean {
             backoff = BACKOFF_MIN;
-            wait = IDLE_WAIT;
+            next_pass = Instant::now() + periodic;
         } else {
-            wait = backoff;
+            next_pass = Instant::now() + backoff;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }

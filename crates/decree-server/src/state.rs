@@ -13,8 +13,9 @@
 //! whoever sees a session closed sees all its decisions: the recovery pass and the
 //! "rolled back" answer rely on this.
 
-use crate::config::Limits;
+use crate::config::{Limits, RecoveryConfig};
 use crate::metrics::Metrics;
+use crate::recheck::RecheckSchedule;
 use crate::rules::{self, Facts, Owner, Remembered};
 use decree_core::{
     Decision, HeuristicOutcome, KeyAllocator, Origin, Outcome, RecoveredDecisions, RmFactory, Xid,
@@ -25,6 +26,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Xids whose decision write failed that are remembered one by one; past this, every
 /// undecided Xid of this incarnation counts as doubtful (the log is fail-stop anyway).
@@ -75,6 +77,8 @@ pub(crate) struct State {
     pub(crate) node: u32,
     pub(crate) incarnation: u64,
     pub(crate) limits: Limits,
+    /// When the recovery worker passes (periodic pass, rechecks after a close).
+    pub(crate) recovery: RecoveryConfig,
     pub(crate) factories: Vec<Arc<dyn RmFactory>>,
     pub(crate) metrics: Metrics,
     keys: KeyAllocator,
@@ -86,6 +90,8 @@ pub(crate) struct State {
     incarnation_evicted: AtomicBool,
     /// The first recovery pass of this run has ended.
     first_pass_done: AtomicBool,
+    /// The passes asked for after sessions closed, for `PREPARE`s that land late.
+    rechecks: Mutex<RecheckSchedule>,
     /// Set when the recovery worker has work (a session closed, an orphan appeared).
     wake: Mutex<bool>,
     wake_signal: Condvar,
@@ -100,6 +106,7 @@ impl State {
         outcomes: OutcomeMemory,
         node: u32,
         limits: Limits,
+        recovery: RecoveryConfig,
         factories: Vec<Arc<dyn RmFactory>>,
         recovered: RecoveredDecisions,
     ) -> Self {
@@ -120,6 +127,7 @@ impl State {
             node,
             incarnation,
             limits,
+            recovery,
             factories,
             metrics: Metrics::default(),
             keys,
@@ -129,6 +137,10 @@ impl State {
             doubtful: Mutex::new(Doubtful::default()),
             incarnation_evicted: AtomicBool::new(false),
             first_pass_done: AtomicBool::new(false),
+            rechecks: Mutex::new(RecheckSchedule::new(
+                recovery.recheck_after_close(),
+                recovery.rechecks_after_close,
+            )),
             wake: Mutex::new(false),
             wake_signal: Condvar::new(),
         }
@@ -144,7 +156,9 @@ impl State {
     }
 
     /// Ends a session whose requests have all settled: its decided transactions become
-    /// the server's to finish, its undecided ones are left to the recovery pass.
+    /// the server's to finish, its undecided ones are left to the recovery pass, which
+    /// runs now and again at the rechecks (a `PREPARE` of this session may still be
+    /// running in a database and land after the first pass).
     pub(crate) fn close_session(&self, id: u64, txns: &SessionTxns) {
         let handed_over;
         {
@@ -167,6 +181,8 @@ impl State {
         if handed_over > 0 {
             tracing::info!(session = id, handed_over, "session closed with decided transactions to finish");
         }
+        // Asked for only once the session has left `live`: a recheck looks after it.
+        self.rechecks.lock().after_close(Instant::now());
         self.wake_recovery();
     }
 
@@ -432,9 +448,22 @@ impl State {
         gone && !self.is_doubtful(&Xid::decree(*origin))
     }
 
-    /// Marks the end of the first recovery pass of this run.
-    pub(crate) fn first_pass_ended(&self) {
+    /// Marks the end of a recovery pass that started at `started`: the first one of this
+    /// run has ended, and every recheck due by `started` is served.
+    pub(crate) fn pass_ended(&self, started: Instant) {
         self.first_pass_done.store(true, Ordering::SeqCst);
+        self.rechecks.lock().served(started);
+        self.metrics.recovery_passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When the next recheck after a close is due, if any is pending.
+    pub(crate) fn next_recheck(&self) -> Option<Instant> {
+        self.rechecks.lock().next_due()
+    }
+
+    /// Rechecks after closes not served yet (each may stand for many closes).
+    pub(crate) fn rechecks_pending(&self) -> usize {
+        self.rechecks.lock().pending()
     }
 
     /// Asks the recovery worker for a pass.
@@ -444,7 +473,7 @@ impl State {
     }
 
     /// Waits until woken or `timeout` passes; returns whether it was woken.
-    pub(crate) fn wait_for_work(&self, timeout: std::time::Duration) -> bool {
+    pub(crate) fn wait_for_work(&self, timeout: Duration) -> bool {
         let mut woken = self.wake.lock();
         if !*woken {
             self.wake_signal.wait_for(&mut woken, timeout);
