@@ -1,13 +1,17 @@
 //! The recovery worker: finishes the phase two of decided transactions whose client is
-//! gone, and rolls back prepared branches that have no decision and no live owner.
+//! gone, and rolls back prepared branches that have no decision and no live owner. It is
+//! a thin user of decree-core's recovery engine (`decree_core::recovery`): the rules, the
+//! connection cache and the backoff are the engine's; this module brings the state
+//! server's liveness rule (a session's connection has closed), its decision lookup and its
+//! books (the outcome memory and the metrics, through [`Books`]).
 //!
 //! It is one dedicated thread (resource-manager calls block), so finishing and the
 //! presumed-abort pass never run at the same time: a pass that lists a branch of a
 //! transaction being finished cannot roll it back halfway. It never rolls back a branch
-//! whose owner may still decide: [`State::owner_is_gone`] is checked before
-//! [`State::is_decided`], and a session leaves `live` only after its decisions moved to
-//! the orphans (see `state.rs`). Failures (an RM down) are retried with a doubling backoff;
-//! the transaction stays in the log meanwhile.
+//! whose owner may still decide: liveness is asked before the decision (the engine's
+//! order), and a session leaves `live` only after its decisions moved to the orphans (see
+//! `state.rs`). Failures (an RM down) are retried with the engine's server backoff; the
+//! transaction stays in the log meanwhile.
 //!
 //! When it passes is the `[recovery]` configuration: at start, when a session closes, at
 //! the rechecks each close asks for (`recheck.rs`: a `PREPARE` the dead client sent may
@@ -15,26 +19,21 @@
 //! `periodic_pass_ms`. Every pass is the same whole pass, whatever asked for it.
 
 use crate::rules::Remembered;
-use crate::state::{LiveDecision, State};
-use decree_core::protocol::{self, PhaseTwoStep};
-use decree_core::{ResourceManager, RmFactory};
-use std::collections::HashMap;
+use crate::state::State;
+use decree_core::recovery::runtime::{self, ScanRules};
+use decree_core::recovery::{Backoff, Connections, DecisionFact, PhaseTwo, Recorder};
+use decree_core::{HeuristicOutcome, HeuristicReport, Origin, Xid};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// First retry delay after a failure.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-/// Longest retry delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+use std::time::Instant;
 
 /// Runs passes until `stop` is set; call from a dedicated thread. A pass runs at start (it
 /// replays recovered decisions), when woken (a session closed, an orphan appeared), when a
 /// recheck after a close is due, and at the latest `recovery.periodic_pass_ms` after the
-/// previous clean pass; after a failed pass, with a doubling backoff instead.
+/// previous clean pass; after a failed pass, with the engine's backoff instead.
 pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
     let periodic = state.recovery.periodic_pass();
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = None;
     let mut next_pass = Instant::now();
     loop {
         let due = state.next_recheck().map_or(next_pass, |recheck| recheck.min(next_pass));
@@ -49,11 +48,12 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
         let clean = pass(&state, &stop);
         state.pass_ended(started);
         if clean {
-            backoff = BACKOFF_MIN;
+            backoff = None;
             next_pass = Instant::now() + periodic;
         } else {
-            next_pass = Instant::now() + backoff;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            let delay = Backoff::SERVER.next(backoff);
+            backoff = Some(delay);
+            next_pass = Instant::now() + delay;
         }
     }
 }
@@ -61,111 +61,39 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
 /// One pass: finish the orphans, then roll back abandoned prepared branches. Returns
 /// whether everything that could be done was done (no retry needed).
 pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
-    let mut connections: HashMap<String, Box<dyn ResourceManager>> = HashMap::new();
+    let mut connections = Connections::new(&state.factories);
+    let books = Books(state);
     let mut clean = true;
     for orphan in state.orphans() {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
-        if finish(state, &orphan, &mut connections) {
-            state.complete_orphan(&orphan.decision.xid);
-        } else {
-            clean = false;
-        }
+        let decision = orphan.decision;
+        let mut phase_two = PhaseTwo::new(decision.xid, true, decision.branches);
+        clean &= runtime::run_phase_two(&mut phase_two, &mut connections, &books);
     }
-    for factory in &state.factories {
+    // A failed commit does not mean that listing fails: give every RM a fresh try.
+    connections.forgive();
+    let liveness = |origin: &Origin| state.owner_is_gone(origin);
+    let decision = |xid: &Xid| {
+        if state.is_decided(xid) {
+            DecisionFact::Commit
+        } else if state.is_doubtful(xid) {
+            DecisionFact::InDoubt
+        } else {
+            DecisionFact::Absent
+        }
+    };
+    let rules = ScanRules { node: state.node, liveness: &liveness, decision: &decision };
+    for rm in connections.names() {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
-        if !roll_back_abandoned(state, factory.as_ref(), &mut connections) {
-            clean = false;
-        }
-    }
-    clean
-}
-
-/// Commits every branch named in `orphan`'s decision; true when all are done. A branch
-/// that decided on its own makes the transaction's outcome heuristic.
-fn finish(
-    state: &State,
-    orphan: &LiveDecision,
-    connections: &mut HashMap<String, Box<dyn ResourceManager>>,
-) -> bool {
-    let decision = &orphan.decision;
-    let mut done = true;
-    for branch in &decision.branches {
-        let Some(rm) = connection(state, &branch.rm, connections) else {
-            done = false;
-            continue;
-        };
-        let xid = decision.xid.branch(branch.branch);
-        let result = rm.commit(&xid, false);
-        // What an answer means is decree-core's rule, the same as a client's phase two.
-        match protocol::phase_two_step(&result, true) {
-            PhaseTwoStep::Done => {
-                if result.is_ok() {
-                    state.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(%xid, rm = %branch.rm, "committed branch of a finished session");
-                } // else already committed (by the client or an earlier pass)
-            }
-            PhaseTwoStep::Heuristic(outcome) => {
-                tracing::error!(%xid, rm = %branch.rm, ?outcome, error = ?result, "heuristic outcome on commit; forgetting it");
-                state.orphan_heuristic(&xid, outcome);
-                let _ = rm.forget(&xid);
-            }
-            PhaseTwoStep::Retry => {
-                tracing::warn!(%xid, rm = %branch.rm, error = ?result, "phase two failed; will retry");
-                connections.remove(&branch.rm);
-                done = false;
-            }
-        }
-    }
-    done
-}
-
-/// Rolls back this node's prepared branches that have no decision and no live owner.
-fn roll_back_abandoned(
-    state: &State,
-    factory: &dyn RmFactory,
-    connections: &mut HashMap<String, Box<dyn ResourceManager>>,
-) -> bool {
-    let name = factory.name().to_string();
-    let Some(rm) = connection(state, &name, connections) else {
-        return false;
-    };
-    let prepared = match rm.recover() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(rm = %name, error = %e, "cannot list prepared branches; will retry");
-            connections.remove(&name);
-            return false;
-        }
-    };
-    let mut clean = true;
-    for xid in prepared {
-        let Some(origin) = xid.origin() else { continue };
-        // Liveness first: once the owner is seen gone, all its decisions are visible. A
-        // decision whose write failed in this run is in doubt: left for a restart.
-        if !state.owner_is_gone(&origin) || state.is_decided(&xid) {
-            continue;
-        }
-        let result = rm.rollback(&xid);
-        match protocol::phase_two_step(&result, false) {
-            PhaseTwoStep::Done => {
-                state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
-                if state.remembered(&xid).is_none() {
-                    state.remember(&xid, Remembered::RolledBack, Box::new(|_| {}));
-                }
-                tracing::info!(%xid, rm = %name, "rolled back a prepared branch without decision");
-            }
-            PhaseTwoStep::Heuristic(outcome) => {
-                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%xid, rm = %name, ?outcome, "heuristic outcome on a presumed-abort rollback");
-                state.remember(&xid, Remembered::Heuristic(outcome), Box::new(|_| {}));
-                let _ = rm.forget(&xid);
-            }
-            PhaseTwoStep::Retry => {
-                tracing::warn!(%xid, rm = %name, error = ?result, "rollback failed; will retry");
+        match runtime::scan(&rm, &mut connections, &rules, &books) {
+            Ok(counts) => clean &= counts.failed == 0,
+            Err(e) => {
+                tracing::warn!(%rm, error = %e, "cannot list prepared branches; will retry");
+                connections.drop_connection(&rm);
                 clean = false;
             }
         }
@@ -173,26 +101,43 @@ fn roll_back_abandoned(
     clean
 }
 
-/// A connection to the RM named `name`, made on first use within a pass.
-fn connection<'a>(
-    state: &State,
-    name: &str,
-    connections: &'a mut HashMap<String, Box<dyn ResourceManager>>,
-) -> Option<&'a mut Box<dyn ResourceManager>> {
-    if !connections.contains_key(name) {
-        let Some(factory) = state.factories.iter().find(|f| f.name() == name) else {
-            tracing::warn!(rm = %name, "a decision names a resource manager that is not configured");
-            return None;
-        };
-        match factory.connect() {
-            Ok(rm) => {
-                connections.insert(name.to_string(), rm);
+/// The state server's books for the engine: completions finish orphans (the outcome is
+/// remembered before the log records go), rollbacks and heuristics are remembered, and
+/// the metrics count them.
+struct Books<'a>(&'a State);
+
+impl Recorder for Books<'_> {
+    fn complete(&self, xid: &Xid, _heuristic: Option<HeuristicOutcome>) {
+        // The heuristics of every pass were noted on the orphan as they came (`heuristic`).
+        self.0.complete_orphan(xid);
+    }
+
+    fn rolled_back(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
+        let state = self.0;
+        match heuristic {
+            None => {
+                state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
+                if state.remembered(xid).is_none() {
+                    state.remember(xid, Remembered::RolledBack, Box::new(|_| {}));
+                }
             }
-            Err(e) => {
-                tracing::warn!(rm = %name, error = %e, "cannot connect; will retry");
-                return None;
+            Some(outcome) => {
+                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
+                state.remember(xid, Remembered::Heuristic(outcome), Box::new(|_| {}));
             }
         }
     }
-    connections.get_mut(name)
+
+    fn heuristic(&self, report: &HeuristicReport) {
+        // Only an orphan's phase two has an orphan to note it on; a presumed-abort
+        // rollback's heuristic is remembered by `rolled_back`.
+        self.0.orphan_heuristic(&report.xid, report.outcome);
+    }
+
+    fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {
+        if commit {
+            self.0.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%xid, %rm, "committed branch of a finished session");
+        }
+    }
 }

@@ -24,6 +24,9 @@ pub trait Recorder {
     fn rolled_back(&self, _xid: &Xid, _heuristic: Option<HeuristicOutcome>) {}
     /// A resource manager decided a branch on its own (logged by the runtime already).
     fn heuristic(&self, _report: &HeuristicReport) {}
+    /// Branch `xid` on `rm` was committed (`commit`) or rolled back by this call (not
+    /// found finished already): for metrics.
+    fn branch_finished(&self, _xid: &Xid, _rm: &str, _commit: bool) {}
 }
 
 /// The retry delays after a failure: doubling from `min` up to `max`.
@@ -135,6 +138,9 @@ pub fn run_phase_two(phase_two: &mut PhaseTwo, conns: &mut Connections, recorder
             Ok(conn) => conn.rollback(&bx),
             Err(e) => Err(e),
         };
+        if result.is_ok() {
+            recorder.branch_finished(&bx, &branch.rm, commit);
+        }
         for command in phase_two.on_answer(&branch, &result) {
             match command {
                 Command::DropConnection(rm) => {
