@@ -322,6 +322,62 @@ mod tests {
         );
     }
 
+    /// The whole table: a prepared branch of ours found with each decision state and each
+    /// owner state, then each RM answer to the call that follows (the decision's commit,
+    /// or the presumed-abort rollback), and the calls the engine emits.
+    #[test]
+    fn every_decision_owner_and_answer_combination() {
+        use DecisionFact::*;
+        let b = branch("a", 0);
+        for fact in [Commit, Absent, InDoubt] {
+            for gone in [false, true] {
+                let step = found_branch(true, gone, fact);
+                for (name, answer) in answers() {
+                    let context = format!("{fact:?}, owner gone {gone}, {name}");
+                    let commit = match step {
+                        FoundStep::LeaveAlone => {
+                            assert!(fact == InDoubt || !gone, "{context}: left alone without reason");
+                            continue; // no call at all, whatever the RM would answer
+                        }
+                        FoundStep::Decided => true,
+                        FoundStep::RollBack => false,
+                    };
+                    assert!(
+                        commit == (fact == Commit),
+                        "{context}: commit without a decision, or the reverse"
+                    );
+                    let mut p = PhaseTwo::new(xid(), commit, vec![b.clone()]);
+                    let calls = p.calls();
+                    assert_eq!(calls, vec![Command::Call { branch: b.clone(), commit }], "{context}");
+                    let mut emitted = p.on_answer(&b, &answer);
+                    emitted.extend(p.end_pass());
+                    let expected: Vec<Command> = match (&answer, commit) {
+                        (Ok(()) | Err(RmError::UnknownXid(_)), true) => {
+                            vec![Command::Complete { xid: xid(), heuristic: None }]
+                        }
+                        (Ok(()) | Err(RmError::UnknownXid(_)) | Err(RmError::RolledBack(_)), false) => vec![],
+                        (Err(RmError::Unavailable(_) | RmError::Protocol(_)), _) => {
+                            vec![Command::DropConnection("a".into()), Command::RetryLater]
+                        }
+                        (Err(e), _) => {
+                            let outcome = match e {
+                                RmError::Heuristic(h) => *h,
+                                _ => HeuristicOutcome::RolledBack, // a commit the RM rolled back
+                            };
+                            let report = HeuristicReport { xid: xid(), rm: "a".into(), branch: 0, outcome };
+                            vec![
+                                Command::Forget(b.clone()),
+                                Command::Heuristic(report),
+                                Command::Complete { xid: xid(), heuristic: Some(outcome) },
+                            ]
+                        }
+                    };
+                    assert_eq!(emitted, expected, "{context}");
+                }
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "did not ask")]
     fn an_answer_for_a_branch_not_asked_is_a_bug() {

@@ -6,8 +6,8 @@
 
 use super::engine::{self, Command, DecisionFact, FoundStep, Liveness, PhaseTwo};
 use crate::error::HeuristicReport;
-use crate::protocol::{self, PhaseTwoStep};
 use crate::rm::{HeuristicOutcome, ResourceManager, RmError, RmFactory};
+use crate::store::BranchRecord;
 use crate::xid::Xid;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -215,32 +215,40 @@ pub fn scan(
         match step {
             FoundStep::Decided | FoundStep::LeaveAlone => counts.left_alone += 1,
             FoundStep::RollBack => {
+                // The same machine as any phase two: one branch, rolled back.
+                let branch = BranchRecord { rm: rm.to_string(), branch: bx.branch_number().unwrap_or(0) };
+                let mut rollback = PhaseTwo::new(bx.global(), false, vec![branch.clone()]);
+                rollback.calls();
                 let result = conns.get(rm).and_then(|conn| conn.rollback(&bx));
-                match protocol::phase_two_step(&result, false) {
-                    PhaseTwoStep::Done => {
-                        counts.rolled_back += 1;
-                        tracing::info!(xid = %bx, %rm, "rolled back a prepared branch without decision");
-                        recorder.rolled_back(&bx.global(), None);
+                let mut heuristic = None;
+                for command in rollback.on_answer(&branch, &result) {
+                    match command {
+                        Command::DropConnection(_) => {
+                            tracing::warn!(xid = %bx, %rm, error = ?result, "rollback failed; will retry");
+                            conns.drop_connection(rm);
+                        }
+                        Command::Forget(_) => forget(conns, rm, &bx),
+                        Command::Heuristic(report) => {
+                            tracing::error!(%report, "heuristic outcome on a presumed-abort rollback");
+                            recorder.heuristic(&report);
+                            heuristic = Some(report.outcome);
+                        }
+                        other => unreachable!("an answer does not lead to {other:?}"),
                     }
-                    PhaseTwoStep::Retry => {
-                        tracing::warn!(xid = %bx, %rm, error = ?result, "rollback failed; will retry");
+                }
+                match rollback.end_pass() {
+                    Some(Command::RetryLater) => {
                         counts.failed += 1;
-                        conns.drop_connection(rm);
                         return Ok(counts);
                     }
-                    PhaseTwoStep::Heuristic(outcome) => {
+                    None | Some(Command::Complete { .. }) => {
                         counts.rolled_back += 1;
-                        forget(conns, rm, &bx);
-                        let report = HeuristicReport {
-                            xid: bx.global(),
-                            rm: rm.to_string(),
-                            branch: bx.branch_number().unwrap_or(0),
-                            outcome,
-                        };
-                        tracing::error!(%report, "heuristic outcome on a presumed-abort rollback");
-                        recorder.heuristic(&report);
-                        recorder.rolled_back(&bx.global(), Some(outcome));
+                        if heuristic.is_none() {
+                            tracing::info!(xid = %bx, %rm, "rolled back a prepared branch without decision");
+                        }
+                        recorder.rolled_back(&bx.global(), heuristic);
                     }
+                    Some(other) => unreachable!("a pass does not end with {other:?}"),
                 }
             }
         }
