@@ -418,12 +418,16 @@ impl Writer {
             // the header's (or the checkpoint's) last page.
             let marker_at = scratch.len();
             scratch.resize(marker_at + MARKER_BYTES, 0);
+            // No gap when the marker itself ends the page: the batch is then empty, like a
+            // `sync` batch's, instead of a padding frame of minus 17 bytes.
             let gap = padded_len(scratch.len()) - scratch.len();
-            record::encode(&mut scratch, RecordKind::Padding, seq, &self.zeros[..gap - HEADER_BYTES]);
+            if gap > 0 {
+                record::encode(&mut scratch, RecordKind::Padding, seq, &self.zeros[..gap - HEADER_BYTES]);
+            }
             let batch_len = (scratch.len() - marker_at - MARKER_BYTES) as u32;
             let marker = BatchMarker { batch_len, synced_through: 0 };
             format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
-            debug_assert_eq!(scratch.len() % DIRECT_ALIGN, 0);
+            assert_eq!(scratch.len() % DIRECT_ALIGN, 0, "a direct write starts on a page boundary");
         }
         if scratch.len() as u64 + need > self.segment_bytes {
             return Err(LogError::Full(format!(
