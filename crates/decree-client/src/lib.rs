@@ -691,6 +691,8 @@ impl DecisionStore for RemoteDecisions {
     }
 
     fn decide(&self, decision: &Decision) -> Result<(), StoreError> {
+        // Refused here, before anything is sent: the frame could only carry it truncated.
+        decision.check_limits()?;
         let conn = self.session_of(&decision.xid)?;
         let mut conn = conn.lock();
         conn.decide(decision)

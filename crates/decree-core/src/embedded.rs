@@ -105,6 +105,8 @@ impl DecisionStore for LogDecisions {
     }
 
     fn decide(&self, decision: &Decision) -> Result<(), StoreError> {
+        // Before the key: a refused decision leaves no trace.
+        decision.check_limits()?;
         let key = self.key_for(&decision.xid);
         ENCODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => {

@@ -6,6 +6,7 @@
 //! ([`TmError::OutcomeUnknown`]), a resource manager decided on its own
 //! ([`TmError::Heuristic`]), or the API was misused ([`TmError::NoTransaction`] and friends).
 
+use crate::limits::LimitError;
 use crate::rm::{HeuristicOutcome, RmError};
 use crate::store::StoreError;
 use crate::xid::Xid;
@@ -109,6 +110,10 @@ pub enum TmError {
     /// The coordinator or session is configured in a way that cannot work.
     #[error("configuration: {0}")]
     Config(String),
+    /// A resource manager's name or a transaction's branches are past a limit of the
+    /// decision record ([`crate::limits`]); nothing was registered, started or written.
+    #[error("{0}")]
+    Limit(#[from] LimitError),
 }
 
 fn list(reports: &[HeuristicReport]) -> String {

@@ -46,6 +46,7 @@ pub mod embedded;
 pub mod error;
 mod fanout;
 pub mod keys;
+pub mod limits;
 pub mod protocol;
 pub mod recovery;
 pub mod rm;
@@ -59,6 +60,9 @@ pub use dummy::{DummyConfig, DummyFactory, DummyRm};
 pub use embedded::LogDecisions;
 pub use error::{HeuristicReport, TmError};
 pub use keys::KeyAllocator;
+pub use limits::{
+    check_branch_count, check_rm_name, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, RM_NAME_BYTES_MAX,
+};
 pub use rm::{BranchAnswer, BranchCall, HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
 pub use session::{CommitKind, CommitReport, Session, Transaction};
 pub use store::{BranchRecord, Decision, DecisionStore, Outcome, RecoveredDecisions, StoreError};

@@ -12,10 +12,18 @@
 //!
 //! The hot path allocates nothing once warm: the vote vectors and the decision (with its
 //! RM name strings) are kept in the session and reused.
+//!
+//! Invariants of the branch bookkeeping (asserted where it changes, see
+//! `Session::assert_branches`): `enlisted` counts exactly the connections that have a branch
+//! number; every number is below `next_branch` and used once, since numbers are handed out
+//! in increasing order and never again within the transaction (not even those of failed
+//! starts); `next_branch` stays within [`BRANCHES_MAX`], so a number never wraps nor
+//! reaches `NOT_ENLISTED`. Asking for more branch numbers than that is an error.
 
 use crate::cpu_spare;
 use crate::error::{HeuristicReport, TmError};
 use crate::fanout::{Fanout, Spread};
+use crate::limits::{LimitError, BRANCHES_MAX};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
 use crate::rm::{BranchCall, ResourceManager, RmError, Vote};
 use crate::store::{BranchRecord, Decision};
@@ -25,6 +33,11 @@ use std::sync::Arc;
 
 /// Marks a connection that is not a branch of the current transaction.
 const NOT_ENLISTED: u16 = u16::MAX;
+
+// Branch numbers are `0..BRANCHES_MAX`: none of them is the marker.
+const _: () = assert!(BRANCHES_MAX <= NOT_ENLISTED as usize);
+// `assert_branches` marks the numbers in a bitset of 64-bit words.
+const _: () = assert!(BRANCHES_MAX.is_multiple_of(64));
 
 /// How a commit went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,11 +77,13 @@ pub struct Session {
     branch_of: Vec<u16>,
     /// The branch Xid of each enlisted connection, computed once at enlistment.
     branch_xids: Vec<Xid>,
-    /// Branches enlisted in the current transaction.
+    /// Branches enlisted in the current transaction: the entries of `branch_of` that are
+    /// not `NOT_ENLISTED` (asserted).
     enlisted: u16,
-    /// The branch number the next enlistment gets. Equal to `enlisted` except after a
-    /// parallel enlistment in which some start failed: the numbers handed out then stay
-    /// taken (their branches may exist in the RMs), so later ones must not reuse them.
+    /// The branch number the next enlistment gets, at most [`BRANCHES_MAX`] (asserted;
+    /// more is refused). Equal to `enlisted` except after a parallel enlistment in which
+    /// some start failed: the numbers handed out then stay taken (their branches may exist
+    /// in the RMs), so later ones must not reuse them.
     next_branch: u16,
     current: Option<Xid>,
     parallel: Vec<bool>,
@@ -197,7 +212,7 @@ impl Session {
             session: self.id,
             sequence: self.sequence,
         });
-        debug_assert_eq!((self.enlisted, self.next_branch), (0, 0));
+        assert_eq!((self.enlisted, self.next_branch), (0, 0), "a new transaction starts with no branch");
         self.current = Some(xid);
         Ok(xid)
     }
@@ -212,6 +227,11 @@ impl Session {
             return Ok(self.branch_of[index]);
         }
         let branch = self.next_branch;
+        // Reached only when failed starts used up the numbers (a session holds at most
+        // `branches_max` <= BRANCHES_MAX connections).
+        if usize::from(branch) >= BRANCHES_MAX {
+            return Err(LimitError::TooManyBranches { count: usize::from(branch) + 1 }.into());
+        }
         let bx = xid.branch(branch);
         self.branch_xids[index] = bx;
         if let Err(cause) = rm.start(&bx) {
@@ -220,6 +240,7 @@ impl Session {
         self.branch_of[index] = branch;
         self.enlisted += 1;
         self.next_branch += 1;
+        assert!(self.enlisted <= self.next_branch && usize::from(self.next_branch) <= BRANCHES_MAX);
         Ok(branch)
     }
 
@@ -246,9 +267,14 @@ impl Session {
             for i in 0..self.rms.len() {
                 self.enlist(i)?;
             }
+            self.assert_branches();
             return Ok(());
         };
         let first = self.next_branch;
+        let wanted = usize::from(first) + (0..self.rms.len()).filter(|&i| waiting(self, i)).count();
+        if wanted > BRANCHES_MAX {
+            return Err(LimitError::TooManyBranches { count: wanted }.into());
+        }
         let mut number = first;
         for i in 0..self.rms.len() {
             if waiting(self, i) {
@@ -289,13 +315,37 @@ impl Session {
             }
             number += 1;
         }
+        assert_eq!(usize::from(number), wanted, "one fresh number per connection started");
         self.next_branch = number;
+        self.assert_branches();
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Asserts the invariants of the branch bookkeeping (see the module documentation).
+    /// Linear in the session's connections: run once per enlistment round and per commit
+    /// or rollback, not per call.
+    fn assert_branches(&self) {
+        let mut seen = [0u64; BRANCHES_MAX / 64];
+        let mut enlisted = 0usize;
+        for &branch in &self.branch_of {
+            if branch == NOT_ENLISTED {
+                continue;
+            }
+            assert!(branch < self.next_branch, "branch number {branch} was not handed out yet");
+            let (word, bit) = (usize::from(branch) / 64, 1u64 << (branch % 64));
+            assert_eq!(seen[word] & bit, 0, "branch number {branch} used twice");
+            seen[word] |= bit;
+            enlisted += 1;
+        }
+        assert_eq!(enlisted, usize::from(self.enlisted), "enlisted count equals the enlisted branches");
+        assert!(self.enlisted <= self.next_branch && usize::from(self.next_branch) <= BRANCHES_MAX);
+        assert!(self.current.is_some() || self.next_branch == 0, "branch numbers only within a transaction");
     }
 
     /// Commits the current transaction (see the module documentation for the protocol).
     pub(crate) fn commit_current(&mut self) -> Result<CommitReport, TmError> {
         let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "commit" }) };
+        self.assert_branches();
         for i in 0..self.rms.len() {
             let b = self.branch_of[i];
             if b == NOT_ENLISTED {
@@ -486,6 +536,7 @@ impl Session {
     /// Rolls back the current transaction; nothing durable is written.
     pub(crate) fn rollback_current(&mut self) -> Result<(), TmError> {
         let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "rollback" }) };
+        self.assert_branches();
         for i in 0..self.rms.len() {
             let b = self.branch_of[i];
             if b != NOT_ENLISTED {

@@ -4,7 +4,13 @@
 //! [`decree_log::Log`]; with a state server, the client library sends them to the server,
 //! which writes them to its log. Both sit behind [`DecisionStore`], so the coordinator's
 //! code is the same in both modes.
+//!
+//! A decision record keeps the limits of [`crate::limits`]: a store refuses a decision
+//! past them before anything is written ([`Decision::check_limits`]), writing one asserts
+//! them, and reading one back refuses a record that breaks them as malformed, so a record
+//! never stores anything other than the decision it was given.
 
+use crate::limits::{self, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, RM_NAME_BYTES_MAX};
 use crate::rm::HeuristicOutcome;
 use crate::xid::Xid;
 use decree_log::LiveRecord;
@@ -40,6 +46,10 @@ pub enum StoreError {
     /// A stored decision could not be decoded.
     #[error("malformed decision record: {0}")]
     Malformed(String),
+    /// The decision is past a limit of the record ([`crate::limits`]); nothing was written
+    /// or sent.
+    #[error("decision refused before anything was written: {0}")]
+    Limit(#[from] LimitError),
 }
 
 /// What is known of a transaction's outcome when a client asks again by Xid; every answer
@@ -126,8 +136,22 @@ impl RecoveredDecisions {
 }
 
 impl Decision {
+    /// Checks the decision against the record's limits: at most [`BRANCHES_MAX`] branches,
+    /// names of at most [`RM_NAME_BYTES_MAX`] bytes. Every store calls it before writing
+    /// or sending a decision it was handed; [`Decision::encode`] asserts it.
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        limits::check_branch_count(self.branches.len())?;
+        for b in &self.branches {
+            limits::check_rm_name(&b.rm)?;
+        }
+        Ok(())
+    }
+
     /// The log payload: magic "DCD1", Xid (binary), branch count (u16 BE), then per branch
     /// the branch number (u16 BE), the name length (u8) and the name (UTF-8).
+    ///
+    /// Panics when the decision is past a limit ([`Decision::check_limits`]): the fields
+    /// could only hold it truncated, so the caller must have refused it before.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.branches.len() * 24);
         self.encode_into(&mut out);
@@ -135,21 +159,39 @@ impl Decision {
     }
 
     /// Appends the payload of [`Decision::encode`] to `out`, so that a hot path can reuse
-    /// one buffer instead of allocating per decision.
+    /// one buffer instead of allocating per decision. Panics like [`Decision::encode`].
     pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let count = self.branches.len();
+        assert!(
+            count <= BRANCHES_MAX,
+            "a decision of {count} branches exceeds BRANCHES_MAX = {BRANCHES_MAX}: check_limits() was skipped"
+        );
+        let start = out.len();
         out.extend_from_slice(b"DCD1");
         self.xid.encode(out);
-        out.extend_from_slice(&(self.branches.len() as u16).to_be_bytes());
+        out.extend_from_slice(&(count as u16).to_be_bytes());
         for b in &self.branches {
-            let name = &b.rm.as_bytes()[..b.rm.len().min(255)];
+            let name = b.rm.as_bytes();
+            assert!(
+                name.len() <= RM_NAME_BYTES_MAX,
+                "a resource manager name of {} bytes exceeds RM_NAME_BYTES_MAX = {RM_NAME_BYTES_MAX}: \
+                 check_limits() was skipped",
+                name.len()
+            );
             out.extend_from_slice(&b.branch.to_be_bytes());
             out.push(name.len() as u8);
             out.extend_from_slice(name);
         }
+        assert!(
+            out.len() - start <= DECISION_BYTES_MAX,
+            "a record within the limits fits DECISION_BYTES_MAX"
+        );
     }
 
     /// Adds the branches of another decision of the same transaction (written again) that
-    /// this one does not name yet.
+    /// this one does not name yet. The result is what recovery finishes, never written as
+    /// one record: each record kept the limits, their union may name more than
+    /// [`BRANCHES_MAX`] branches (at most one per branch number).
     pub fn join(&mut self, other: Decision) {
         for b in other.branches {
             if !self.branches.iter().any(|x| x.branch == b.branch) {
@@ -168,14 +210,21 @@ impl Decision {
             return Err(bad("branch count missing"));
         }
         let count = u16::from_be_bytes([rest[0], rest[1]]) as usize;
+        limits::check_branch_count(count).map_err(|e| bad(&e.to_string()))?;
         rest = &rest[2..];
-        let mut branches = Vec::with_capacity(count.min(1024));
+        let mut branches = Vec::with_capacity(count);
         for _ in 0..count {
             if rest.len() < 3 {
                 return Err(bad("branch truncated"));
             }
             let branch = u16::from_be_bytes([rest[0], rest[1]]);
             let len = rest[2] as usize;
+            if len > RM_NAME_BYTES_MAX {
+                let why = format!(
+                    "resource manager name of {len} bytes exceeds RM_NAME_BYTES_MAX = {RM_NAME_BYTES_MAX}"
+                );
+                return Err(bad(&why));
+            }
             rest = &rest[3..];
             if rest.len() < len {
                 return Err(bad("branch name truncated"));
@@ -188,6 +237,9 @@ impl Decision {
         if !rest.is_empty() {
             return Err(bad("trailing bytes after the last branch"));
         }
+        // What was read holds the limits the writer asserted, as checked above.
+        assert!(branches.len() == count && count <= BRANCHES_MAX);
+        assert!(buf.len() <= DECISION_BYTES_MAX, "a record within the limits fits DECISION_BYTES_MAX");
         Ok(Decision { xid, branches })
     }
 }
@@ -245,6 +297,26 @@ mod tests {
         #[test]
         fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Decision::decode(&bytes);
+        }
+
+        /// Within the limits a record stores exactly its decision; past them, it is refused
+        /// by `check_limits` (what every store calls) and never written.
+        #[test]
+        fn decisions_within_the_limits_read_back_unchanged(
+            names in proptest::collection::vec("[a-z0-9é.-]{0,70}", 0..40),
+            gtrid in proptest::collection::vec(any::<u8>(), 0..=64),
+        ) {
+            let xid = Xid::new(5, &gtrid, &[]).unwrap();
+            let branches: Vec<BranchRecord> =
+                names.into_iter().enumerate().map(|(i, rm)| BranchRecord { rm, branch: i as u16 }).collect();
+            let decision = Decision { xid, branches };
+            let within = decision.branches.iter().all(|b| b.rm.len() <= RM_NAME_BYTES_MAX);
+            prop_assert_eq!(decision.check_limits().is_ok(), within);
+            if within {
+                let bytes = decision.encode();
+                prop_assert!(bytes.len() <= DECISION_BYTES_MAX);
+                prop_assert_eq!(Decision::decode(&bytes).unwrap(), decision);
+            }
         }
     }
 }

@@ -39,7 +39,8 @@ pub struct TmConfig {
     /// Most transactions waiting for a retry at once; beyond it, a decision stays in the
     /// log for the next recovery instead of being retried by this process.
     pub retry_jobs_max: usize,
-    /// Most branches (resource managers) one session may enlist.
+    /// Most branches (resource managers) one session may enlist: 1 to
+    /// [`crate::BRANCHES_MAX`], [`BRANCHES_MAX_DEFAULT`] by default.
     pub branches_max: usize,
     /// Most heuristic reports kept for [`TransactionManager::take_heuristics`].
     pub heuristics_max: usize,
@@ -63,6 +64,12 @@ pub enum BranchCalls {
     Sequential,
 }
 
+/// The default of [`TmConfig::branches_max`].
+pub const BRANCHES_MAX_DEFAULT: usize = 64;
+
+const _: () =
+    assert!(BRANCHES_MAX_DEFAULT <= crate::limits::BRANCHES_MAX, "the default configuration is valid");
+
 impl Default for TmConfig {
     fn default() -> Self {
         TmConfig {
@@ -70,7 +77,7 @@ impl Default for TmConfig {
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(5),
             retry_jobs_max: 65_536,
-            branches_max: 64,
+            branches_max: BRANCHES_MAX_DEFAULT,
             heuristics_max: 1024,
             branch_calls: BranchCalls::Auto,
         }
@@ -187,11 +194,17 @@ impl TransactionManager {
                 config.retry_backoff_min, config.retry_backoff_max
             )));
         }
-        if config.branches_max == 0 || config.branches_max > u16::MAX as usize {
-            return Err(TmError::Config(format!("branches_max {} not in 1..=65535", config.branches_max)));
+        let branches_limit = crate::limits::BRANCHES_MAX;
+        if config.branches_max == 0 || config.branches_max > branches_limit {
+            return Err(TmError::Config(format!(
+                "branches_max = {} must be between 1 and BRANCHES_MAX = {branches_limit}",
+                config.branches_max
+            )));
         }
         let mut names = HashSet::new();
         for f in &factories {
+            // Decision records name the RM: a longer name could only be stored truncated.
+            crate::limits::check_rm_name(f.name())?;
             if !names.insert(f.name().to_string()) {
                 return Err(TmError::Config(format!("two resource managers are named {:?}", f.name())));
             }

@@ -15,6 +15,10 @@ pub const DECREE_FORMAT_ID: i32 = 0x6463_7265;
 /// The longest gtrid or bqual allowed by XA.
 pub const PART_BYTES_MAX: usize = 64;
 
+/// Longest binary form of an Xid ([`Xid::encode`]): format id (4), the two lengths (1
+/// each), a gtrid and a bqual of [`PART_BYTES_MAX`] bytes each.
+pub const XID_ENCODED_BYTES_MAX: usize = 4 + 1 + 1 + 2 * PART_BYTES_MAX;
+
 /// Bytes of a decree gtrid: node id (4), incarnation (8), session (8), sequence (8).
 pub const DECREE_GTRID_BYTES: usize = 28;
 

@@ -113,6 +113,10 @@ pub struct LogConfig {
     pub completion_idle_ms: u32,
 }
 
+/// The default of [`LogConfig::record_bytes_max`] (64 KiB): decree-core asserts that a
+/// decision record at every limit fits in it.
+pub const RECORD_BYTES_MAX_DEFAULT: u32 = 64 << 10;
+
 impl LogConfig {
     /// Defaults suited to decision records of a few hundred bytes.
     pub fn new(dir: impl Into<PathBuf>, engine: EngineKind, sync: SyncPolicy) -> Self {
@@ -123,7 +127,7 @@ impl LogConfig {
             segment_bytes: 8 << 20,
             slot_bytes: 1024,
             slots_count: 65536,
-            record_bytes_max: 64 << 10,
+            record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
             direct_io: true,
             completion_idle_ms: 10,
         }

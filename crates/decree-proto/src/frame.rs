@@ -79,14 +79,15 @@ pub fn encode_frame(out: &mut Vec<u8>, request_id: u64, message: &Message) -> us
 }
 
 /// Appends a `Decide` frame for `decision` without copying the decision into a
-/// [`Message`] (the client's hot path).
+/// [`Message`] (the client's hot path). Panics, like [`decree_core::Decision::encode`],
+/// for a decision past the record's limits: check it with `check_limits` first.
 pub fn encode_decide_frame(out: &mut Vec<u8>, request_id: u64, decision: &decree_core::Decision) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     out.push(FRAME_VERSION);
     out.push(MessageType::Decide as u8);
     out.extend_from_slice(&request_id.to_be_bytes());
-    out.extend_from_slice(&decision.encode());
+    decision.encode_into(out);
     let frame_bytes = out.len() - start;
     out[start..start + 4].copy_from_slice(&((frame_bytes - 4) as u32).to_be_bytes());
     frame_bytes

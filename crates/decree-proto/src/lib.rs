@@ -89,6 +89,12 @@ pub const HEADER_BYTES: usize = 14;
 /// The default and largest frame accepted, header included (64 KiB).
 pub const FRAME_BYTES_MAX: usize = 64 << 10;
 
+// A `Decide` at every limit of the decision record fits in one frame of the default size,
+// so that the limits, not the frame, decide what a client may send.
+const _: () = assert!(HEADER_BYTES + decree_core::DECISION_BYTES_MAX <= FRAME_BYTES_MAX);
+// The length field counts the bytes after itself in a u32.
+const _: () = assert!(FRAME_BYTES_MAX - 4 <= u32::MAX as usize);
+
 /// Why bytes are not a valid frame or message; each names the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtoError {

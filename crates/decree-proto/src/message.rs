@@ -252,7 +252,9 @@ impl Message {
     ///
     /// Like the client name, a `Hello`'s version list is cut to its first
     /// [`HELLO_VERSIONS_MAX`] entries; it is written as given otherwise (a list with
-    /// duplicates makes a frame the receiver refuses).
+    /// duplicates makes a frame the receiver refuses). A `Decide` is never cut: it panics
+    /// when the decision is past the record's limits ([`Decision::check_limits`]), which a
+    /// decoded `Decide` never is and a client must check before it builds one.
     pub fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
             Message::Hello { node_expected, client, versions } => {
@@ -277,7 +279,9 @@ impl Message {
                     out.extend_from_slice(&n.idle_timeout_ms.to_be_bytes());
                 }
             }
-            Message::Decide(decision) => out.extend_from_slice(&decision.encode()),
+            // Asserts the record's limits; a decoded `Decide` holds them (the decoder
+            // refuses any other), a built one must have been checked.
+            Message::Decide(decision) => decision.encode_into(out),
             Message::Complete(xid) | Message::Outcome(xid) => xid.encode(out),
             Message::CompleteHeuristic(xid, outcome) => {
                 xid.encode(out);
@@ -481,7 +485,7 @@ fn be_u64(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode_frame, encode_frame, FrameBuffer, FRAME_BYTES_MAX};
+    use crate::{decode_frame, encode_frame, FrameBuffer, FRAME_BYTES_MAX, HEADER_BYTES};
     use decree_core::{BranchRecord, Origin};
     use proptest::prelude::*;
 
@@ -622,6 +626,45 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(c), code);
         }
         assert_eq!(ErrorCode::from_u16(17), ErrorCode::Other(17));
+    }
+
+    /// A `Decide` body of `count` branches named `name`, written by hand: the encoder
+    /// refuses to write one past the limits.
+    fn decide_body(count: usize, name: &[u8]) -> Vec<u8> {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
+        let mut body = b"DCD1".to_vec();
+        xid.encode(&mut body);
+        body.extend_from_slice(&(count as u16).to_be_bytes());
+        for branch in 0..count as u16 {
+            body.extend_from_slice(&branch.to_be_bytes());
+            body.push(name.len() as u8);
+            body.extend_from_slice(name);
+        }
+        body
+    }
+
+    #[test]
+    fn a_decide_past_the_record_limits_is_malformed_and_one_at_the_limits_fits_a_frame() {
+        use decree_core::{BRANCHES_MAX, RM_NAME_BYTES_MAX};
+        let long = [b'n'; RM_NAME_BYTES_MAX + 1];
+        let why = malformed(MessageType::Decide, &decide_body(1, &long));
+        assert!(why.contains("name of 65 bytes exceeds RM_NAME_BYTES_MAX = 64"), "{why}");
+        let body = decide_body(BRANCHES_MAX + 1, b"a");
+        assert!(HEADER_BYTES + body.len() <= FRAME_BYTES_MAX, "the wire can express it");
+        let why = malformed(MessageType::Decide, &body);
+        assert!(why.contains("513 branches exceed BRANCHES_MAX = 512"), "{why}");
+
+        // At every limit (the longest Xid too): one frame, read back unchanged.
+        let xid = Xid::new(7, &[1; 64], &[2; 64]).unwrap();
+        let name = "n".repeat(RM_NAME_BYTES_MAX);
+        let branches =
+            (0..BRANCHES_MAX as u16).map(|branch| BranchRecord { rm: name.clone(), branch }).collect();
+        let decide = Message::Decide(Decision { xid, branches });
+        let mut out = Vec::new();
+        let n = encode_frame(&mut out, 9, &decide);
+        assert_eq!(n, HEADER_BYTES + decree_core::DECISION_BYTES_MAX);
+        let frame = decode_frame(&out, FRAME_BYTES_MAX).unwrap().unwrap();
+        assert_eq!(Message::decode_body(frame.header.kind, frame.body).unwrap(), decide);
     }
 
     #[test]

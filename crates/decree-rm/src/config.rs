@@ -6,14 +6,11 @@
 
 use std::sync::Arc;
 
-use decree_core::{RmError, RmFactory};
+use decree_core::{RmError, RmFactory, RM_NAME_BYTES_MAX};
 use serde::{Deserialize, Serialize};
 
 use crate::mariadb::MariaDbFactory;
 use crate::postgres::PgFactory;
-
-/// Longest RM name accepted; names appear in every error and log line.
-pub const NAME_BYTES_MAX: usize = 64;
 
 /// Which kind of database a resource manager is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,13 +60,14 @@ pub fn factories_from_config(configs: &[RmConfig]) -> Result<Vec<Arc<dyn RmFacto
 
 fn check_name(name: &str) -> Result<(), RmError> {
     let valid = !name.is_empty()
-        && name.len() <= NAME_BYTES_MAX
+        && name.len() <= RM_NAME_BYTES_MAX
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if valid {
         Ok(())
     } else {
         Err(RmError::Protocol(format!(
-            "resource manager name {name:?} is invalid: use 1 to {NAME_BYTES_MAX} letters, digits, '-', '_' or '.'"
+            "resource manager name {name:?} is invalid: use 1 to RM_NAME_BYTES_MAX = {RM_NAME_BYTES_MAX} letters, \
+             digits, '-', '_' or '.'"
         )))
     }
 }

@@ -766,6 +766,10 @@ impl Inspector {
 
     /// Appends a decision durably (the forced-commit path).
     fn append_decision(&mut self, decision: &Decision) -> Result<(), AdminError> {
+        // The branches come from the resource managers' listings: refuse, never cut.
+        decision.check_limits().map_err(|e| {
+            AdminError::Refused(format!("cannot record a decision for {}: {e}", decision.xid))
+        })?;
         let dir = self.log_dir.clone();
         let log_error = |source| AdminError::Log { dir: dir.clone(), source };
         let key = self.key_allocator.next();

@@ -429,9 +429,12 @@ impl ServerConfig {
         self.recovery.validate()?;
         let mut names = std::collections::HashSet::new();
         for rm in &self.rm {
-            if rm.name.is_empty() || rm.name.len() > 255 {
-                return Err(ConfigError(format!("rm name {:?} must be 1 to 255 bytes", rm.name)));
+            if rm.name.is_empty() {
+                return Err(ConfigError(
+                    "an rm name is empty: decision records name each branch's rm".into(),
+                ));
             }
+            decree_core::check_rm_name(&rm.name).map_err(|e| ConfigError(format!("[[rm]] entry: {e}")))?;
             if !names.insert(&rm.name) {
                 return Err(ConfigError(format!("rm name {:?} appears twice", rm.name)));
             }
@@ -502,6 +505,21 @@ mod tests {
         assert!(e.0.contains("idle_timeout_ms"), "{e}");
         let e = with("idle_timeout = 5").unwrap_err();
         assert!(e.0.contains("idle_timeout"), "{e}");
+    }
+
+    #[test]
+    fn rm_names_are_held_to_the_decision_records_limit() {
+        let with = |name: &str| {
+            ServerConfig::from_toml_str(&format!(
+                "log_dir = \"/x\"\nunix = \"/s\"\n[[rm]]\nname = \"{name}\"\nkind = \"dummy\""
+            ))
+        };
+        assert!(with(&"n".repeat(decree_core::RM_NAME_BYTES_MAX)).is_ok());
+        // 255 bytes used to pass here, and the decision record cut longer ones.
+        let e = with(&"n".repeat(255)).unwrap_err();
+        assert!(e.0.contains("name of 255 bytes exceeds RM_NAME_BYTES_MAX = 64"), "{e}");
+        let e = with("").unwrap_err();
+        assert!(e.0.contains("empty"), "{e}");
     }
 
     #[test]

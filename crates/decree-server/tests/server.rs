@@ -225,6 +225,76 @@ fn bad_frames_close_only_their_own_connection() {
     server.shutdown().unwrap();
 }
 
+/// A `Decide` frame written by hand, as a client in another language could: `count`
+/// branches numbered from 0, each named `name` (the wire can express up to 255-byte names
+/// and 65,535 branches; the record's limits are lower).
+fn raw_decide(request_id: u64, xid: &Xid, count: u16, name: &[u8]) -> Vec<u8> {
+    let mut body = b"DCD1".to_vec();
+    xid.encode(&mut body);
+    body.extend_from_slice(&count.to_be_bytes());
+    for branch in 0..count {
+        body.extend_from_slice(&branch.to_be_bytes());
+        body.push(name.len() as u8);
+        body.extend_from_slice(name);
+    }
+    let mut frame = ((10 + body.len()) as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[1, 0x03]);
+    frame.extend_from_slice(&request_id.to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+#[test]
+fn a_decide_past_the_record_limits_is_refused_by_the_server_and_never_sent_by_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), ab());
+    let path = server.unix_path().unwrap().to_path_buf();
+    // An Xid of this server; the frame is refused when it is read, before any session check.
+    let xid = Xid::decree(Origin {
+        node: server.node(),
+        incarnation: server.incarnation(),
+        session: 1,
+        sequence: 1,
+    });
+    let refused = |frame: &[u8], why: &str| {
+        let got = raw_exchange(&path, true, frame);
+        match got.last() {
+            Some((0, Message::Error { code: ErrorCode::Malformed, message })) => {
+                assert!(message.contains(why), "{message}")
+            }
+            other => panic!("expected Error 1 (malformed) naming {why:?}, got {other:?}"),
+        }
+    };
+    // Before the limits, the decision record cut names past 255 bytes and the server took
+    // a 65-byte name as merely unknown, and 513 branches as a valid decision.
+    refused(&raw_decide(2, &xid, 1, &[b'a'; 65]), "name of 65 bytes exceeds RM_NAME_BYTES_MAX = 64");
+    refused(&raw_decide(2, &xid, 513, b"a"), "513 branches exceed BRANCHES_MAX = 512");
+
+    // The client refuses them itself, before anything is sent, and its session goes on.
+    let store = RemoteDecisions::connect(&unix_endpoint(&server)).unwrap();
+    let session = store.open_session().unwrap();
+    let mut long_name = decision(xid_of(&store, session, 1), &["a"]);
+    long_name.branches[0].rm = "a".repeat(300);
+    match store.decide(&long_name) {
+        Err(StoreError::Limit(e)) => assert!(e.to_string().contains("name of 300 bytes"), "{e}"),
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+    let mut many = decision(xid_of(&store, session, 2), &[]);
+    many.branches =
+        (0..70_000u32).map(|i| decree_core::BranchRecord { rm: "a".into(), branch: i as u16 }).collect();
+    match store.decide(&many) {
+        Err(StoreError::Limit(e)) => {
+            assert!(e.to_string().contains("70000 branches exceed BRANCHES_MAX"), "{e}")
+        }
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+    store.decide(&decision(xid_of(&store, session, 3), &["a", "b"])).unwrap();
+    let text = metrics(&server);
+    assert_eq!(metric(&text, "decree_commits_total"), 1.0, "only the decision within the limits was written");
+    assert_eq!(metric(&text, "decree_protocol_errors_total"), 2.0);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn a_decision_of_another_session_is_refused_and_the_session_goes_on() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,14 @@
 //! A failed sync or write stops the log (fail-stop): the failing batch and every later call get the error, and syncs are
 //! never retried, because after a failed `fdatasync` the kernel may have dropped the data.
 //!
+//! Invariants of the group commit, asserted after every batch (`State::assert_batch`, a
+//! few comparisons, no walk over records): log positions form the chain `durable_lsn <=
+//! acked_lsn <= pending_base_lsn`, and each only grows, like `batch_no` and the segment
+//! sequence numbers; the entries (and `append_with` callbacks) are exactly the frames of
+//! the pending buffer, and its blocked waiters wait for records in it. A waiter's batch is
+//! flushed before the next batch starts. In the writer, `synced <= pos <= capacity` of the
+//! current segment.
+//!
 //! Space. The engine keeps, for every live transaction, where its records are (segment,
 //! offset, length) and, per segment, how many live records it holds. When the writer
 //! moves to a new segment, a prefix of old segments without live records is dropped from
@@ -89,6 +97,19 @@ const OVERFLOW_BATCHES_MAX: usize = 16;
 const COMPLETION_FLUSH_BYTES: usize = 64 << 10;
 /// Pause before the spare-file thread tries again after failing to prepare a file.
 const SPARE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+// Offsets inside a segment (`Loc`, `Entry`, the batch marker's fields) are `u32`.
+const _: () = assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+// The pending buffer is `segment_bytes / 8`, at most the cap: in the smallest segment it
+// holds a marker and the header of a record (so `record_bytes_max` cannot underflow), and
+// the largest buffer (twice the cap, for completions) keeps `u32` entry offsets.
+const _: () = assert!((SEGMENT_BYTES_MIN / 8) as usize > MARKER_BYTES + HEADER_BYTES);
+const _: () = assert!(2 * PENDING_BYTES_MAX_CAP <= u32::MAX as usize);
+const _: () =
+    assert!(SEGMENT_BYTES_MIN < SEGMENT_BYTES_MAX && (SEGMENT_HEADER_BYTES as u64) < SEGMENT_BYTES_MIN);
+// A padding frame fills the gap to the next page; `padded_len` leaves at least a header
+// and the zero payload it takes covers any gap (`zeros` holds two pages).
+const _: () = assert!(HEADER_BYTES <= DIRECT_ALIGN);
 
 /// Where one record lives on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,9 +349,9 @@ impl Writer {
             }
             stats.bytes_written.fetch_add(need, Ordering::Relaxed);
             self.pos += need;
-            debug_assert!(
-                !direct || current.direct.is_none() || self.pos.is_multiple_of(DIRECT_ALIGN as u64)
-            );
+            // Each direct batch ends on a page boundary, so the next starts on a fresh page
+            // and a page holding acknowledged records is never written again.
+            assert!(!direct || current.direct.is_none() || self.pos.is_multiple_of(DIRECT_ALIGN as u64));
         }
         if sync && self.synced < self.pos {
             if let Err(e) = file.sync_data() {
@@ -340,6 +361,13 @@ impl Writer {
             stats.flushes.fetch_add(1, Ordering::Relaxed);
             self.synced = self.pos;
         }
+        assert!(
+            self.synced <= self.pos && self.pos <= current.capacity,
+            "the durable end {} never passes the written end {} nor the segment's {} bytes",
+            self.synced,
+            self.pos,
+            current.capacity
+        );
         let new_segment = (seq != synced_hint.0).then(|| (path.clone(), file.clone()));
         if sync {
             earlier_durable = true;
@@ -372,6 +400,7 @@ impl Writer {
         }
         let previous_end = self.pos;
         let seq = self.next_seq;
+        assert!(self.segments.back().is_none_or(|last| last.seq < seq), "segment sequence numbers only grow");
         let (drop_count, copy_txns) = self.plan_checkpoint();
         let oldest_needed = self.segments.get(drop_count).map(|s| s.seq).unwrap_or(seq);
 
@@ -418,12 +447,16 @@ impl Writer {
             // the header's (or the checkpoint's) last page.
             let marker_at = scratch.len();
             scratch.resize(marker_at + MARKER_BYTES, 0);
+            // No gap when the marker itself ends the page: the batch is then empty, like a
+            // `sync` batch's, instead of a padding frame of minus 17 bytes.
             let gap = padded_len(scratch.len()) - scratch.len();
-            record::encode(&mut scratch, RecordKind::Padding, seq, &self.zeros[..gap - HEADER_BYTES]);
+            if gap > 0 {
+                record::encode(&mut scratch, RecordKind::Padding, seq, &self.zeros[..gap - HEADER_BYTES]);
+            }
             let batch_len = (scratch.len() - marker_at - MARKER_BYTES) as u32;
             let marker = BatchMarker { batch_len, synced_through: 0 };
             format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
-            debug_assert_eq!(scratch.len() % DIRECT_ALIGN, 0);
+            assert_eq!(scratch.len() % DIRECT_ALIGN, 0, "a direct write starts on a page boundary");
         }
         if scratch.len() as u64 + need > self.segment_bytes {
             return Err(LogError::Full(format!(
@@ -480,6 +513,7 @@ impl Writer {
         self.next_seq += 1;
         self.pos = scratch.len() as u64;
         self.synced = self.pos;
+        assert!(self.pos <= capacity && self.segments.back().is_some_and(|s| s.seq == seq));
         self.scratch = scratch;
         Ok(())
     }
@@ -609,6 +643,35 @@ struct State {
     segment_synced: u64,
 }
 
+impl State {
+    /// Asserts the group commit's invariants (see the module documentation): a few
+    /// comparisons, run at the start and the end of every batch, never per record.
+    fn assert_batch(&self) {
+        assert!(
+            self.durable_lsn <= self.acked_lsn && self.acked_lsn <= self.pending_base_lsn,
+            "durable {} <= written {} <= taken {} does not hold",
+            self.durable_lsn,
+            self.acked_lsn,
+            self.pending_base_lsn
+        );
+        assert!(
+            self.segment_synced <= self.segment_written,
+            "the segment's durable end passed its written end"
+        );
+        match self.entries.last() {
+            // Every frame of the buffer has its entry; the last one ends the buffer.
+            Some(last) => assert_eq!(last.offset as usize + last.len as usize, self.pending.len()),
+            // No record: nothing, or the marker alone (a `sync` request).
+            None => assert!(self.pending.is_empty() || self.pending.len() == MARKER_BYTES),
+        }
+        assert!(self.callbacks.len() <= self.entries.len(), "a callback per appended record at most");
+        assert!(
+            self.pending_blocked == 0 || !self.pending.is_empty(),
+            "blocked waiters wait for records in it"
+        );
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     batch_cv: [Condvar; 2],
@@ -688,6 +751,7 @@ impl Shared {
     /// Flushes the pending batch; the caller holds the state lock and no flush is in flight.
     fn lead(&self, st: &mut MutexGuard<'_, State>, force_sync: bool) {
         assert!(!st.flush_in_flight, "two flush leaders at once");
+        st.assert_batch();
         st.flush_in_flight = true;
         if st.pending.is_empty() {
             self.refill_from_overflow(st);
@@ -707,6 +771,7 @@ impl Shared {
         let hint = (st.segment_seq, st.segment_synced);
         let acked_before = st.acked_lsn;
         self.space_cv.notify_all();
+        let (durable_before, segment_before) = (st.durable_lsn, st.segment_seq);
         let result = MutexGuard::unlocked(st, || {
             if buf.is_empty() && !sync {
                 return Ok(None);
@@ -732,11 +797,14 @@ impl Shared {
                     st.durable_lsn = st.durable_lsn.max(acked_before);
                 }
                 if let Some((path, file)) = written.new_segment {
+                    assert!(written.seq > st.segment_seq, "segment sequence numbers only grow");
                     st.segment_seq = written.seq;
                     st.segment_path = path;
                     st.segment_file = file;
                     st.segment_synced = written.synced;
                 } else {
+                    // Only a leader moves the segment: it is the one this batch was given.
+                    assert!(written.seq == st.segment_seq && written.end >= st.segment_written);
                     st.segment_synced = st.segment_synced.max(written.synced);
                 }
                 st.segment_written = written.end;
@@ -754,6 +822,11 @@ impl Shared {
         st.spare_pending = buf;
         st.spare_entries = entries;
         st.flush_in_flight = false;
+        // Positions only grow (the syncer may have moved `durable_lsn` meanwhile, forward).
+        assert!(st.batch_no == batch_no + 1 && st.pending_base_lsn == batch_end);
+        assert!(st.durable_lsn >= durable_before && st.segment_seq >= segment_before);
+        assert!(!ok || st.acked_lsn == batch_end, "a flushed batch is acknowledged to its end");
+        st.assert_batch();
         self.batch_cv[(batch_no % 2) as usize].notify_all();
         self.hand_off(st);
         if !callbacks.is_empty() {
@@ -847,6 +920,11 @@ impl Shared {
     /// Blocks until `lsn` is acknowledged (or durable), leading flushes when none runs.
     fn wait_for(&self, st: &mut MutexGuard<'_, State>, lsn: u64, durable: bool) -> Result<(), LogError> {
         let batch = st.batch_no;
+        // The waiter's record is in the pending batch, the one numbered `batch`.
+        assert!(
+            st.pending_base_lsn < lsn && lsn <= st.pending_base_lsn + st.pending.len() as u64,
+            "a waiter waits for a record of the pending batch"
+        );
         st.pending_blocked += 1;
         loop {
             let reached = if durable { st.durable_lsn } else { st.acked_lsn };
@@ -856,6 +934,10 @@ impl Shared {
             if let Some(err) = &st.stopped {
                 return Err(err.clone());
             }
+            // Batch `batch` ends (acknowledged, synced when a durable waiter asked) before
+            // the next one is taken: a later batch number with `lsn` not reached means a
+            // flush dropped a waiter's record.
+            assert!(st.batch_no <= batch + 1, "batch {batch} was flushed without acknowledging {lsn}");
             if !st.flush_in_flight {
                 self.lead(st, durable);
                 continue;
@@ -991,6 +1073,7 @@ impl Shared {
                     }
                     // A rotation in between synced the older segment in full, so `lsn` holds.
                     st.durable_lsn = st.durable_lsn.max(lsn);
+                    st.assert_batch();
                     for cv in &self.batch_cv {
                         cv.notify_all();
                     }
