@@ -39,7 +39,6 @@ const ALLOWED_LONG: &[(&str, &str, usize)] = &[
     ("crates/decree-cli/src/bench.rs", "run", 116),
     ("crates/decree-core/src/session.rs", "Session::commit_two_phase", 111),
     ("crates/decree-log/src/engine/journal.rs", "JournalLog::open", 166),
-    ("crates/decree-log/src/engine/journal.rs", "Writer::rotate", 124),
 ];
 
 /// The macros that write to the process's standard output or error.

@@ -385,6 +385,54 @@ impl Writer {
         Ok(Written { seq, new_segment, end: self.pos, synced: self.synced, earlier_durable })
     }
 
+    /// Appends to `scratch` a checkpoint batch of segment `seq` copying every record of
+    /// `txns` (each after a Completion of its older copies, which keeps per-transaction
+    /// order), read back and checked from the old segments; returns the new locations.
+    fn copy_checkpoint(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        seq: u64,
+        txns: Vec<TxnKey>,
+    ) -> Result<Vec<(TxnKey, Vec<Loc>)>, LogError> {
+        let mut copies: Vec<(TxnKey, Vec<Loc>)> = Vec::with_capacity(txns.len());
+        if txns.is_empty() {
+            return Ok(copies);
+        }
+        let marker_at = scratch.len();
+        scratch.resize(marker_at + MARKER_BYTES, 0);
+        for txn in txns {
+            record::encode(scratch, RecordKind::Completion, txn, &[]);
+            let mut new_locs = Vec::new();
+            for loc in self.live.get(&txn).map(Locs::as_slice).unwrap_or(&[]) {
+                let at = scratch.len();
+                scratch.resize(at + loc.len as usize, 0);
+                let index = (loc.seq - self.segments[0].seq) as usize;
+                let source = &self.segments[index];
+                source
+                    .file
+                    .read_exact_at(&mut scratch[at..], u64::from(loc.offset))
+                    .map_err(|e| LogError::io(&source.path, e))?;
+                match record::decode(&scratch[at..], loc.len as usize) {
+                    Decoded::Frame(f, n)
+                        if f.kind == RecordKind::Data && f.txn == txn && n == scratch.len() - at => {}
+                    other => {
+                        return Err(LogError::Corrupted {
+                            path: source.path.clone(),
+                            offset: u64::from(loc.offset),
+                            reason: format!("live record of transaction {txn} reads back as {other:?}"),
+                        })
+                    }
+                }
+                new_locs.push(Loc { seq, offset: at as u32, len: loc.len });
+            }
+            copies.push((txn, new_locs));
+        }
+        let batch_len = (scratch.len() - marker_at - MARKER_BYTES) as u32;
+        let marker = BatchMarker { batch_len, synced_through: 0 };
+        format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
+        Ok(copies)
+    }
+
     /// Closes the current segment (synced in full) and starts the next one, dropping old
     /// segments without live records and checkpointing those with few.
     fn rotate(&mut self, need: u64, stats: &StatCounters) -> Result<(), LogError> {
@@ -407,41 +455,7 @@ impl Writer {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         format::encode_header(&mut scratch, &SegmentHeader { seq, oldest_needed, previous_end });
-        let mut copies: Vec<(TxnKey, Vec<Loc>)> = Vec::with_capacity(copy_txns.len());
-        if !copy_txns.is_empty() {
-            let marker_at = scratch.len();
-            scratch.resize(marker_at + MARKER_BYTES, 0);
-            for txn in copy_txns {
-                record::encode(&mut scratch, RecordKind::Completion, txn, &[]);
-                let mut new_locs = Vec::new();
-                for loc in self.live.get(&txn).map(Locs::as_slice).unwrap_or(&[]) {
-                    let at = scratch.len();
-                    scratch.resize(at + loc.len as usize, 0);
-                    let index = (loc.seq - self.segments[0].seq) as usize;
-                    let source = &self.segments[index];
-                    source
-                        .file
-                        .read_exact_at(&mut scratch[at..], u64::from(loc.offset))
-                        .map_err(|e| LogError::io(&source.path, e))?;
-                    match record::decode(&scratch[at..], loc.len as usize) {
-                        Decoded::Frame(f, n)
-                            if f.kind == RecordKind::Data && f.txn == txn && n == scratch.len() - at => {}
-                        other => {
-                            return Err(LogError::Corrupted {
-                                path: source.path.clone(),
-                                offset: u64::from(loc.offset),
-                                reason: format!("live record of transaction {txn} reads back as {other:?}"),
-                            })
-                        }
-                    }
-                    new_locs.push(Loc { seq, offset: at as u32, len: loc.len });
-                }
-                copies.push((txn, new_locs));
-            }
-            let batch_len = (scratch.len() - marker_at - MARKER_BYTES) as u32;
-            let marker = BatchMarker { batch_len, synced_through: 0 };
-            format::write_marker(&mut scratch[marker_at..], seq, marker, &mut self.marker_scratch);
-        }
+        let copies = self.copy_checkpoint(&mut scratch, seq, copy_txns)?;
         if self.use_direct {
             // Direct writes start on a page boundary: a batch of padding fills the rest of
             // the header's (or the checkpoint's) last page.
