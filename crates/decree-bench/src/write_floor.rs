@@ -10,9 +10,10 @@
 //! `O_DIRECT | O_DSYNC` page writes (what the journal does), back to back and then each
 //! after [`IDLE_BEFORE_WRITE`] of idleness, for [`WRITE_FLOOR_DURATION`] each, and reports
 //! their percentiles next to the commit's. The idle variant is there because this VM's
-//! disk answers a write that follows an idle millisecond markedly later (measured: p50
-//! 185-206 us against 120-128 us back to back), and in the LIXA workloads every commit
-//! follows think time. Nothing of decree runs here; nothing asserts on speed.
+//! disk answers a write that follows an idle millisecond markedly later than one that
+//! follows another at once (docs/measurements.md, "Synced write after idle"), and in the
+//! LIXA workloads every commit follows think time. Nothing of decree runs here; nothing
+//! asserts on speed.
 
 use crate::log_bench::{raw_direct, raw_direct_paced, raw_fdatasync, LogPoint, RAW_DIRECT_ENGINE};
 use crate::tx::fresh_dir;

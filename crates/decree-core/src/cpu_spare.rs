@@ -4,11 +4,10 @@
 //!
 //! A hand-off to a helper costs two thread wake-ups and a context switch each way. When a
 //! core is idle to run the helper, that buys a round trip of latency per phase; when every
-//! core is busy it is pure overhead. Measured with `decree bench --rm postgres` on a 2-core
-//! VM with both databases on the same machine: at 16 threads the parallel calls gave 2,193
-//! to 2,392 transfers/s at 300-318 us of application CPU per transfer, sequential calls
-//! 2,711 to 2,920 at 223-234 us; at 1 thread the parallel calls were faster (2PC at
-//! 0.54-0.56x of two local commits against 0.42-0.50x).
+//! core is busy it is pure overhead. With both databases on a 2-core machine (`decree
+//! bench --rm postgres`), parallel calls at 16 threads cost more application CPU per
+//! transfer and completed fewer transfers than sequential ones, while at 1 thread they were
+//! faster (docs/measurements.md, "Branch calls on a busy machine").
 //!
 //! The gauge is the machine's idle share since the previous sample (`/proc/stat`, idle
 //! plus iowait over all CPU time), sampled at most every [`SAMPLE_INTERVAL`] by whichever

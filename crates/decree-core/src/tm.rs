@@ -55,7 +55,7 @@ pub enum BranchCalls {
     /// At once from the session's own thread where the resource managers have split-phase
     /// calls (every request sent, then every answer taken: PostgreSQL); for the others in
     /// parallel on helper threads while the machine has a CPU to spare and one after
-    /// another when it is busy (see `cpu_spare.rs` for the measurements behind it).
+    /// another when it is busy (see `cpu_spare.rs` for why).
     #[default]
     Auto,
     /// Always in parallel on helper threads, split-phase calls unused.

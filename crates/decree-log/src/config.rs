@@ -103,8 +103,9 @@ pub struct LogConfig {
     /// Largest payload accepted by `append`.
     pub record_bytes_max: u32,
     /// Lets the journal write rpo=0 batches with `O_DIRECT | O_DSYNC` (whole pages, one
-    /// system call, measured faster than `pwrite` + `fdatasync` on the development VM);
-    /// off, it writes and syncs, which writes fewer bytes (no page padding).
+    /// system call, durable when it returns; faster than `pwrite` + `fdatasync` on the
+    /// development VM, docs/measurements.md, "Direct writes"); off, it writes and syncs,
+    /// which writes fewer bytes (no page padding).
     pub direct_io: bool,
     /// Journal under `rpo = 0`: how long completion records may wait in memory for the next
     /// synced batch once the log is idle, before they are written on their own. Riding

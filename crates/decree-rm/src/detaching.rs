@@ -1,16 +1,16 @@
 //! Prepared MariaDB branches whose preparing connection this process closed (or lost), and
 //! which connection that was, so that no other connection finishes them too early.
 //!
-//! Why (measured on MariaDB 10.11, see `mariadb.rs`): when a connection holding a prepared
+//! Why (seen on MariaDB 10.11, see `mariadb.rs`): when a connection holding a prepared
 //! branch closes, the server first makes the branch visible to other sessions and only
 //! afterwards detaches the InnoDB transaction from the closing thread. An `XA COMMIT` by
 //! name that lands in between answers OK, deletes the branch from the server's XA list,
 //! and commits nothing: the InnoDB transaction stays prepared, holding its locks, invisible
 //! to `XA RECOVER` until the server restarts and then listed as prepared with no decision
 //! left in decree's log, so presumed abort would roll back one side of a committed
-//! transaction. A probe that closed the preparer and committed by name at once lost 4
-//! commits in 300. The coordinator does exactly that when it retries a failed phase two on
-//! a new connection, and recovery may, after this process closed a connection.
+//! transaction. A probe that closed the preparer and committed by name at once lost
+//! commits this way. The coordinator does exactly that when it retries a failed phase two
+//! on a new connection, and recovery may, after this process closed a connection.
 //!
 //! So every connection that goes away while it holds a prepared branch is registered
 //! here with its server-side id, and `XA COMMIT`/`XA ROLLBACK` by name of that branch

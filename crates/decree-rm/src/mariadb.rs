@@ -34,13 +34,13 @@
 //!
 //! But not at once: the server lists the branch for other sessions before it detaches the
 //! InnoDB transaction from the closing thread, and an `XA COMMIT` by name in between
-//! answers OK while committing nothing (measured: 4 of 300 commits lost by a probe that
-//! closed the preparer and committed by name at once; the InnoDB transaction stays
-//! prepared and unlisted until the server restarts). So a connection that goes away while
-//! it holds a prepared (or possibly prepared) branch is registered in
-//! [`crate::detaching`], and `XA COMMIT`/`XA ROLLBACK` by name of that branch first waits
-//! until the connection has left the process list and no InnoDB transaction is tied to
-//! its thread any more.
+//! answers OK while committing nothing (a probe that closed the preparer and committed by
+//! name at once lost commits this way, docs/measurements.md, "MariaDB commit by name
+//! during a disconnect"; the InnoDB transaction stays prepared and unlisted until the
+//! server restarts). So a connection that goes away while it holds a prepared (or
+//! possibly prepared) branch is registered in [`crate::detaching`], and `XA COMMIT`/`XA
+//! ROLLBACK` by name of that branch first waits until the connection has left the process
+//! list and no InnoDB transaction is tied to its thread any more.
 
 use std::time::{Duration, Instant};
 

@@ -24,9 +24,9 @@
 //!   is committed at once (`COMMIT PREPARED`) and the vote is read-only (leave phase two).
 //!   A lost answer leaves the branch in doubt (it may be prepared): rolling it back then
 //!   means `ROLLBACK PREPARED`, where "does not exist" is success. The SELECT is not free:
-//!   pgbench on the development VM (8 clients, `BEGIN`, one UPDATE, prepare, `COMMIT
-//!   PREPARED` on one database, 4 alternated runs of 4 s) gave a median of 8,790 tps with
-//!   it against 9,575 without (`SELECT 1` 8,425, `SET LOCAL` 9,085); it stays, because the
+//!   it lowers the throughput of prepared transactions measurably, as the other statements
+//!   that fail in an aborted transaction (`SELECT 1`, `SET LOCAL`) do too
+//!   (docs/measurements.md, "PostgreSQL prepare-time check"); it stays, because the
 //!   `postgres` client does not expose the command tag that would reveal the ROLLBACK.
 //! - `commit(one_phase)` → `SELECT 1; COMMIT` in one round trip, for the same reason: the
 //!   SELECT fails in an aborted transaction, so a silent rollback is reported as one.

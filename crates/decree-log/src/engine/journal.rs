@@ -14,10 +14,10 @@
 //! Under `Immediate`, when the file system allows `O_DIRECT`, the leader writes the batch
 //! padded to whole pages (a Padding frame fills the last one) through an
 //! `O_DIRECT | O_DSYNC` handle of the segment: one system call, durable when it returns,
-//! and measured faster than `pwrite` + `fdatasync` on the development VM (p50 0.11 ms
-//! against 0.18-0.24 ms in a Python probe; bench-log at 32 threads 72-90k records/s
-//! against 45-64k). Pages holding acknowledged records are never written again: each
-//! batch starts on a fresh page, and a rotation pads its header page the same way. On
+//! and faster than `pwrite` + `fdatasync` on the development VM, for one write alone and
+//! under group commit (docs/measurements.md, "Direct writes"). Pages holding acknowledged
+//! records are never written again: each batch starts on a fresh page, and a rotation
+//! pads its header page the same way. On
 //! file systems without `O_DIRECT` (tmpfs) it writes and syncs as below.
 //!
 //! Under `SyncPolicy::Window(d)` the leader only writes (the page cache survives a process
@@ -158,8 +158,8 @@ struct Segment {
     /// page cache with a memory copy instead of a `pwrite` (the data path of rpo > 0).
     map: Option<memmap2::MmapRaw>,
     /// An `O_DIRECT | O_DSYNC` handle of the current segment under `Immediate`: a batch
-    /// padded to whole pages is durable when its one write returns (measured on the
-    /// development VM: p50 0.11 ms against 0.18-0.24 ms for `pwrite` + `fdatasync`).
+    /// padded to whole pages is durable when its one write returns: one system call where
+    /// `pwrite` + `fdatasync` takes two (see the module documentation).
     direct: Option<Arc<dyn StorageFile>>,
     capacity: u64,
     live_records: u64,
