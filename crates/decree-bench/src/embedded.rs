@@ -12,7 +12,8 @@
 use crate::client::{BenchClient, BenchTarget};
 use crate::log_use::LogUse;
 use crate::BenchError;
-use decree_core::{DummyFactory, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
+use decree_core::testing::DummyFactory;
+use decree_core::{ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
 use decree_log::{Log, LogConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,8 @@
 //! Usage: `cargo run --release -p decree-core --example hot_loop -- [threads] [seconds] [rms] [engine]`
 //! where engine is `volatile` (default) or any durable engine name (a temporary directory).
 
-use decree_core::{DummyFactory, ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
+use decree_core::testing::DummyFactory;
+use decree_core::{ResourceManager, RmFactory, TmConfig, TransactionManager, TxContext};
 use decree_log::engine::volatile::VolatileLog;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

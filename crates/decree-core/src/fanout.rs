@@ -276,7 +276,7 @@ fn lost(call: BranchCall) -> BranchAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dummy::{DummyConfig, DummyFactory};
+    use crate::testing::dummy::{DummyConfig, DummyFactory};
     use crate::xid::Origin;
     use std::sync::{Arc, Barrier};
 

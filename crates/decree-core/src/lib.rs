@@ -5,16 +5,19 @@
 //! coordinator that drives prepare, the durable decision and phase two on top of a
 //! [`DecisionStore`] — the process's own [`decree_log::Log`] ([`LogDecisions`]) or a state
 //! server. It does no network IO of its own; the state server and the real resource
-//! managers live in other crates. [`dummy`] is an in-memory RM for benchmarks and fault
-//! injection.
+//! managers live in other crates. The in-memory resource manager of the benchmarks and the
+//! fault-injection tests is no part of this surface: it is `testing::dummy`, compiled only
+//! with the `testing` feature.
 //!
 //! # Usage
 //!
-//! A coordinator over the volatile log with two dummy resource managers, one TX context
-//! per thread (the benchmark's loop is `begin` + `commit`):
+//! A coordinator over the volatile log with two dummy resource managers (so this example
+//! needs the `testing` feature, which this crate's own tests turn on), one TX context per
+//! thread (the benchmark's loop is `begin` + `commit`):
 //!
 //! ```
-//! use decree_core::{CommitKind, DummyFactory, TmConfig, TransactionManager, TxContext};
+//! use decree_core::testing::DummyFactory;
+//! use decree_core::{CommitKind, TmConfig, TransactionManager, TxContext};
 //! use std::sync::Arc;
 //!
 //! let log: Arc<dyn decree_log::Log> = Arc::new(decree_log::engine::volatile::VolatileLog::new());
@@ -41,7 +44,6 @@
 #![warn(missing_docs)]
 
 mod cpu_spare;
-pub mod dummy;
 pub mod embedded;
 pub mod error;
 mod fanout;
@@ -52,11 +54,12 @@ pub mod recovery;
 pub mod rm;
 pub mod session;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tm;
 pub mod tx;
 pub mod xid;
 
-pub use dummy::{DummyConfig, DummyFactory, DummyRm};
 pub use embedded::LogDecisions;
 pub use error::{HeuristicReport, TmError};
 pub use keys::KeyAllocator;
@@ -79,9 +82,9 @@ mod tests {
         fn sync<T: Send + Sync>() {}
         send::<crate::TxContext>();
         send::<crate::Session>();
-        send::<crate::DummyRm>();
+        send::<crate::testing::DummyRm>();
         sync::<crate::TransactionManager>();
-        sync::<crate::DummyFactory>();
+        sync::<crate::testing::DummyFactory>();
         sync::<crate::LogDecisions>();
     }
 }

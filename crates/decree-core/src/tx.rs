@@ -124,8 +124,8 @@ impl TxContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dummy::{Call, DummyFactory};
     use crate::rm::RmFactory;
+    use crate::testing::dummy::{Call, DummyFactory};
     use crate::tm::TmConfig;
     use crate::TmError;
 

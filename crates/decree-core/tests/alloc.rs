@@ -8,9 +8,8 @@
 mod common;
 
 use common::*;
-use decree_core::{
-    Decision, DecisionStore, DummyFactory, RmFactory, StoreError, TransactionManager, TxContext, Xid,
-};
+use decree_core::testing::DummyFactory;
+use decree_core::{Decision, DecisionStore, RmFactory, StoreError, TransactionManager, TxContext, Xid};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

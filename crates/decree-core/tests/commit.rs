@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{BranchOutcome, Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
 use decree_core::{
     BranchCalls, CommitKind, HeuristicOutcome, RmError, RmFactory, Session, TmConfig, TmError,
     TransactionManager, TxContext,

@@ -9,10 +9,10 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
 use decree_core::{RmFactory, TmError, TransactionManager, TxContext, Xid};
 use decree_log::engine::journal::JournalLog;
-use decree_log::io::fault::{CrashMode, FaultStorage};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::dummy::{Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
 use decree_core::{
     BranchCalls, BranchRecord, CommitKind, Decision, DecisionStore, LimitError, LogDecisions, Origin,
     RmFactory, Session, StoreError, TmConfig, TmError, TransactionManager, TxContext, Xid, BRANCHES_MAX,

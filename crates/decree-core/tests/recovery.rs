@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
 use decree_core::{Origin, ResourceManager, RmFactory, TransactionManager, TxContext, Xid};
 use decree_log::engine::volatile::VolatileLog;
 use decree_log::{EngineKind, Log, LogConfig, LogError, SyncPolicy};

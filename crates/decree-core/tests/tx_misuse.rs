@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{Call, FaultAction, FaultRule};
+use decree_core::testing::dummy::{Call, FaultAction, FaultRule};
 use decree_core::{TmError, TxContext, TxState};
 
 #[test]
@@ -43,7 +43,7 @@ fn close_with_an_open_transaction_is_refused() {
     assert!(matches!(tx.close(), Err(TmError::TransactionOpen { .. })));
     assert_eq!(tx.info().state, TxState::Active);
     tx.rollback().unwrap();
-    assert_eq!(outcome(&a, &xid, 0), Some(decree_core::dummy::BranchOutcome::RolledBack));
+    assert_eq!(outcome(&a, &xid, 0), Some(decree_core::testing::dummy::BranchOutcome::RolledBack));
     let closes = a.counts().get(Call::Close);
     tx.close().unwrap();
     assert_eq!(a.counts().get(Call::Close), closes + 1, "close closed the connection");
@@ -102,7 +102,7 @@ fn a_crashed_connection_is_replaced_by_reconnect() {
     let xid = tx.begin().unwrap();
     assert!(matches!(tx.reconnect(0), Err(TmError::TransactionOpen { .. })));
     tx.commit().unwrap();
-    assert_eq!(outcome(&b, &xid, 1), Some(decree_core::dummy::BranchOutcome::Committed));
+    assert_eq!(outcome(&b, &xid, 1), Some(decree_core::testing::dummy::BranchOutcome::Committed));
     assert!(tm.wait_idle(std::time::Duration::from_secs(10)));
     assert!(b.prepared().is_empty(), "the branch of the crashed connection was rolled back");
 }

@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use decree_core::dummy::{BranchOutcome, Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, DummyConfig, DummyFactory, FaultAction, FaultRule};
 use decree_core::{RmFactory, TmError, TransactionManager, TxContext, TxState, Xid};
 use decree_log::engine::volatile::VolatileLog;
 use proptest::prelude::*;

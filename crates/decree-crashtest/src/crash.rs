@@ -290,7 +290,8 @@ impl RmFactory for CrashFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use decree_core::{DummyFactory, Origin};
+    use decree_core::testing::DummyFactory;
+    use decree_core::Origin;
     use std::sync::atomic::AtomicUsize;
 
     #[test]

@@ -9,7 +9,7 @@
 //! acknowledgements, then checks that every acknowledged, uncompleted record is recovered.
 
 use decree_log::engine::open_with_storage;
-use decree_log::io::fault::FaultStorage;
+use decree_log::testing::fault::FaultStorage;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
@@ -78,7 +78,7 @@ fn acknowledged_appends_survive_a_power_cut_under_concurrency() {
         let image = Arc::new(crashed.into_inner().expect("crashed"));
         let check = open_with_storage(
             &config(),
-            Arc::new(image.crash_with(decree_log::io::fault::CrashMode::KeepUnsynced)),
+            Arc::new(image.crash_with(decree_log::testing::fault::CrashMode::KeepUnsynced)),
         )
         .expect("reopen");
         let recovered: HashSet<u64> = check.take_recovered().iter().map(|r| r.txn).collect();

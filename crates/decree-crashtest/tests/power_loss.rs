@@ -22,7 +22,7 @@ use decree_core::{Decision, RecoveryReport, TmConfig, TransactionManager};
 use decree_crashtest::bank::{run_worker, transfer_id, WorkerContext};
 use decree_crashtest::{BankConfig, CrashFactory, CrashPlan, CrashPoint, PairKind, Snapshot};
 use decree_log::engine::open_with_storage;
-use decree_log::io::fault::{CrashMode, FaultStorage};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, Log, LogConfig, SyncPolicy};
 use parking_lot::Mutex;
 use rand::Rng;

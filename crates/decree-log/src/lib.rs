@@ -19,6 +19,8 @@ pub mod error;
 pub mod io;
 pub mod outcomes;
 pub mod record;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod write_times;
 
 pub use config::{EngineKind, LogConfig, SyncPolicy};

@@ -750,7 +750,7 @@ mod tests {
 
     #[test]
     fn write_entries_uses_one_write_per_run() {
-        let storage = crate::io::fault::FaultStorage::new(1);
+        let storage = crate::testing::fault::FaultStorage::new(1);
         let dir = Path::new("/outcomes-unit");
         storage.create_dir_all(dir).unwrap();
         let path = dir.join("f");

@@ -7,8 +7,8 @@
 //! skipped with a printed line, so the suite covers each engine as soon as it lands.
 
 use decree_log::engine;
-use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::io::Storage;
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, LiveRecord, Log, LogConfig, LogError, SyncPolicy};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,8 +2,8 @@
 //! fault-injecting storage.
 
 use decree_log::engine::file::FileLog;
-use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::io::{StdStorage, Storage};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, LiveRecord, Log, LogConfig, LogError, SyncPolicy, TxnKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -4,8 +4,8 @@
 //! The `#[ignore]` tests are the large acceptance run and a throughput measurement.
 
 use decree_log::engine::journal::JournalLog;
-use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::io::{StdStorage, Storage};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, LiveRecord, Log, LogConfig, LogError, SyncPolicy};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,11 +2,11 @@
 //! capacity changes, batching, and what survives power loss, torn writes, failed syncs and
 //! damaged slots. Crash tests run on the fault-injecting storage; the others on real files.
 
-use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::io::{StdStorage, Storage};
 use decree_log::outcomes::{
     outcomes_path, CAPACITY_MAX, FLUSH_BATCH, ID_BYTES_MAX, OUTCOMES_FILE, SLOT_BYTES, WAITING_MAX,
 };
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{DurableCallback, LogError, OutcomeMemory, RememberedEntry};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

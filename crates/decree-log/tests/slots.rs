@@ -4,8 +4,8 @@
 //! real-file-system tests check the mapping itself.
 
 use decree_log::engine::slots::SlotsLog;
-use decree_log::io::fault::{CrashMode, FaultStorage};
 use decree_log::io::{StdStorage, Storage};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, LiveRecord, Log, LogConfig, LogError, SyncPolicy, TxnKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -29,8 +29,8 @@ fn main() {
     // The decisions name pg-a and pg-b: dummy stand-ins, since the server refuses decisions
     // naming resource managers it could not finish.
     let rms = vec![
-        decree_core::DummyFactory::named("pg-a", 0).arc(),
-        decree_core::DummyFactory::named("pg-b", 0).arc(),
+        decree_core::testing::DummyFactory::named("pg-a", 0).arc(),
+        decree_core::testing::DummyFactory::named("pg-b", 0).arc(),
     ];
     let server = decree_server::start(config, rms).expect("server");
     let endpoint = match transport.as_str() {

@@ -62,7 +62,8 @@
 //! default at most about 24 s after the close, and one that lands later at the next
 //! periodic pass.
 
-use decree_core::{DummyFactory, RmFactory};
+use decree_core::testing::DummyFactory;
+use decree_core::RmFactory;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use serde::Deserialize;
 use std::net::SocketAddr;

@@ -5,10 +5,10 @@
 mod common;
 
 use decree_client::RemoteDecisions;
-use decree_core::dummy::BranchOutcome;
+use decree_core::testing::dummy::BranchOutcome;
+use decree_core::testing::DummyFactory;
 use decree_core::{
-    CommitKind, DecisionStore, DummyFactory, Outcome, ResourceManager, RmFactory, Session, TmConfig,
-    TransactionManager,
+    CommitKind, DecisionStore, Outcome, ResourceManager, RmFactory, Session, TmConfig, TransactionManager,
 };
 use decree_log::EngineKind;
 use decree_server::ServerConfig;
@@ -61,7 +61,7 @@ fn the_coordinator_commits_through_the_state_server() {
 /// would otherwise answer "rolled back" once the session has closed.
 #[test]
 fn a_heuristic_outcome_of_a_rollback_reaches_the_state_server() {
-    use decree_core::dummy::{Call, FaultAction, FaultRule};
+    use decree_core::testing::dummy::{Call, FaultAction, FaultRule};
     use decree_core::{HeuristicOutcome, TmError};
     let dir = tempfile::tempdir().unwrap();
     let mut config = ServerConfig::new(dir.path().join("log"), EngineKind::Volatile);

@@ -11,12 +11,12 @@ mod common;
 
 use common::{count, decision, dsn, eventually, metric, metrics, prepare_insert, xid_of};
 use decree_client::RemoteDecisions;
-use decree_core::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
+use decree_core::testing::DummyFactory;
 use decree_core::{
-    BranchRecord, Decision, DecisionStore, DummyFactory, HeuristicOutcome, Origin, Outcome, ResourceManager,
-    Xid,
+    BranchRecord, Decision, DecisionStore, HeuristicOutcome, Origin, Outcome, ResourceManager, Xid,
 };
-use decree_log::io::fault::FaultStorage;
+use decree_log::testing::fault::FaultStorage;
 use decree_log::EngineKind;
 use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
 use decree_rm::PgRm;
@@ -326,7 +326,7 @@ fn a_decision_whose_write_failed_is_unknown_and_left_alone_until_a_restart() {
 
     // A restart reads the log; whatever it holds, both branches go the same way and the
     // answer says which.
-    let reopened = storage.crash_with(decree_log::io::fault::CrashMode::KeepUnsynced);
+    let reopened = storage.crash_with(decree_log::testing::fault::CrashMode::KeepUnsynced);
     let server = decree_server::start_on_storage(cfg, Arc::new(reopened), factories()).unwrap();
     eventually("the doubtful branches are resolved", || a.prepared().is_empty() && b.prepared().is_empty());
     let (oa, ob) = (a.outcome(&doubtful.branch(0)), b.outcome(&doubtful.branch(1)));

@@ -6,9 +6,10 @@ mod common;
 
 use common::{decision, eventually, metric, metrics, xid_of};
 use decree_client::RemoteDecisions;
-use decree_core::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
+use decree_core::testing::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
+use decree_core::testing::DummyFactory;
 use decree_core::{
-    Decision, DecisionStore, DummyFactory, Origin, Outcome, ResourceManager, RmFactory, StoreError, Vote, Xid,
+    Decision, DecisionStore, Origin, Outcome, ResourceManager, RmFactory, StoreError, Vote, Xid,
 };
 use decree_log::EngineKind;
 use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};

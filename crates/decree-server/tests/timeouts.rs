@@ -11,9 +11,10 @@ mod common;
 
 use common::{decision, eventually, metric, metrics, xid_of};
 use decree_client::{ClientOptions, Endpoint, RemoteDecisions};
-use decree_core::dummy::BranchOutcome;
-use decree_core::{DecisionStore, DummyFactory, Origin, Outcome, ResourceManager, Xid};
-use decree_log::io::fault::FaultStorage;
+use decree_core::testing::dummy::BranchOutcome;
+use decree_core::testing::DummyFactory;
+use decree_core::{DecisionStore, Origin, Outcome, ResourceManager, Xid};
+use decree_log::testing::fault::FaultStorage;
 use decree_log::EngineKind;
 use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use decree_server::{ServerConfig, ServerHandle};

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use decree_core::dummy::{BranchOutcome, DummyConfig, DummyFactory};
+use decree_core::testing::dummy::{BranchOutcome, DummyConfig, DummyFactory};
 use decree_core::{ResourceManager, RmFactory, TmConfig, TransactionManager, Xid};
 use decree_log::engine::volatile::VolatileLog;
 use std::sync::Arc;

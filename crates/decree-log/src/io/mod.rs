@@ -2,12 +2,12 @@
 //!
 //! Engines never call `std::fs` directly: they go through [`Storage`], so that tests can
 //! swap in a fault-injecting implementation (power loss, torn writes, failed syncs, a full
-//! disk) and check what survives. [`StdStorage`] is the real thing. Assumptions about the
+//! disk) and check what survives: `testing::fault`, behind the `testing` feature.
+//! [`StdStorage`] is the real thing. Assumptions about the
 //! media, as the on-disk format relies on them: data is durable only after `sync_data`
 //! returns; a new or removed file is durable only after `sync_dir` of its directory; a
 //! write that was in flight at a crash may be torn at any byte.
 
-pub mod fault;
 mod std_storage;
 
 pub use std_storage::StdStorage;

@@ -15,7 +15,7 @@
 //! A storage that was crashed keeps working (the process that "died" may still hold it);
 //! the storage returned by the crash is independent of it.
 
-use super::{Storage, StorageFile};
+use crate::io::{Storage, StorageFile, DIRECT_ALIGN};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -465,7 +465,7 @@ impl FaultFile {
     /// An `O_DIRECT | O_DSYNC` write: the kernel first writes back dirty cached pages of
     /// the range, then writes the data to the device before returning.
     fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let align = super::DIRECT_ALIGN;
+        let align = DIRECT_ALIGN;
         if !offset.is_multiple_of(align as u64)
             || !buf.len().is_multiple_of(align)
             || !(buf.as_ptr() as usize).is_multiple_of(align)
