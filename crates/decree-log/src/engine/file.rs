@@ -18,7 +18,7 @@
 //! (so each transaction keeps its append order) and new sequence numbers continue after the
 //! largest name found, so a name is never reused. A failed sync stops the log (fail-stop).
 
-use crate::engine::watermark::{self, Found, Mark, Watermark};
+use crate::engine::watermark::{Found, Watermark};
 use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
@@ -166,13 +166,10 @@ impl FileLog {
             }
         }
         let counted = Found { live: found.len() as u64, end: Default::default(), torn: torn.len() as u64 };
-        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &counted, false))
-        {
-            // A torn file after a clean close is the damaged one; else only the count tells.
-            let path = torn.first().map_or(dir.clone(), |(path, _)| path.clone());
-            return Err(LogError::Lost { path, offset: 0, reason: why });
-        }
-        watermark.write(Mark { clean: false, live: counted.live, end: counted.end, incarnation })?;
+        // A torn file after a clean close is the damaged one; else only the count tells.
+        watermark.begin_run(&counted, false, incarnation, || {
+            (torn.first().map_or(dir.clone(), |(path, _)| path.clone()), 0)
+        })?;
         let mut warnings = Vec::new();
         let deleted = torn.len();
         for (path, reason) in torn {
@@ -448,11 +445,7 @@ impl Inner {
     fn mark_clean_close(&self) {
         let live =
             self.live.iter().map(|shard| shard.lock().values().map(Vec::len).sum::<usize>()).sum::<usize>();
-        let mark =
-            Mark { clean: true, live: live as u64, end: Default::default(), incarnation: self.incarnation };
-        if let Err(err) = self.watermark.lock().write(mark) {
-            tracing::error!(%err, "file log: cannot record the clean close; the next open checks less");
-        }
+        self.watermark.lock().close_cleanly(live as u64, Default::default(), self.incarnation);
     }
 }
 

@@ -71,7 +71,7 @@ mod recovery;
 mod threads;
 mod writer;
 
-use crate::engine::watermark::{self, End, Found, Mark, Watermark};
+use crate::engine::watermark::{End, Found, Mark, Watermark};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile, DIRECT_ALIGN};
 use crate::record::{self, Decoded, RecordKind, HEADER_BYTES};
@@ -311,12 +311,9 @@ impl JournalLog {
         let mut watermark = Watermark::open(&*storage, &dir)?;
         let recovery = recovery::recover(&*storage, &dir)?;
         let found = Found { live: recovery.live.len() as u64, end: recovery.end(), torn: recovery.torn };
-        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &found, true)) {
-            let path = recovery.segments.last().map_or(dir.clone(), |s| s.path.clone());
-            return Err(LogError::Lost { path, offset: recovery.last_end, reason: why });
-        }
-        // From here on a crash is a crash: the clean mark of the last close no longer holds.
-        watermark.write(Mark { clean: false, live: found.live, end: found.end, incarnation })?;
+        watermark.begin_run(&found, true, incarnation, || {
+            (recovery.segments.last().map_or(dir.clone(), |s| s.path.clone()), recovery.last_end)
+        })?;
         let warnings = recovery.warnings.clone();
 
         let mut free = Vec::new();

@@ -150,6 +150,32 @@ impl Watermark {
         &self.path
     }
 
+    /// At open, after recovery and before the log's first write: refuses with
+    /// [`LogError::Lost`] at the place `lost_at` names (file and offset) when `found`
+    /// contradicts the last mark, else records that the log runs (from here on a crash is
+    /// a crash: the last clean close no longer holds).
+    pub fn begin_run(
+        &mut self,
+        found: &Found,
+        has_end: bool,
+        incarnation: u64,
+        lost_at: impl FnOnce() -> (PathBuf, u64),
+    ) -> Result<(), LogError> {
+        if let Some(reason) = self.last.and_then(|mark| contradiction(&mark, found, has_end)) {
+            let (path, offset) = lost_at();
+            return Err(LogError::Lost { path, offset, reason });
+        }
+        self.write(Mark { clean: false, live: found.live, end: found.end, incarnation })
+    }
+
+    /// After the final sync of a clean close: records the end and the live count. A
+    /// failure only costs the next open its exact check, so it is logged, not returned.
+    pub fn close_cleanly(&mut self, live: u64, end: End, incarnation: u64) {
+        if let Err(err) = self.write(Mark { clean: true, live, end, incarnation }) {
+            tracing::error!(%err, path = %self.path.display(), "cannot record the clean close; the next open checks less");
+        }
+    }
+
     /// Writes `mark` into the older slot and syncs it. An error is a sync failure of the log
     /// (fail-stop: the caller stops the log).
     pub fn write(&mut self, mark: Mark) -> Result<(), LogError> {

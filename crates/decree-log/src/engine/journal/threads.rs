@@ -177,14 +177,7 @@ impl Shared {
             return;
         }
         let Some(current) = writer.segments.back() else { return };
-        let mark = Mark {
-            clean: true,
-            live: writer.live.len() as u64,
-            end: End { seq: current.seq, offset: writer.pos },
-            incarnation: self.incarnation,
-        };
-        if let Err(err) = self.watermark.lock().write(mark) {
-            tracing::error!(%err, "journal: cannot record the clean close; the next open checks less");
-        }
+        let end = End { seq: current.seq, offset: writer.pos };
+        self.watermark.lock().close_cleanly(writer.live.len() as u64, end, self.incarnation);
     }
 }

@@ -45,7 +45,7 @@ pub mod layout;
 
 use self::allocator::FreeSlots;
 use self::layout::{SlotContent, HEADER_AREA_BYTES, SLOTS_FILE, SLOT_OVERHEAD_BYTES};
-use crate::engine::watermark::{self, Found as Counted, Mark, Watermark};
+use crate::engine::watermark::{Found as Counted, Watermark};
 use crate::engine::worker::{FailStop, Flusher, WritePool};
 use crate::engine::{owner, StatCounters};
 use crate::io::{Storage, StorageFile};
@@ -295,12 +295,8 @@ impl SlotsLog {
         let mut watermark = Watermark::open(&*storage, dir)?;
         let scanned = scan(&*file, &path, slot_bytes, config.slots_count)?;
         let counted = Counted { live: scanned.records.len() as u64, end: Default::default(), torn: 0 };
-        if let Some(why) = watermark.last().and_then(|mark| watermark::contradiction(&mark, &counted, false))
-        {
-            // A zeroed slot reads as free: only the count shows it, not where it was.
-            return Err(LogError::Lost { path, offset: HEADER_AREA_BYTES, reason: why });
-        }
-        watermark.write(Mark { clean: false, live: counted.live, end: counted.end, incarnation })?;
+        // A zeroed slot reads as free: only the count shows it, not where it was.
+        watermark.begin_run(&counted, false, incarnation, || (path.clone(), HEADER_AREA_BYTES))?;
         let map = match (mmap, file.raw_fd()) {
             (true, Some(fd)) => {
                 let total = HEADER_AREA_BYTES + u64::from(config.slots_count) * slot_bytes as u64;
@@ -740,10 +736,6 @@ impl Inner {
     fn mark_clean_close(&self) {
         let live: usize =
             self.live.iter().map(|shard| shard.lock().values().map(|t| t.slots.len()).sum::<usize>()).sum();
-        let mark =
-            Mark { clean: true, live: live as u64, end: Default::default(), incarnation: self.incarnation };
-        if let Err(err) = self.watermark.lock().write(mark) {
-            tracing::error!(%err, "slot log: cannot record the clean close; the next open checks less");
-        }
+        self.watermark.lock().close_cleanly(live as u64, Default::default(), self.incarnation);
     }
 }
