@@ -11,7 +11,8 @@
 //! benchmark's node, so two databases on one server list the same branches (the runner
 //! counts each once).
 
-use super::{db_error, BranchPair, BranchUpdate, Database, LocalUpdate, Side, BALANCE_START};
+use super::database::{db_error, BranchPair, BranchUpdate, Database, LocalUpdate};
+use super::{Side, BALANCE_START};
 use crate::BenchError;
 use decree_core::RmFactory;
 use decree_rm::mariadb::{run_checked, xid_from_recover_row};

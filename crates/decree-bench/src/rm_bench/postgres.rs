@@ -7,7 +7,8 @@
 //! are read from `pg_prepared_xacts`, which lists the whole cluster: it is filtered to
 //! this database, decree's gid prefix and the benchmark's node.
 
-use super::{db_error, BranchPair, BranchUpdate, Database, LocalUpdate, Side, BALANCE_START};
+use super::database::{db_error, BranchPair, BranchUpdate, Database, LocalUpdate};
+use super::{Side, BALANCE_START};
 use crate::BenchError;
 use decree_core::{RmFactory, Xid};
 use decree_rm::{PgFactory, PgHandle, PgRm};

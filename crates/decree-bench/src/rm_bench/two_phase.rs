@@ -1,0 +1,115 @@
+//! The "2pc" mode: one run over decree's embedded coordinator, with its decisions in a
+//! fresh log of the chosen engine and RPO (`two_phase_run`), and one thread's loop of
+//! transactions through the resource managers of both databases (`two_phase_loop`).
+//! After the threads end, the run waits for phase two to finish and checks that the log
+//! holds one decision per transfer. Not for the modes without decree (`local.rs`) nor the
+//! parts every mode shares (`threads.rs`).
+
+use super::database::{db_error, Database};
+use super::threads::{count, ids, more, one_row, run_threads, thread_rng, ThreadOut};
+use super::{RmBenchSpec, Side};
+use crate::log_use::LogUse;
+use crate::BenchError;
+use decree_core::{CommitKind, TmConfig, TransactionManager, TxContext};
+use decree_log::{Log, LogConfig, SyncPolicy};
+use indicatif::ProgressBar;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long to wait for background phase-two work after a 2PC run.
+const IDLE_WAIT: Duration = Duration::from_secs(30);
+
+/// One 2PC run: a coordinator over a fresh log in `dir`, `threads` sessions on it. Also
+/// returns the log's synced writes and their times during the run.
+pub(super) fn two_phase_run(
+    spec: &RmBenchSpec,
+    dbs: [&dyn Database; 2],
+    threads: usize,
+    dir: &std::path::Path,
+    progress: &ProgressBar,
+) -> Result<(ThreadOut, Duration, LogUse), BenchError> {
+    let config = LogConfig::new(dir, spec.engine, SyncPolicy::from_rpo_ms(spec.rpo_ms));
+    let log: Arc<dyn Log> = Arc::from(
+        decree_log::open(&config)
+            .map_err(|source| BenchError::EngineUnavailable { engine: spec.engine.name().into(), source })?,
+    );
+    let factories = dbs.iter().map(|db| db.rm_factory()).collect();
+    let tm = TransactionManager::embedded(
+        log.clone(),
+        TmConfig { node: spec.node, branch_calls: spec.branch_calls, ..TmConfig::default() },
+        factories,
+    )
+    .map_err(|e| db_error("starting the coordinator", e))?;
+    let log_before = LogUse::of(&*log);
+    let (out, elapsed) = run_threads(threads, |index, start, failed| {
+        two_phase_loop(spec, &tm, dbs, index, start, failed, progress)
+    })?;
+    let used = LogUse::of(&*log).since(&log_before);
+    if !tm.wait_idle(IDLE_WAIT) {
+        return Err(db_error(
+            "after the 2PC run",
+            format!("{} phase-two jobs still pending after {IDLE_WAIT:?}", tm.pending()),
+        ));
+    }
+    let appended = log.stats().records_appended;
+    if appended != out.transfers {
+        return Err(db_error(
+            "checking the log after the 2PC run",
+            format!("{} transfers committed but the log holds {appended} decisions", out.transfers),
+        ));
+    }
+    Ok((out, elapsed, used))
+}
+
+/// One thread of the 2PC mode: a TX context over one connection to each database.
+fn two_phase_loop(
+    spec: &RmBenchSpec,
+    tm: &Arc<TransactionManager>,
+    dbs: [&dyn Database; 2],
+    index: usize,
+    start: Instant,
+    failed: &AtomicBool,
+    progress: &ProgressBar,
+) -> Result<ThreadOut, BenchError> {
+    let (rm_a, update_a) = dbs[0].branch()?;
+    let (rm_b, update_b) = dbs[1].branch()?;
+    let mut updates = [update_a, update_b];
+    let mut tx = TxContext::open(tm, vec![rm_a, rm_b]).map_err(|e| db_error("tx_open", e))?;
+    let mut rng = thread_rng(spec, index);
+    let mut out = ThreadOut::default();
+    let outcome = (|| {
+        while more(spec.stop, out.transfers, start, failed) {
+            let ids = ids(&mut rng, spec.accounts);
+            let begun = Instant::now();
+            tx.begin().map_err(|e| db_error("tx_begin", e))?;
+            for ((update, id), side) in updates.iter_mut().zip(ids).zip(Side::BOTH) {
+                one_row(update.update(id)?, side, id)?;
+            }
+            let committing = Instant::now();
+            let report = tx.commit().map_err(|e| db_error("tx_commit", e))?;
+            let end = Instant::now();
+            if report.kind != CommitKind::TwoPhase {
+                return Err(db_error(
+                    "tx_commit",
+                    format!("took the {:?} path, expected two-phase", report.kind),
+                ));
+            }
+            count(
+                &mut out,
+                end.saturating_duration_since(committing),
+                end.saturating_duration_since(begun),
+                progress,
+            );
+        }
+        Ok(())
+    })();
+    if outcome.is_err() {
+        // A transaction left open by the failure is rolled back, not left for recovery.
+        let _ = tx.rollback();
+    }
+    let closed = tx.close().map_err(|e| db_error("tx_close", e));
+    outcome?;
+    closed?;
+    Ok(out)
+}
