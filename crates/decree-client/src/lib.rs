@@ -28,6 +28,10 @@
 //! idle), holds it for that one round trip and never while it sleeps, and keeps no queue.
 //! With no bound announced, there is no thread.
 
+mod tls;
+
+pub use tls::{ClientTls, ClientTlsFiles};
+
 use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, Xid};
 use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use parking_lot::{Mutex, RwLock};
@@ -52,6 +56,8 @@ pub enum Endpoint {
     Unix(PathBuf),
     /// `tcp:host:port`
     Tcp(String),
+    /// `tls:host:port`: TCP with TLS 1.3; needs [`ClientOptions::tls`].
+    Tls(String),
 }
 
 impl FromStr for Endpoint {
@@ -69,7 +75,13 @@ impl FromStr for Endpoint {
             }
             return Ok(Endpoint::Tcp(addr.to_string()));
         }
-        Err(StoreError::Unreachable(format!("endpoint {s:?} must start with unix: or tcp:")))
+        if let Some(addr) = s.strip_prefix("tls:") {
+            if !addr.contains(':') {
+                return Err(StoreError::Unreachable(format!("endpoint {s:?} needs tls:host:port")));
+            }
+            return Ok(Endpoint::Tls(addr.to_string()));
+        }
+        Err(StoreError::Unreachable(format!("endpoint {s:?} must start with unix:, tcp: or tls:")))
     }
 }
 
@@ -78,6 +90,7 @@ impl std::fmt::Display for Endpoint {
         match self {
             Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
             Endpoint::Tcp(a) => write!(f, "tcp:{a}"),
+            Endpoint::Tls(a) => write!(f, "tls:{a}"),
         }
     }
 }
@@ -93,6 +106,8 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// The name the server logs for this client.
     pub client_name: String,
+    /// The CA, certificate and key for `tls:` endpoints.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -102,6 +117,7 @@ impl Default for ClientOptions {
             reply_timeout: Some(Duration::from_secs(30)),
             connect_timeout: Duration::from_secs(5),
             client_name: format!("decree-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id()),
+            tls: None,
         }
     }
 }
@@ -110,6 +126,7 @@ impl Default for ClientOptions {
 enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(Box<tls::TlsStream>),
 }
 
 impl Stream {
@@ -120,44 +137,58 @@ impl Stream {
                 s.set_read_timeout(options.reply_timeout)?;
                 Stream::Unix(s)
             }
-            Endpoint::Tcp(addr) => {
-                let mut last = None;
-                let mut found = None;
-                for a in addr.to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&a, options.connect_timeout) {
-                        Ok(s) => {
-                            found = Some(s);
-                            break;
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                let s = found.ok_or_else(|| {
-                    last.unwrap_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
-                })?;
-                s.set_nodelay(true)?;
-                s.set_read_timeout(options.reply_timeout)?;
-                Stream::Tcp(s)
+            Endpoint::Tcp(addr) => Stream::Tcp(Self::tcp(addr, options)?),
+            Endpoint::Tls(addr) => {
+                let Some(config) = &options.tls else {
+                    return Err(std::io::Error::other(
+                        "a tls: endpoint needs ClientOptions::tls (the server's CA, this client's certificate and key)",
+                    ));
+                };
+                let socket = Self::tcp(addr, options)?;
+                Stream::Tls(Box::new(config.handshake(
+                    socket,
+                    tls::host_of(addr),
+                    options.connect_timeout,
+                )?))
             }
         };
         Ok(stream)
+    }
+    /// A TCP connection to the first address of `addr` that answers.
+    fn tcp(addr: &str, options: &ClientOptions) -> std::io::Result<TcpStream> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, options.connect_timeout) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_read_timeout(options.reply_timeout)?;
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr} resolves to no address"))))
     }
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
         match self {
             Stream::Unix(s) => s.write_all(buf),
             Stream::Tcp(s) => s.write_all(buf),
+            // StreamOwned writes whole records to the socket before returning.
+            Stream::Tls(s) => s.write_all(buf).and_then(|()| s.flush()).map_err(tls::explain),
         }
     }
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf).map_err(tls::explain),
         }
     }
     fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
+            Stream::Tls(s) => s.sock.shutdown(how),
         };
     }
 }
@@ -192,8 +223,8 @@ struct Connection {
 
 /// What became of a `Hello`.
 enum Greeting {
-    /// The session is open.
-    Open(Connection),
+    /// The session is open (boxed: a connection is large, the refusal is nothing).
+    Open(Box<Connection>),
     /// The server refused the version list as malformed (it predates protocol version 2)
     /// and closed the connection.
     ListRefused,
@@ -204,11 +235,11 @@ impl Connection {
     /// a plain `Hello` (version 1) for a server that does not know the version list.
     fn open(endpoint: &Endpoint, options: &ClientOptions) -> Result<Connection, StoreError> {
         match Self::greet(endpoint, options, decree_proto::PROTOCOL_VERSIONS)? {
-            Greeting::Open(conn) => Ok(conn),
+            Greeting::Open(conn) => Ok(*conn),
             Greeting::ListRefused => {
                 tracing::debug!(%endpoint, "the state server refused the version list: connecting with protocol version 1");
                 match Self::greet(endpoint, options, &[])? {
-                    Greeting::Open(conn) => Ok(conn),
+                    Greeting::Open(conn) => Ok(*conn),
                     Greeting::ListRefused => Err(StoreError::Unreachable(format!(
                         "{endpoint}: the state server refused a plain Hello as malformed"
                     ))),
@@ -268,7 +299,7 @@ impl Connection {
                     version,
                     idle_timeout_ms,
                 };
-                Ok(Greeting::Open(conn))
+                Ok(Greeting::Open(Box::new(conn)))
             }
             Message::Error { code: ErrorCode::Malformed, message } if !versions.is_empty() => {
                 let _ = conn.break_with(format!("hello refused: {message}"));
@@ -434,6 +465,8 @@ impl Connection {
                 "decision refused by the state server (no branches): {message}"
             )),
             ErrorCode::Busy | ErrorCode::ShuttingDown => self.break_with(message),
+            ErrorCode::NotAllowed => self.break_with(format!("refused by the state server: {message}")),
+            ErrorCode::TlsRequired => self.break_with(format!("refused by the state server: {message}")),
             _ => self.break_with(format!("state server error {code:?}: {message}")),
         }
     }

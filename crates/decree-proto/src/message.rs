@@ -118,6 +118,12 @@ pub enum ErrorCode {
     /// 16: the answer to `Outcome` on a version-1 session when a branch reported a
     /// heuristic outcome.
     OutcomeHeuristic,
+    /// 17: the name in the client's certificate is not among those the listener allows
+    /// (`tls.clients_allowed`); the connection is closed.
+    NotAllowed,
+    /// 18: the listener requires TLS and the client spoke plaintext (sent in plaintext,
+    /// before any TLS, so that a plaintext client can read why); the connection is closed.
+    TlsRequired,
     /// Any other code, kept for forward compatibility.
     Other(u16),
 }
@@ -142,6 +148,8 @@ impl ErrorCode {
             ErrorCode::NoBranches => 14,
             ErrorCode::OutcomeUnknown => 15,
             ErrorCode::OutcomeHeuristic => 16,
+            ErrorCode::NotAllowed => 17,
+            ErrorCode::TlsRequired => 18,
             ErrorCode::Other(c) => c,
         }
     }
@@ -165,6 +173,8 @@ impl ErrorCode {
             14 => ErrorCode::NoBranches,
             15 => ErrorCode::OutcomeUnknown,
             16 => ErrorCode::OutcomeHeuristic,
+            17 => ErrorCode::NotAllowed,
+            18 => ErrorCode::TlsRequired,
             c => ErrorCode::Other(c),
         }
     }
@@ -622,10 +632,12 @@ mod tests {
             (14, ErrorCode::NoBranches),
             (15, ErrorCode::OutcomeUnknown),
             (16, ErrorCode::OutcomeHeuristic),
+            (17, ErrorCode::NotAllowed),
+            (18, ErrorCode::TlsRequired),
         ] {
             assert_eq!(ErrorCode::from_u16(c), code);
         }
-        assert_eq!(ErrorCode::from_u16(17), ErrorCode::Other(17));
+        assert_eq!(ErrorCode::from_u16(19), ErrorCode::Other(19));
     }
 
     /// A `Decide` body of `count` branches named `name`, written by hand: the encoder

@@ -9,7 +9,8 @@
 //! rpo_ms = 0                  # 0: acknowledge after fdatasync
 //! unix = "/run/decree/decree.sock"
 //! tcp = "127.0.0.1:7411"
-//! allow_remote = false        # a non-loopback tcp address needs true
+//! allow_remote = false        # a non-loopback tcp address needs true, and [tls]
+//! insecure_plaintext = false  # true: a non-loopback tcp listener without TLS (warned)
 //! metrics = "127.0.0.1:9411"  # Prometheus text at /metrics; off when absent
 //!
 //! [limits]
@@ -19,6 +20,12 @@
 //! frame_bytes_max = 65536
 //! handshake_timeout_ms = 10000  # a connection must complete its Hello within this
 //! idle_timeout_ms = 0           # 0: idle sessions stay open; N: closed after N ms silent
+//!
+//! [tls]                         # on the tcp listener; mutual TLS 1.3
+//! cert = "/etc/decree/server.pem"       # the server's chain, leaf first
+//! key = "/etc/decree/server.key"        # its private key (PKCS#8, PKCS#1 or SEC1 PEM)
+//! client_ca = "/etc/decree/clients-ca.pem"  # client certificates must chain to this
+//! clients_allowed = ["app-1"]   # names a client certificate must carry; [] = any of the CA
 //!
 //! [recovery]
 //! periodic_pass_ms = 60000      # a pass at least this often
@@ -32,7 +39,8 @@
 //! ```
 //!
 //! [`ServerConfig::validate`] refuses configurations that cannot work or that would expose
-//! the server by accident (a non-loopback address without `allow_remote`).
+//! the server by accident: a non-loopback address needs `allow_remote`, and TLS (`[tls]`)
+//! unless `insecure_plaintext = true` says otherwise (then every start warns).
 //!
 //! The two timeouts of `[limits]` protect the connection slots (`connections_max`):
 //! - `handshake_timeout_ms` (10,000 by default, 1 to 3,600,000; 0 is refused) closes a
@@ -243,6 +251,26 @@ impl RecoveryConfig {
     }
 }
 
+/// TLS on the TCP listener (see the `tls` module): the server's certificate and key, and
+/// the CA every client certificate must chain to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the server's certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM file of the server's private key.
+    pub key: PathBuf,
+    /// PEM file of the CA certificates a client's certificate must chain to.
+    pub client_ca: PathBuf,
+    /// Names (DNS subject-alternative name or common name) of the clients allowed to open
+    /// a session; empty: every client with a certificate of the CA.
+    #[serde(default)]
+    pub clients_allowed: Vec<String>,
+}
+
+/// Longest list of `tls.clients_allowed`.
+pub const CLIENTS_ALLOWED_MAX: usize = 1024;
+
 /// One resource manager the server may have to finish phase two on (kept as data: the
 /// embedding program maps `kind` to an [`decree_core::RmFactory`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -281,9 +309,16 @@ pub struct ServerConfig {
     /// TCP listen address.
     #[serde(default)]
     pub tcp: Option<SocketAddr>,
-    /// Allows a non-loopback TCP address.
+    /// Allows a non-loopback TCP address (which needs `tls` or `insecure_plaintext` too).
     #[serde(default)]
     pub allow_remote: bool,
+    /// Lets a non-loopback TCP listener run without TLS: anyone who reaches the port can
+    /// record and read decisions. Warned at every start.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+    /// TLS on the TCP listener, with client certificates (mutual TLS).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     /// Loopback address of the Prometheus text endpoint; off when absent.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
@@ -350,6 +385,8 @@ impl ServerConfig {
             unix: None,
             tcp: None,
             allow_remote: false,
+            insecure_plaintext: false,
+            tls: None,
             metrics: None,
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
@@ -386,20 +423,60 @@ impl ServerConfig {
         Ok(config)
     }
 
+    /// Whether the TCP listener runs without TLS on a non-loopback address (allowed only by
+    /// `insecure_plaintext`; the server warns at every start).
+    pub fn plaintext_exposed(&self) -> bool {
+        self.tls.is_none() && self.tcp.is_some_and(|addr| !addr.ip().is_loopback())
+    }
+
+    /// Refuses a TCP listener reachable from other machines unless the operator said so
+    /// (`allow_remote`) and either gave it TLS or said plaintext is meant.
+    fn validate_exposure(&self) -> Result<(), ConfigError> {
+        if let Some(tls) = &self.tls {
+            if self.tcp.is_none() {
+                return Err(ConfigError(
+                    "[tls] is set but there is no tcp listener to put it on (the Unix socket needs no TLS: \
+                     its file mode is the authorisation)"
+                        .into(),
+                ));
+            }
+            if tls.clients_allowed.len() > CLIENTS_ALLOWED_MAX {
+                return Err(ConfigError(format!(
+                    "tls.clients_allowed: more than {CLIENTS_ALLOWED_MAX} names"
+                )));
+            }
+            if tls.clients_allowed.iter().any(|name| name.is_empty()) {
+                return Err(ConfigError("tls.clients_allowed holds an empty name".into()));
+            }
+        }
+        let Some(addr) = self.tcp else { return Ok(()) };
+        if addr.ip().is_loopback() {
+            return Ok(());
+        }
+        if !self.allow_remote {
+            return Err(ConfigError(format!(
+                "tcp address {addr} is not a loopback address; set `allow_remote = true` and a [tls] \
+                 section to accept connections from other machines"
+            )));
+        }
+        if self.tls.is_none() && !self.insecure_plaintext {
+            return Err(ConfigError(format!(
+                "tcp address {addr} accepts other machines without TLS: add a [tls] section with `cert = \
+                 \"server.pem\"`, `key = \"server.key\"` and `client_ca = \"clients-ca.pem\"` (clients then \
+                 connect with tls:host:port and a certificate of that CA), or set `insecure_plaintext = true` \
+                 to accept anyone who reaches the port"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that the configuration can work; call again after overriding fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.engine_kind()?;
         if self.unix.is_none() && self.tcp.is_none() {
             return Err(ConfigError("no listener: set `unix` (a socket path) or `tcp` (an address)".into()));
         }
-        if let Some(addr) = self.tcp {
-            if !addr.ip().is_loopback() && !self.allow_remote {
-                return Err(ConfigError(format!(
-                    "tcp address {addr} is not a loopback address; set `allow_remote = true` to accept \
-                     connections from other machines"
-                )));
-            }
-        }
+        self.validate_exposure()?;
         if let Some(addr) = self.metrics {
             if !addr.ip().is_loopback() {
                 return Err(ConfigError(format!("metrics address {addr} must be a loopback address")));
@@ -527,8 +604,31 @@ mod tests {
     fn remote_addresses_unknown_engines_and_typos_are_refused_by_name() {
         let e = ServerConfig::from_toml_str("log_dir = \"/x\"\ntcp = \"0.0.0.0:7411\"").unwrap_err();
         assert!(e.0.contains("allow_remote"), "{e}");
-        let ok = "log_dir = \"/x\"\ntcp = \"0.0.0.0:7411\"\nallow_remote = true";
-        assert!(ServerConfig::from_toml_str(ok).is_ok());
+        // Today's `allow_remote = true` alone is refused, and the error says what to add.
+        let remote = "log_dir = \"/x\"\ntcp = \"0.0.0.0:7411\"\nallow_remote = true\n";
+        let e = ServerConfig::from_toml_str(remote).unwrap_err();
+        for needed in
+            ["without TLS", "[tls]", "cert = ", "key = ", "client_ca = ", "insecure_plaintext = true"]
+        {
+            assert!(e.0.contains(needed), "{needed:?} missing from: {e}");
+        }
+        let plaintext = ServerConfig::from_toml_str(&format!("{remote}insecure_plaintext = true")).unwrap();
+        assert!(plaintext.plaintext_exposed());
+        let tls = "[tls]\ncert = \"s.pem\"\nkey = \"s.key\"\nclient_ca = \"ca.pem\"\n";
+        let secured = ServerConfig::from_toml_str(&format!("{remote}{tls}")).unwrap();
+        assert!(!secured.plaintext_exposed());
+        assert_eq!(secured.tls.as_ref().unwrap().clients_allowed, Vec::<String>::new());
+        // TLS without a TCP listener, an empty allowed name and an unknown field are refused.
+        let e = ServerConfig::from_toml_str(&format!("log_dir = \"/x\"\nunix = \"/s\"\n{tls}")).unwrap_err();
+        assert!(e.0.contains("no tcp listener"), "{e}");
+        let e = ServerConfig::from_toml_str(&format!("{remote}{tls}clients_allowed = [\"\"]")).unwrap_err();
+        assert!(e.0.contains("empty name"), "{e}");
+        let e = ServerConfig::from_toml_str(&format!("{remote}{tls}client_cert = \"x\"")).unwrap_err();
+        assert!(e.0.contains("client_cert"), "{e}");
+        // Loopback stays as it is: no TLS needed, none refused.
+        assert!(!ServerConfig::from_toml_str("log_dir = \"/x\"\ntcp = \"127.0.0.1:7411\"")
+            .unwrap()
+            .plaintext_exposed());
         let e = ServerConfig::from_toml_str("log_dir = \"/x\"\nunix=\"/s\"\nengine = \"fast\"").unwrap_err();
         assert!(e.0.contains("unknown log engine"), "{e}");
         let e = ServerConfig::from_toml_str("log_dir = \"/x\"\nunix=\"/s\"\nrpo = 3").unwrap_err();

@@ -53,6 +53,22 @@ enum Expiry {
     Idle,
 }
 
+/// Where a connection comes from: when it was accepted (the handshake bound counts from
+/// there, a TLS handshake included) and, on a TLS listener, who its certificate names.
+pub(crate) struct Peer {
+    /// When the listener accepted the connection.
+    pub accepted: TokioInstant,
+    /// The name of the client's certificate; `None` on a plaintext listener.
+    pub name: Option<String>,
+}
+
+impl Peer {
+    /// A connection accepted now, without a certificate.
+    pub fn plaintext() -> Peer {
+        Peer { accepted: TokioInstant::now(), name: None }
+    }
+}
+
 /// The reader's view of its connection.
 struct Conn {
     state: Arc<State>,
@@ -64,6 +80,8 @@ struct Conn {
     session: Option<(u64, Arc<SessionTxns>)>,
     /// The protocol version agreed in the hello (1 for a client that offered none).
     version: u8,
+    /// The certificate name of a TLS client, logged with its session.
+    peer_name: Option<String>,
 }
 
 /// Serves one connection until the peer closes it, a protocol error, or shutdown.
@@ -73,11 +91,12 @@ pub(crate) async fn serve<R, W>(
     state: Arc<State>,
     total: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
+    peer: Peer,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let accepted = TokioInstant::now();
+    let accepted = peer.accepted;
     let inflight_max = state.limits.inflight_per_connection_max;
     let (tx, rx) = mpsc::channel(inflight_max as usize);
     let writer_task = tokio::spawn(write_responses(writer, rx));
@@ -89,6 +108,7 @@ pub(crate) async fn serve<R, W>(
         responses: tx,
         session: None,
         version: 1,
+        peer_name: peer.name,
     };
     let mut frames = FrameBuffer::new(state.limits.frame_bytes_max as usize);
     let mut last_request = accepted;
@@ -187,7 +207,10 @@ impl Conn {
             Some(Negotiated { version, idle_timeout_ms: state.limits.idle_timeout_ms })
         };
         let (session, txns) = state.open_session();
-        tracing::debug!(session, client, version = self.version, "session opened");
+        match &self.peer_name {
+            Some(peer) => tracing::info!(session, client, peer, version = self.version, "TLS session opened"),
+            None => tracing::debug!(session, client, version = self.version, "session opened"),
+        }
         self.session = Some((session, txns));
         let hello_ok = Message::HelloOk {
             node: state.node,
@@ -382,7 +405,11 @@ async fn write_responses<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Rec
             close = next.close;
             encode_frame(&mut buf, next.request_id, &next.message);
         }
-        if writer.write_all(&buf).await.is_err() || (close && writer.shutdown().await.is_err()) {
+        // The flush matters for TLS, whose writer may keep the end of a record back.
+        if writer.write_all(&buf).await.is_err()
+            || writer.flush().await.is_err()
+            || (close && writer.shutdown().await.is_err())
+        {
             open = false;
         }
         if close {
@@ -397,5 +424,6 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut writer: W, why: String) {
     let mut buf = Vec::new();
     encode_frame(&mut buf, 0, &Message::Error { code: ErrorCode::Busy, message: why });
     let _ = writer.write_all(&buf).await;
+    let _ = writer.flush().await;
     let _ = writer.shutdown().await;
 }

@@ -20,9 +20,13 @@ mod recheck;
 mod recovery;
 mod rules;
 mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod tls;
 
-pub use config::{ConfigError, Limits, RecoveryConfig, RmConfig, ServerConfig, DEFAULT_TCP_ADDR};
+pub use config::{ConfigError, Limits, RecoveryConfig, RmConfig, ServerConfig, TlsConfig, DEFAULT_TCP_ADDR};
 
+use connection::Peer;
 use decree_core::{RecoveredDecisions, RmFactory};
 use decree_log::outcomes::OutcomeMemory;
 use state::State;
@@ -32,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tls::{TlsListener, Upgraded};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 
@@ -64,6 +69,7 @@ pub struct ServerHandle {
     bound: Bound,
     node: u32,
     incarnation: u64,
+    tls: Option<Arc<TlsListener>>,
 }
 
 impl ServerHandle {
@@ -86,6 +92,14 @@ impl ServerHandle {
     /// The incarnation of the log this run opened.
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+    /// Rereads the TLS certificate, key and client CA (what SIGHUP does); on an error the
+    /// files in use stay. New connections get the new files, open ones keep theirs.
+    pub fn reload_tls(&self) -> Result<(), ServerError> {
+        match &self.tls {
+            Some(tls) => Ok(tls.reload()?),
+            None => Err(ServerError::Io("this server has no [tls] to reload".into())),
+        }
     }
     /// Stops accepting, finishes in-flight requests, syncs the log and waits for the end.
     pub fn shutdown(mut self) -> Result<(), ServerError> {
@@ -154,10 +168,19 @@ fn start_inner(
         }
     }
     let log_config = config.log_config()?;
+    let tls = config.tls.as_ref().map(TlsListener::load).transpose()?.map(Arc::new);
+    if config.plaintext_exposed() {
+        tracing::warn!(
+            tcp = ?config.tcp,
+            "insecure_plaintext: the tcp listener accepts other machines without TLS; anyone who reaches \
+             it can record decisions and ask about every transaction"
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop = Arc::new(stop_tx);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let stop_inner = stop.clone();
+    let tls_inner = tls.clone();
     let thread = std::thread::Builder::new()
         .name("decree-server".into())
         .spawn(move || {
@@ -168,12 +191,13 @@ fn start_inner(
                 .build()
                 .map_err(|e| ServerError::Io(format!("cannot start the tokio runtime: {e}")))?;
             let state = Arc::new(open_state(&config, &log_config, factories, storage)?);
-            runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, stop_on_signals))
+            let listeners = Listeners { tls: tls_inner, stop_on_signals };
+            runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, listeners))
         })
         .map_err(|e| ServerError::Io(format!("cannot start the server thread: {e}")))?;
     match ready_rx.recv() {
         Ok((bound, node, incarnation)) => {
-            Ok(ServerHandle { stop, thread: Some(thread), bound, node, incarnation })
+            Ok(ServerHandle { stop, thread: Some(thread), bound, node, incarnation, tls })
         }
         Err(_) => {
             // The thread ended before listening: its result says why.
@@ -224,56 +248,49 @@ pub(crate) fn open_outcomes(
     OutcomeMemory::open(storage, &log_config.dir, capacity, flush_delay)
 }
 
+/// How the listeners are secured and whether the process's signals are the server's.
+struct Listeners {
+    /// TLS on the TCP listener.
+    tls: Option<Arc<TlsListener>>,
+    /// SIGTERM/SIGINT stop the server and SIGHUP reloads TLS (`decree serve`).
+    stop_on_signals: bool,
+}
+
 async fn serve(
     config: ServerConfig,
     state: Arc<State>,
     stop: Arc<watch::Sender<bool>>,
     mut stop_rx: watch::Receiver<bool>,
     ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
-    stop_on_signals: bool,
+    listeners: Listeners,
 ) -> Result<(), ServerError> {
-    let signals = if stop_on_signals { install_signals() } else { None };
+    let signals = if listeners.stop_on_signals { install_signals() } else { None };
+    if listeners.stop_on_signals {
+        // Installed before the first listener too: SIGHUP's default action kills.
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangups) => {
+                tokio::spawn(reload_on_sighup(listeners.tls.clone(), hangups));
+            }
+            Err(e) => tracing::error!(error = %e, "cannot install the SIGHUP handler"),
+        }
+    }
     let recovered = state.in_doubt();
     let mut bound = Bound::default();
     let connections = Arc::new(Semaphore::new(state.limits.connections_max as usize));
     let total = Arc::new(Semaphore::new(state.limits.inflight_total_max as usize));
+    let gate = Gate { state: state.clone(), connections: connections.clone(), total, stop: stop_rx.clone() };
     let mut tasks = Vec::new();
     if let Some(path) = &config.unix {
         let listener = bind_unix(path)?;
         bound.unix = Some(path.clone());
-        let (state, connections, total, stop) =
-            (state.clone(), connections.clone(), total.clone(), stop_rx.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let (r, w) = stream.into_split();
-                        accept(r, w, &state, &connections, &total, &stop);
-                    }
-                    Err(e) => accept_failed(e).await,
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(accept_unix(listener, gate.clone())));
     }
     if let Some(addr) = config.tcp {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
         bound.tcp = listener.local_addr().ok();
-        let (state, connections, total, stop) =
-            (state.clone(), connections.clone(), total.clone(), stop_rx.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        let (r, w) = stream.into_split();
-                        accept(r, w, &state, &connections, &total, &stop);
-                    }
-                    Err(e) => accept_failed(e).await,
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(accept_tcp(listener, gate.clone(), listeners.tls.clone())));
     }
     if let Some(addr) = config.metrics {
         let listener = TcpListener::bind(addr)
@@ -325,29 +342,131 @@ async fn serve(
     synced.map_err(ServerError::Log)
 }
 
+/// What every accepted connection needs: the state, the connection slots, the server-wide
+/// in-flight bound and the shutdown signal.
+#[derive(Clone)]
+struct Gate {
+    state: Arc<State>,
+    connections: Arc<Semaphore>,
+    total: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+}
+
+/// The Unix socket's accept loop.
+async fn accept_unix(listener: UnixListener, gate: Gate) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let (r, w) = stream.into_split();
+                accept(r, w, &gate, Peer::plaintext());
+            }
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+/// The TCP listener's accept loop, with TLS when configured.
+async fn accept_tcp(listener: TcpListener, gate: Gate, tls: Option<Arc<TlsListener>>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, from)) => {
+                let _ = stream.set_nodelay(true);
+                match &tls {
+                    Some(tls) => accept_tls(stream, from, tls, &gate),
+                    None => {
+                        let (r, w) = stream.into_split();
+                        accept(r, w, &gate, Peer::plaintext());
+                    }
+                }
+            }
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
 /// Starts serving an accepted connection, or refuses it over the connection limit.
-fn accept<R, W>(
-    reader: R,
-    writer: W,
-    state: &Arc<State>,
-    connections: &Arc<Semaphore>,
-    total: &Arc<Semaphore>,
-    stop: &watch::Receiver<bool>,
-) where
+fn accept<R, W>(reader: R, writer: W, gate: &Gate, peer: Peer)
+where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Ok(permit) = connections.clone().try_acquire_owned() else {
-        state.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
-        let why = format!("the server already has {} connections", state.limits.connections_max);
+    let Ok(permit) = gate.connections.clone().try_acquire_owned() else {
+        gate.state.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+        let why = format!("the server already has {} connections", gate.state.limits.connections_max);
         tokio::spawn(connection::refuse(writer, why));
         return;
     };
-    let (state, total, stop) = (state.clone(), total.clone(), stop.clone());
+    let Gate { state, total, stop, .. } = gate.clone();
     tokio::spawn(async move {
-        connection::serve(reader, writer, state, total, stop).await;
+        connection::serve(reader, writer, state, total, stop, peer).await;
         drop(permit);
     });
+}
+
+/// Starts serving a connection of the TLS listener: within the handshake bound, tells TLS
+/// from plaintext, runs the TLS handshake and checks the client's name, then serves it
+/// like any other. Over the connection limit it is closed at once, without the handshake
+/// a `Busy` frame would need (handshakes cost CPU, which a flood would spend).
+fn accept_tls(stream: tokio::net::TcpStream, from: SocketAddr, tls: &Arc<TlsListener>, gate: &Gate) {
+    let Ok(permit) = gate.connections.clone().try_acquire_owned() else {
+        gate.state.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%from, "TLS connection over connections_max closed");
+        return;
+    };
+    let tls = tls.clone();
+    let Gate { state, total, stop, .. } = gate.clone();
+    tokio::spawn(async move {
+        let accepted = tokio::time::Instant::now();
+        let bound = accepted + state.limits.handshake_timeout();
+        let upgraded = tokio::time::timeout_at(bound, tls.upgrade(stream)).await;
+        if !matches!(upgraded, Ok(Ok(Upgraded::Tls(..)))) {
+            state.metrics.tls_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        let (stream, identity) = match upgraded {
+            Err(_) => {
+                tracing::debug!(%from, "TLS handshake not completed within handshake_timeout_ms");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%from, error = %e, "TLS handshake failed; connection refused");
+                return;
+            }
+            Ok(Ok(Upgraded::Closed)) => return,
+            Ok(Ok(Upgraded::Plaintext(stream))) => {
+                tracing::warn!(%from, "a plaintext client on the TLS listener; answered TlsRequired");
+                let why = "this listener requires TLS: connect with tls:host:port and a client certificate";
+                tls::refuse_plaintext(stream, why.into()).await;
+                return;
+            }
+            Ok(Ok(Upgraded::Tls(stream, identity))) => (stream, identity),
+        };
+        if !tls.allows(&identity) {
+            state.metrics.tls_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%from, names = ?identity.names, "client certificate names no one in tls.clients_allowed; refused");
+            let why = format!(
+                "the client certificate names {:?}, none of which this server's tls.clients_allowed lists",
+                identity.names
+            );
+            tls::refuse_tls(*stream, decree_proto::ErrorCode::NotAllowed, why).await;
+            return;
+        }
+        let peer = Peer { accepted, name: Some(format!("{} ({from})", identity.display_name())) };
+        let (reader, writer) = tokio::io::split(*stream);
+        connection::serve(reader, writer, state, total, stop, peer).await;
+        drop(permit);
+    });
+}
+
+/// Rereads the TLS files at every SIGHUP (`decree serve` only); a failed reload keeps the
+/// files in use and logs why. Without TLS a SIGHUP only says so.
+async fn reload_on_sighup(tls: Option<Arc<TlsListener>>, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        match tls.as_ref().map(|tls| tls.reload()) {
+            None => tracing::info!("SIGHUP: no [tls] to reload"),
+            Some(Ok(())) => tracing::warn!("SIGHUP: TLS certificate, key and client CA reloaded"),
+            Some(Err(e)) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; the files in use stay"),
+        }
+    }
 }
 
 /// Keeps an accept loop alive through transient errors (out of file descriptors).

@@ -31,6 +31,9 @@ pub(crate) struct Metrics {
     pub(crate) sessions_closed: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) handshakes_timed_out: AtomicU64,
+    /// Connections of the TLS listener refused before a session: failed TLS handshakes,
+    /// plaintext clients, names not allowed.
+    pub(crate) tls_refused: AtomicU64,
     pub(crate) sessions_idle_closed: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) phase_two_commits: AtomicU64,
@@ -62,6 +65,11 @@ pub(crate) fn render(state: &State) -> String {
     };
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     counter("commits_total", "Decisions made durable (commit points).", load(&m.decides));
+    counter(
+        "tls_refused_total",
+        "TLS listener connections refused before a session (handshake failed, plaintext, name not allowed).",
+        load(&m.tls_refused),
+    );
     counter("decide_errors_total", "Decide requests that failed.", load(&m.decide_errors));
     counter("completions_total", "Transactions completed in the log.", load(&m.completes));
     counter(
@@ -135,6 +143,13 @@ pub(crate) fn render(state: &State) -> String {
          decree_sessions_live {}",
         state.live_sessions()
     );
+    render_latency(&mut out, m);
+    out
+}
+
+/// Appends the decide latency histogram.
+fn render_latency(out: &mut String, m: &Metrics) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let _ = writeln!(
         out,
         "# HELP decree_decide_seconds Time from receiving a decide to its durability.\n\
@@ -149,7 +164,6 @@ pub(crate) fn render(state: &State) -> String {
     let _ = writeln!(out, "decree_decide_seconds_bucket{{le=\"+Inf\"}} {cumulative}");
     let _ = writeln!(out, "decree_decide_seconds_sum {}", load(&m.latency_sum_us) as f64 / 1e6);
     let _ = writeln!(out, "decree_decide_seconds_count {cumulative}");
-    out
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.

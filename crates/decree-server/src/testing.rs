@@ -1,0 +1,104 @@
+//! Throwaway certificate authorities for tests and benchmarks (the `testing` feature).
+//!
+//! A real deployment gets its certificates from its own CA; a test must make its own, with
+//! the faults it needs (another CA, an expired certificate, a name not allowed), without an
+//! `openssl` binary or files checked into the repository. Keys are ECDSA P-256, made fresh
+//! each time. Not for production: the keys are written unencrypted wherever the test says.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use std::path::{Path, PathBuf};
+
+/// A certificate and its key, written as PEM files.
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    /// The certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8 PEM).
+    pub key: PathBuf,
+}
+
+/// How long an issued certificate is valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validity {
+    /// From yesterday to ten years from now.
+    Current,
+    /// 2020 only: long expired.
+    Expired,
+}
+
+/// A certificate authority that lives as long as the test.
+pub struct TestCa {
+    params: CertificateParams,
+    key: KeyPair,
+    pem: String,
+}
+
+impl TestCa {
+    /// A new CA whose certificate names `common_name`.
+    pub fn new(common_name: &str) -> TestCa {
+        let key = KeyPair::generate().expect("generate a CA key");
+        let mut params = CertificateParams::new(Vec::new()).expect("CA parameters");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        let pem = params.self_signed(&key).expect("self-sign the CA").pem();
+        TestCa { params, key, pem }
+    }
+
+    /// Writes the CA certificate to `path` (what `tls.client_ca` or a client's CA names).
+    pub fn write_ca(&self, path: &Path) -> PathBuf {
+        std::fs::write(path, &self.pem).expect("write the CA certificate");
+        path.to_path_buf()
+    }
+
+    /// A server certificate for `localhost` and 127.0.0.1 (what tests connect to), written
+    /// as `<dir>/<stem>.pem` and `<dir>/<stem>.key`.
+    pub fn server(&self, dir: &Path, stem: &str, validity: Validity) -> CertFiles {
+        let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        self.issue(dir, stem, names, "localhost", ExtendedKeyUsagePurpose::ServerAuth, validity)
+    }
+
+    /// A client certificate naming `name` (as DNS subject-alternative name and common
+    /// name), written as `<dir>/<name>.pem` and `<dir>/<name>.key`.
+    pub fn client(&self, dir: &Path, name: &str, validity: Validity) -> CertFiles {
+        self.issue(dir, name, vec![name.to_string()], name, ExtendedKeyUsagePurpose::ClientAuth, validity)
+    }
+
+    fn issue(
+        &self,
+        dir: &Path,
+        stem: &str,
+        names: Vec<String>,
+        common_name: &str,
+        usage: ExtendedKeyUsagePurpose,
+        validity: Validity,
+    ) -> CertFiles {
+        let key = KeyPair::generate().expect("generate a key");
+        let mut params = CertificateParams::new(names).expect("certificate parameters");
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![usage];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let (not_before, not_after) = match validity {
+            Validity::Current => {
+                let now = std::time::SystemTime::now();
+                let day = std::time::Duration::from_secs(86_400);
+                (now - day, now + 3650 * day)
+            }
+            Validity::Expired => (
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_577_836_800), // 2020-01-01
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_609_372_800), // 2020-12-31
+            ),
+        };
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).expect("sign the certificate");
+        let files = CertFiles { cert: dir.join(format!("{stem}.pem")), key: dir.join(format!("{stem}.key")) };
+        std::fs::write(&files.cert, cert.pem()).expect("write the certificate");
+        std::fs::write(&files.key, key.serialize_pem()).expect("write the key");
+        files
+    }
+}
