@@ -60,7 +60,13 @@ fn main() -> ExitCode {
 /// Parses a command line as the binary does, for the subcommands' tests.
 #[cfg(test)]
 fn parse_command(line: &str) -> Command {
-    Cli::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}")).command
+    try_parse_command(line).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+/// Parses a command line as the binary does, returning clap's refusal.
+#[cfg(test)]
+fn try_parse_command(line: &str) -> Result<Command, clap::Error> {
+    Cli::try_parse_from(line.split_whitespace()).map(|cli| cli.command)
 }
 
 #[cfg(test)]

@@ -20,8 +20,9 @@ use std::path::PathBuf;
 /// Arguments of `decree serve`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Stops on SIGTERM or SIGINT: stops accepting, answers what is in flight, syncs the \
-log, exits 0. The Unix socket is created with mode 0600. A non-loopback --tcp address needs \
---allow-remote.")]
+log, exits 0; SIGHUP rereads the TLS files. The Unix socket is created with mode 0600. A \
+non-loopback --tcp address needs --allow-remote and TLS (--tls-cert, --tls-key, --tls-client-ca) \
+or --insecure-plaintext.")]
 pub struct Args {
     /// The TOML configuration file (see decree.example.toml); without it, --dir and a
     /// listener (--unix or --tcp) are needed.
@@ -45,6 +46,20 @@ pub struct Args {
     /// Accept a non-loopback TCP address (overrides `allow_remote`).
     #[arg(long)]
     pub allow_remote: bool,
+    /// Accept a non-loopback TCP address without TLS: anyone who reaches it can record and
+    /// read decisions (overrides `insecure_plaintext`).
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+    /// TLS on the TCP listener: the server's certificate chain, PEM (with --tls-key and
+    /// --tls-client-ca; overrides `[tls]`).
+    #[arg(long, requires_all = ["tls_key", "tls_client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The server's private key, PEM.
+    #[arg(long, requires_all = ["tls_cert", "tls_client_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) that client certificates must chain to.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_client_ca: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics, loopback only (overrides `metrics`).
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
@@ -83,6 +98,19 @@ impl Args {
         if self.allow_remote {
             config.allow_remote = true;
         }
+        if self.insecure_plaintext {
+            config.insecure_plaintext = true;
+        }
+        if let (Some(cert), Some(key), Some(client_ca)) = (&self.tls_cert, &self.tls_key, &self.tls_client_ca)
+        {
+            let clients_allowed = config.tls.take().map(|tls| tls.clients_allowed).unwrap_or_default();
+            config.tls = Some(decree_server::TlsConfig {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: client_ca.clone(),
+                clients_allowed,
+            });
+        }
         if let Some(addr) = self.metrics {
             config.metrics = Some(addr);
         }
@@ -112,7 +140,13 @@ fn init_tracing(verbose: u8) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // A second installation (tests calling `run` twice) is refused; the first one stays.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only on a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .try_init();
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -180,7 +214,23 @@ mod tests {
     fn remote_addresses_need_allow_remote_and_kinds_are_checked() {
         let refused = parse("decree serve --dir /d --tcp 0.0.0.0:7411").config();
         assert!(refused.err().map(|e| e.to_string()).unwrap_or_default().contains("allow_remote"));
-        assert!(parse("decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote").config().is_ok());
+        // --allow-remote alone is refused since TLS came: the error says what to add.
+        let plaintext = parse("decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote").config();
+        let why = plaintext.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(why.contains("[tls]") && why.contains("insecure_plaintext"), "{why}");
+        assert!(parse("decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote --insecure-plaintext")
+            .config()
+            .unwrap()
+            .plaintext_exposed());
+        let tls = parse(
+            "decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote --tls-cert s.pem --tls-key s.key \
+             --tls-client-ca ca.pem",
+        )
+        .config()
+        .unwrap();
+        assert_eq!(tls.tls.unwrap().client_ca, PathBuf::from("ca.pem"));
+        let partial = crate::try_parse_command("decree serve --dir /d --tcp 127.0.0.1:0 --tls-cert s.pem");
+        assert!(partial.is_err(), "--tls-cert alone must be refused");
         assert!(parse("decree serve").config().is_err());
         let mut config = ServerConfig::new("/d", EngineKind::Volatile);
         config.rm.push(decree_server::RmConfig {

@@ -58,3 +58,166 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(!socket.exists(), "the socket is removed at shutdown");
 }
+
+/// The stderr of a child, collected by a thread so that the test can wait for a line.
+struct Stderr(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Stderr {
+    fn collect(child: &mut std::process::Child) -> Stderr {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let sink = text.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut pipe, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Stderr(text)
+    }
+    /// Waits up to 20 s for `needle` to appear; returns everything read so far.
+    fn wait_for(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = self.0.lock().unwrap().clone();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} on stderr after 20 s:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The error of a connection that must be refused.
+fn refused(result: Result<decree_client::RemoteDecisions, String>) -> String {
+    match result {
+        Ok(_) => panic!("the connection must be refused"),
+        Err(e) => e,
+    }
+}
+
+/// A loopback port free a moment ago (the server binds it next).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn tls_client(
+    port: u16,
+    ca: &std::path::Path,
+    files: &decree_server::testing::CertFiles,
+) -> Result<decree_client::RemoteDecisions, String> {
+    let tls = decree_client::ClientTls::from_files(ca, &files.cert, &files.key).map_err(|e| e.to_string())?;
+    let options = decree_client::ClientOptions { tls: Some(tls), ..Default::default() };
+    let endpoint = decree_client::Endpoint::Tls(format!("127.0.0.1:{port}"));
+    decree_client::RemoteDecisions::connect_with(endpoint, options).map_err(|e| e.to_string())
+}
+
+/// The operator's view of TLS: each refused client is named with its reason in the
+/// server's log as well as in the client's error, SIGHUP swaps the certificates without a
+/// restart, and a remote listener without TLS does not start at all.
+#[test]
+fn serve_names_each_tls_refusal_and_reloads_its_files_on_sighup() {
+    use decree_server::testing::{TestCa, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let (old_dir, new_dir) = (dir.path().join("old"), dir.path().join("new"));
+    std::fs::create_dir(&old_dir).unwrap();
+    std::fs::create_dir(&new_dir).unwrap();
+    let (old, new) = (TestCa::new("old"), TestCa::new("new"));
+    let live = |name: &str| dir.path().join(name);
+    old.write_ca(&live("ca.pem"));
+    let server = old.server(&old_dir, "server", Validity::Current);
+    std::fs::copy(&server.cert, live("server.pem")).unwrap();
+    std::fs::copy(&server.key, live("server.key")).unwrap();
+    let port = free_port();
+    let config = dir.path().join("decree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "log_dir = \"{}\"\ntcp = \"127.0.0.1:{port}\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             clients_allowed = [\"app-1\"]\n",
+            dir.path().join("log").display(),
+            live("server.pem").display(),
+            live("server.key").display(),
+            live("ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["serve", "-v", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts decree serve");
+    let stderr = Stderr::collect(&mut child);
+    stderr.wait_for("decree server listening");
+    let old_ca = old_dir.join("ca.pem");
+    old.write_ca(&old_ca);
+
+    let app = old.client(&old_dir, "app-1", Validity::Current);
+    tls_client(port, &old_ca, &app).expect("an allowed client connects").ping().unwrap();
+    let log = stderr.wait_for("TLS session opened");
+    assert!(log.contains("peer=\"app-1 (127.0.0.1:"), "the session is logged with its name: {log}");
+
+    let expired =
+        refused(tls_client(port, &old_ca, &old.client(&old_dir, "app-1-expired", Validity::Expired)));
+    assert!(expired.contains("has expired"), "{expired}");
+    let log = stderr.wait_for("the client's certificate has expired");
+    assert!(log.contains("TLS handshake failed"), "{log}");
+
+    let stranger = refused(tls_client(port, &old_ca, &old.client(&old_dir, "app-2", Validity::Current)));
+    assert!(stranger.contains("none of which this server's tls.clients_allowed lists"), "{stranger}");
+    stderr.wait_for("names no one in tls.clients_allowed");
+
+    let new_app = new.client(&new_dir, "app-1", Validity::Current);
+    let foreign = refused(tls_client(port, &old_ca, &new_app));
+    assert!(foreign.contains("does not chain to the CA the server trusts"), "{foreign}");
+    stderr.wait_for("the client's certificate does not chain to tls.client_ca");
+
+    // The operator installs the new CA's files and sends SIGHUP.
+    let new_server = new.server(&new_dir, "server", Validity::Current);
+    std::fs::copy(&new_server.cert, live("server.pem")).unwrap();
+    std::fs::copy(&new_server.key, live("server.key")).unwrap();
+    new.write_ca(&live("ca.pem"));
+    let new_ca = new.write_ca(&new_dir.join("ca.pem"));
+    // SAFETY: kill with a pid of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) }, 0);
+    stderr.wait_for("TLS certificate, key and client CA reloaded");
+    tls_client(port, &new_ca, &new_app).expect("the new CA's client connects").ping().unwrap();
+    let stale = refused(tls_client(port, &old_ca, &app));
+    assert!(stale.contains("not signed by the CA this client trusts"), "{stale}");
+    stderr.wait_for("the client does not trust this server's certificate");
+
+    // A reload from a broken key keeps the files in use and says which file is wrong.
+    std::fs::write(live("server.key"), "garbage").unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) }, 0);
+    let log = stderr.wait_for("TLS reload failed");
+    assert!(log.contains("tls.key"), "{log}");
+    tls_client(port, &new_ca, &new_app).expect("still served").ping().unwrap();
+    eprintln!("the server's log:\n{}", stderr.wait_for(""));
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn a_remote_listener_without_tls_does_not_start_and_says_what_to_add() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["serve", "--tcp", "0.0.0.0:7411", "--allow-remote", "--dir"])
+        .arg(dir.path().join("log"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needed in ["without TLS", "[tls]", "client_ca", "insecure_plaintext = true"] {
+        assert!(stderr.contains(needed), "{needed:?} missing from: {stderr}");
+    }
+    assert!(!dir.path().join("log").exists(), "nothing was created: the server never started");
+}

@@ -428,7 +428,8 @@ fn accept_tls(stream: tokio::net::TcpStream, from: SocketAddr, tls: &Arc<TlsList
                 return;
             }
             Ok(Err(e)) => {
-                tracing::warn!(%from, error = %e, "TLS handshake failed; connection refused");
+                let reason = tls::explain_handshake(&e);
+                tracing::warn!(%from, error = %e, "TLS handshake failed, connection refused: {reason}");
                 return;
             }
             Ok(Ok(Upgraded::Closed)) => return,

@@ -137,6 +137,43 @@ pub fn identity_of(der: &[u8]) -> ClientIdentity {
     ClientIdentity { names }
 }
 
+/// What a failed handshake means for the operator: which side refused which certificate.
+/// The rustls error itself is logged beside it.
+pub fn explain_handshake(e: &std::io::Error) -> &'static str {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<Tls>()) else {
+        return "the connection failed during the TLS handshake";
+    };
+    match tls {
+        Tls::NoCertificatesPresented => {
+            "the client sent no certificate; this listener requires one (mutual TLS)"
+        }
+        Tls::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. }) => {
+            "the client's certificate has expired"
+        }
+        Tls::InvalidCertificate(Cert::NotValidYet | Cert::NotValidYetContext { .. }) => {
+            "the client's certificate is not valid yet"
+        }
+        Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => {
+            "the client's certificate does not chain to tls.client_ca"
+        }
+        Tls::InvalidCertificate(_) => "the client's certificate was refused",
+        Tls::AlertReceived(Alert::UnknownCA) => {
+            "the client does not trust this server's certificate: its CA is not the one the client trusts"
+        }
+        Tls::AlertReceived(Alert::BadCertificate | Alert::CertificateUnknown) => {
+            "the client refused this server's certificate (does it name the host the client connects to?)"
+        }
+        Tls::AlertReceived(Alert::CertificateExpired) => {
+            "the client refused this server's certificate as expired"
+        }
+        Tls::PeerIncompatible(_) | Tls::AlertReceived(Alert::ProtocolVersion) => {
+            "the client does not speak TLS 1.3"
+        }
+        _ => "the TLS handshake failed",
+    }
+}
+
 /// Sends an error frame over an established TLS session and closes it (the close_notify
 /// tells the client the frame is complete).
 pub async fn refuse_tls(mut stream: TlsStream<TcpStream>, code: decree_proto::ErrorCode, why: String) {
