@@ -57,7 +57,12 @@ impl Pki {
 }
 
 fn start(dir: &Path, tls: Option<TlsConfig>) -> ServerHandle {
+    start_with(dir, tls, |_| {})
+}
+
+fn start_with(dir: &Path, tls: Option<TlsConfig>, adjust: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
     let mut c = ServerConfig::new(dir.join("log"), EngineKind::Journal);
+    adjust(&mut c);
     c.tcp = Some("127.0.0.1:0".parse().unwrap());
     c.metrics = Some("127.0.0.1:0".parse().unwrap());
     c.tls = tls;
@@ -104,6 +109,17 @@ fn raw_tls_then(
     bytes: &[u8],
     close: bool,
 ) -> Result<Vec<(u64, Message)>, String> {
+    raw_tls_to(server.tcp_addr().unwrap(), ca, client, bytes, close)
+}
+
+/// [`raw_tls_then`] to a TLS listener at `addr`.
+fn raw_tls_to(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    client: Option<&CertFiles>,
+    bytes: &[u8],
+    close: bool,
+) -> Result<Vec<(u64, Message)>, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
@@ -126,7 +142,7 @@ fn raw_tls_then(
     };
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-    let socket = TcpStream::connect(server.tcp_addr().unwrap()).unwrap();
+    let socket = TcpStream::connect(addr).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut stream = rustls::StreamOwned::new(connection, socket);
     stream.write_all(bytes).map_err(|e| e.to_string())?;
@@ -352,5 +368,38 @@ fn a_reload_serves_new_files_to_new_connections_and_a_failed_one_keeps_the_old()
         .expect("a failed reload keeps the files in use")
         .ping()
         .unwrap();
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn silent_peers_of_the_tls_listener_lose_their_slot_at_the_handshake_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "pair");
+    let server = start_with(dir.path(), Some(pki.tls_config(&[])), |c| {
+        c.limits.handshake_timeout_ms = 300;
+        c.limits.connections_max = 2;
+    });
+    let client = pki.client("app-1", Validity::Current);
+    // One peer says nothing at all; another completes TLS and then never says Hello.
+    let mut silent = TcpStream::connect(server.tcp_addr().unwrap()).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let quiet = std::thread::spawn({
+        let (ca, client) = (pki.ca_file.clone(), client.clone());
+        let addr = server.tcp_addr().unwrap();
+        move || raw_tls_to(addr, &ca, Some(&client), &[], false)
+    });
+    let started = std::time::Instant::now();
+    let mut byte = [0u8; 1];
+    assert_eq!(silent.read(&mut byte).unwrap_or(0), 0, "the silent peer is closed");
+    assert_eq!(quiet.join().unwrap().unwrap(), Vec::new(), "the quiet TLS peer is closed without a frame");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Both slots are free again.
+    connect(&server, &pki.ca_file, &client).unwrap().ping().unwrap();
+    connect(&server, &pki.ca_file, &client).unwrap().ping().unwrap();
+    assert_eq!(
+        metric(&metrics(&server), "decree_tls_refused_total"),
+        1.0,
+        "the silent peer never finished TLS"
+    );
     server.shutdown().unwrap();
 }
