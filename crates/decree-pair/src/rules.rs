@@ -1,0 +1,289 @@
+//! What a pair member does, as a step machine without IO: each event changes the member's
+//! [`Node`] and returns the [`Command`]s the runtime must carry out, in order.
+//!
+//! Not here: sockets, the log, timers. The runtime owns those and obeys the commands; in
+//! particular a [`Command::PersistSeen`] must be durable before the runtime carries out any
+//! command after it, since a member that forgot an epoch it had seen could accept a
+//! deposed primary's records again after a restart.
+//!
+//! The pure predicates at the end ([`may_acknowledge`], [`settled`], [`may_call_rms`],
+//! [`may_presume_abort`]) are the one place that says when a decision counts.
+
+use crate::epoch::{Epoch, MemberId};
+
+/// What a member is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Follows the primary of the member's highest seen epoch, if any; serves no client,
+    /// calls no resource manager, runs no recovery. Every member starts here.
+    Backup,
+    /// Leads its epoch. `alone`: it acknowledges on its own write, as it does after a
+    /// promotion until a backup has caught up; otherwise it waits for its backup too.
+    Primary { alone: bool },
+}
+
+/// How the receiver's highest seen epoch compares with a message's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// The message is of an older epoch: refused.
+    Stale,
+    /// The message is of the epoch the member knows.
+    Current,
+    /// The message is of a newer epoch: recorded durably, then acted on.
+    Newer,
+}
+
+/// Compares a message's epoch with the highest the receiver has seen.
+pub fn fence(seen: Epoch, incoming: Epoch) -> Fence {
+    match incoming.cmp(&seen) {
+        std::cmp::Ordering::Less => Fence::Stale,
+        std::cmp::Ordering::Equal => Fence::Current,
+        std::cmp::Ordering::Greater => Fence::Newer,
+    }
+}
+
+/// A message of the replication link, without its payload (the rules need its kind and
+/// sequence only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerMessage {
+    /// Primary to backup: the records of one batch, numbered from 1 within the epoch.
+    Batch { sequence: u64 },
+    /// Primary to backup: the live set sent after the stream started is complete; with
+    /// the batches received since, the backup holds everything the primary holds.
+    CaughtUp,
+    /// Backup to primary: every batch up to `sequence` is durable in the backup's log.
+    Ack { sequence: u64 },
+    /// Either way, when a link opens: who is at the other end and which epoch it knows.
+    Hello,
+}
+
+/// What happened to the member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The operator's `decree promote`: the peer is down, lead. `log_highest` is the
+    /// highest epoch found in the member's log (in Xids' incarnations); `forced` skips the
+    /// caught-up check.
+    Promote { forced: bool, log_highest: Epoch },
+    /// A message of the replication link, tagged with its sender's epoch.
+    Peer { epoch: Epoch, message: PeerMessage },
+    /// The primary's backup has confirmed the live set and the stream: strict again.
+    BackupCaughtUp,
+}
+
+/// What the runtime must do, in the order given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Record durably that `Epoch` is the highest seen, before any later command.
+    PersistSeen(Epoch),
+    /// Record durably that this member was promoted without having caught up (the
+    /// operator forced it; `decree recover` and the status show it).
+    RecordForcedPromotion(Epoch),
+    /// Stop leading: finish no phase two, call no resource manager, answer clients with a
+    /// redirect, acknowledge nothing more.
+    StepDown,
+    /// Lead `Epoch`: run the recovery pass on the live set, then serve clients.
+    RecoverThenServe(Epoch),
+    /// Drop what the log holds beyond what the primary of `Epoch` sends, and ask it for
+    /// the live set (none of what is dropped was acknowledged: a strict primary waits for
+    /// its backup, and no phase two acted on an unconfirmed decision).
+    Rejoin(Epoch),
+    /// Append the batch through the local engine, then acknowledge it once durable.
+    AppendThenAck { epoch: Epoch, sequence: u64 },
+    /// Acknowledge again a batch already durable (the primary resent it).
+    AckAgain { epoch: Epoch, sequence: u64 },
+    /// Ask the primary to resend from `from`: a batch is missing.
+    Resend { epoch: Epoch, from: u64 },
+    /// Decisions in batches up to `sequence` are confirmed by the backup.
+    ConfirmUpTo(u64),
+    /// Acknowledge with the backup as well as the local write from now on.
+    BecomeStrict,
+    /// Answer the sender with this member's epoch and drop its message.
+    Refuse { seen: Epoch },
+    /// The message cannot come from a correct peer in this role (say, an acknowledgement
+    /// to a backup): close the link and log it.
+    ProtocolError,
+}
+
+/// Why a promotion was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromoteRefused {
+    /// The member already leads.
+    AlreadyPrimary(Epoch),
+    /// The member has not caught up since it started or rejoined: it may lack
+    /// acknowledged decisions (`--force` overrides, at that risk).
+    NotCaughtUp { seen: Epoch },
+}
+
+impl std::fmt::Display for PromoteRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromoteRefused::AlreadyPrimary(e) => write!(f, "this member already leads epoch {e}"),
+            PromoteRefused::NotCaughtUp { seen } => write!(
+                f,
+                "this member has not caught up with the primary of epoch {seen} since it started or rejoined, \
+                 so it may lack acknowledged decisions; promote the other member, or force it if that one's \
+                 disk is lost"
+            ),
+        }
+    }
+}
+
+/// One member of a pair, as the rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    /// Which member this is.
+    pub member: MemberId,
+    /// The highest epoch seen or minted, durable.
+    pub seen: Epoch,
+    /// What the member is doing.
+    pub role: Role,
+    /// A backup's: it holds everything the primary of `seen` holds (live set received,
+    /// no batch missing) since it last started or rejoined.
+    pub caught_up: bool,
+    /// A backup's: the next batch sequence expected from the primary of `seen`.
+    pub next_sequence: u64,
+}
+
+impl Node {
+    /// A member just started: a backup that has caught up with nobody, knowing the epoch
+    /// its state file holds.
+    pub fn start(member: MemberId, seen: Epoch) -> Node {
+        Node { member, seen, role: Role::Backup, caught_up: false, next_sequence: 1 }
+    }
+
+    /// The epoch this member leads, if it leads.
+    pub fn leads(&self) -> Option<Epoch> {
+        matches!(self.role, Role::Primary { .. }).then_some(self.seen)
+    }
+
+    /// Applies `event`; returns the commands in the order the runtime must carry them out.
+    pub fn step(&mut self, event: Event) -> Result<Vec<Command>, PromoteRefused> {
+        let commands = match event {
+            Event::Promote { forced, log_highest } => self.promote(forced, log_highest)?,
+            Event::Peer { epoch, message } => self.receive(epoch, message),
+            Event::BackupCaughtUp => match self.role {
+                Role::Primary { alone: true } => {
+                    self.role = Role::Primary { alone: false };
+                    vec![Command::BecomeStrict]
+                }
+                Role::Primary { alone: false } => Vec::new(),
+                Role::Backup => vec![Command::ProtocolError],
+            },
+        };
+        self.check();
+        Ok(commands)
+    }
+
+    fn promote(&mut self, forced: bool, log_highest: Epoch) -> Result<Vec<Command>, PromoteRefused> {
+        if let Role::Primary { .. } = self.role {
+            return Err(PromoteRefused::AlreadyPrimary(self.seen));
+        }
+        if !self.caught_up && !forced {
+            return Err(PromoteRefused::NotCaughtUp { seen: self.seen });
+        }
+        let epoch = Epoch::mint(self.member, &[self.seen, log_highest]);
+        let mut commands = vec![Command::PersistSeen(epoch)];
+        if !self.caught_up {
+            commands.push(Command::RecordForcedPromotion(epoch));
+        }
+        commands.push(Command::RecoverThenServe(epoch));
+        self.seen = epoch;
+        self.role = Role::Primary { alone: true };
+        self.caught_up = false;
+        self.next_sequence = 1;
+        Ok(commands)
+    }
+
+    fn receive(&mut self, epoch: Epoch, message: PeerMessage) -> Vec<Command> {
+        let mut commands = Vec::new();
+        match fence(self.seen, epoch) {
+            Fence::Stale => return vec![Command::Refuse { seen: self.seen }],
+            Fence::Current => {}
+            Fence::Newer => {
+                commands.push(Command::PersistSeen(epoch));
+                if let Role::Primary { .. } = self.role {
+                    commands.push(Command::StepDown);
+                }
+                commands.push(Command::Rejoin(epoch));
+                self.seen = epoch;
+                self.role = Role::Backup;
+                self.caught_up = false;
+                self.next_sequence = 1;
+            }
+        }
+        commands.extend(self.receive_current(message));
+        commands
+    }
+
+    /// A message of the member's own epoch.
+    fn receive_current(&mut self, message: PeerMessage) -> Vec<Command> {
+        let epoch = self.seen;
+        match (self.role, message) {
+            (_, PeerMessage::Hello) => Vec::new(),
+            (Role::Backup, PeerMessage::Batch { sequence }) if sequence == self.next_sequence => {
+                self.next_sequence += 1;
+                vec![Command::AppendThenAck { epoch, sequence }]
+            }
+            (Role::Backup, PeerMessage::Batch { sequence }) if sequence < self.next_sequence => {
+                vec![Command::AckAgain { epoch, sequence }]
+            }
+            (Role::Backup, PeerMessage::Batch { .. }) => {
+                // A batch is missing: until it is resent, this member lacks a decision
+                // the primary may be waiting on, so it is not caught up.
+                self.caught_up = false;
+                vec![Command::Resend { epoch, from: self.next_sequence }]
+            }
+            (Role::Backup, PeerMessage::CaughtUp) => {
+                self.caught_up = true;
+                Vec::new()
+            }
+            (Role::Primary { .. }, PeerMessage::Ack { sequence }) => vec![Command::ConfirmUpTo(sequence)],
+            // A backup gets no acknowledgement; a primary gets no batch of its own epoch
+            // (only it mints that epoch) nor a catch-up notice.
+            (Role::Backup, PeerMessage::Ack { .. })
+            | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp) => {
+                vec![Command::ProtocolError]
+            }
+        }
+    }
+
+    /// The invariants that hold after every step.
+    fn check(&self) {
+        assert!(self.next_sequence >= 1, "batch sequences start at 1");
+        if let Role::Primary { .. } = self.role {
+            assert_eq!(self.seen.member(), Some(self.member), "a primary leads an epoch it minted");
+            assert!(!self.caught_up, "caught_up is a backup's state");
+        }
+    }
+}
+
+/// Whether a primary may answer a decide: its own write is durable under its policy and,
+/// unless it runs alone, its backup confirmed the decision. A backup acknowledges nothing.
+pub fn may_acknowledge(role: Role, local_durable: bool, backup_confirmed: bool) -> bool {
+    match role {
+        Role::Backup => false,
+        Role::Primary { alone: true } => local_durable,
+        Role::Primary { alone: false } => local_durable && backup_confirmed,
+    }
+}
+
+/// Whether a decision is settled: what a strict primary would acknowledge. A decision
+/// written or sent but not settled is in doubt, never absent.
+pub fn settled(role: Role, local_durable: bool, backup_confirmed: bool) -> bool {
+    may_acknowledge(role, local_durable, backup_confirmed)
+}
+
+/// Whether the member may call a resource manager at all (phase two, recovery, rollback):
+/// only while it leads.
+pub fn may_call_rms(role: Role) -> bool {
+    matches!(role, Role::Primary { .. })
+}
+
+/// Whether the member may roll back a prepared branch that has no decision (presumed
+/// abort): only while it leads, and only when no decision of that transaction is in doubt.
+pub fn may_presume_abort(role: Role, decision_in_doubt: bool) -> bool {
+    may_call_rms(role) && !decision_in_doubt
+}
+
+#[cfg(test)]
+mod tests;

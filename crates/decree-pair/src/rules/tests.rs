@@ -1,0 +1,286 @@
+//! Table tests of the pair's rules: every combination of role, caught-up state, epochs
+//! (older, same, newer, none) and message, with the invariants each step must keep.
+
+use super::*;
+
+fn m(id: u8) -> MemberId {
+    MemberId::new(id).unwrap()
+}
+
+fn e(count: u64, member: u8) -> Epoch {
+    Epoch::from_raw((count << crate::epoch::MEMBER_BITS) | u64::from(member))
+}
+
+/// Every state a member can be in, for members 1 and 2, with no epoch or epochs of either.
+fn states() -> Vec<Node> {
+    let mut all = Vec::new();
+    for member in [m(1), m(2)] {
+        for seen in [Epoch::NONE, e(3, 1), e(3, 2)] {
+            for caught_up in [false, true] {
+                for next_sequence in [1, 5] {
+                    all.push(Node { member, seen, role: Role::Backup, caught_up, next_sequence });
+                }
+            }
+            if seen.member() == Some(member) {
+                for alone in [false, true] {
+                    let role = Role::Primary { alone };
+                    all.push(Node { member, seen, role, caught_up: false, next_sequence: 1 });
+                }
+            }
+        }
+    }
+    all
+}
+
+fn messages() -> Vec<PeerMessage> {
+    let mut all = vec![PeerMessage::Hello, PeerMessage::CaughtUp];
+    for sequence in [1, 4, 5, 6, 9] {
+        all.push(PeerMessage::Batch { sequence });
+        all.push(PeerMessage::Ack { sequence });
+    }
+    all
+}
+
+/// The epochs a message may carry relative to `seen`: none, older, the same, newer by
+/// either member.
+fn epochs_around(seen: Epoch) -> Vec<Epoch> {
+    let mut all =
+        vec![Epoch::NONE, seen, e(seen.count() + 1, 1), e(seen.count() + 1, 2), e(seen.count() + 7, 2)];
+    if seen.count() > 0 {
+        all.push(e(seen.count() - 1, 2));
+        all.push(Epoch::from_raw(seen.raw() - 1));
+    }
+    all
+}
+
+#[test]
+fn a_message_of_an_older_epoch_is_refused_and_changes_nothing() {
+    for node in states() {
+        for epoch in epochs_around(node.seen).into_iter().filter(|&x| x < node.seen) {
+            for message in messages() {
+                let mut after = node;
+                let commands = after.step(Event::Peer { epoch, message }).unwrap();
+                assert_eq!(
+                    commands,
+                    vec![Command::Refuse { seen: node.seen }],
+                    "{node:?} {epoch} {message:?}"
+                );
+                assert_eq!(after, node);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_newer_epoch_is_persisted_first_and_makes_any_member_a_backup_that_rejoins() {
+    for node in states() {
+        for epoch in epochs_around(node.seen).into_iter().filter(|&x| x > node.seen) {
+            for message in messages() {
+                let mut after = node;
+                let commands = after.step(Event::Peer { epoch, message }).unwrap();
+                assert_eq!(commands[0], Command::PersistSeen(epoch), "{node:?} {epoch} {message:?}");
+                let was_primary = node.leads().is_some();
+                assert_eq!(commands[1] == Command::StepDown, was_primary, "{commands:?}");
+                assert!(commands.contains(&Command::Rejoin(epoch)));
+                assert_eq!((after.role, after.seen, after.leads()), (Role::Backup, epoch, None));
+                assert!(!commands.iter().any(|c| matches!(c, Command::RecoverThenServe(_))));
+                // The message itself is then read as one of the new epoch, by a backup
+                // that expects the new primary's first batch.
+                match message {
+                    PeerMessage::Batch { sequence: 1 } => {
+                        assert_eq!(*commands.last().unwrap(), Command::AppendThenAck { epoch, sequence: 1 })
+                    }
+                    PeerMessage::Batch { .. } => {
+                        assert_eq!(*commands.last().unwrap(), Command::Resend { epoch, from: 1 })
+                    }
+                    PeerMessage::Ack { .. } => assert_eq!(*commands.last().unwrap(), Command::ProtocolError),
+                    PeerMessage::CaughtUp => assert!(after.caught_up),
+                    PeerMessage::Hello => assert!(!after.caught_up),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_backup_appends_batches_in_order_acks_duplicates_again_and_asks_for_a_gap() {
+    for node in states().into_iter().filter(|n| n.role == Role::Backup) {
+        for sequence in [1, 4, 5, 6, 9] {
+            let mut after = node;
+            let commands = after
+                .step(Event::Peer { epoch: node.seen, message: PeerMessage::Batch { sequence } })
+                .unwrap();
+            let epoch = node.seen;
+            let expected = node.next_sequence;
+            if sequence == expected {
+                assert_eq!(commands, vec![Command::AppendThenAck { epoch, sequence }]);
+                assert_eq!((after.next_sequence, after.caught_up), (expected + 1, node.caught_up));
+            } else if sequence < expected {
+                assert_eq!(commands, vec![Command::AckAgain { epoch, sequence }]);
+                assert_eq!(after, node);
+            } else {
+                assert_eq!(commands, vec![Command::Resend { epoch, from: expected }]);
+                assert!(!after.caught_up, "a backup missing a batch is not caught up");
+                assert_eq!(after.next_sequence, expected);
+            }
+        }
+    }
+}
+
+#[test]
+fn messages_of_the_current_epoch_in_the_wrong_role_are_protocol_errors() {
+    for node in states() {
+        for message in messages() {
+            let mut after = node;
+            let commands = after.step(Event::Peer { epoch: node.seen, message }).unwrap();
+            let wrong = matches!(
+                (node.role, message),
+                (Role::Backup, PeerMessage::Ack { .. })
+                    | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp)
+            );
+            assert_eq!(commands == vec![Command::ProtocolError], wrong, "{node:?} {message:?} {commands:?}");
+            if let (Role::Primary { .. }, PeerMessage::Ack { sequence }) = (node.role, message) {
+                assert_eq!(commands, vec![Command::ConfirmUpTo(sequence)]);
+            }
+            if wrong {
+                assert_eq!(after, node, "a protocol error changes nothing");
+            }
+        }
+    }
+}
+
+#[test]
+fn promotion_needs_a_caught_up_backup_or_force_and_mints_above_everything_known() {
+    for node in states() {
+        for forced in [false, true] {
+            for log_highest in [Epoch::NONE, e(1, 2), e(9, 1)] {
+                let mut after = node;
+                let result = after.step(Event::Promote { forced, log_highest });
+                match (node.role, node.caught_up || forced) {
+                    (Role::Primary { .. }, _) => {
+                        assert_eq!(result, Err(PromoteRefused::AlreadyPrimary(node.seen)));
+                        assert_eq!(after, node);
+                    }
+                    (Role::Backup, false) => {
+                        assert_eq!(result, Err(PromoteRefused::NotCaughtUp { seen: node.seen }));
+                        assert_eq!(after, node);
+                    }
+                    (Role::Backup, true) => {
+                        let commands = result.unwrap();
+                        let epoch = after.seen;
+                        assert!(epoch > node.seen && epoch > log_highest);
+                        assert_eq!(epoch.member(), Some(node.member));
+                        assert_eq!(
+                            commands.first(),
+                            Some(&Command::PersistSeen(epoch)),
+                            "durable before serving"
+                        );
+                        assert_eq!(commands.last(), Some(&Command::RecoverThenServe(epoch)));
+                        let recorded = commands.contains(&Command::RecordForcedPromotion(epoch));
+                        assert_eq!(recorded, !node.caught_up, "a forced promotion is recorded");
+                        assert_eq!(
+                            after.role,
+                            Role::Primary { alone: true },
+                            "alone until a backup caught up"
+                        );
+                        assert_eq!(after.leads(), Some(epoch));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_primary_turns_strict_once_its_backup_caught_up() {
+    for node in states() {
+        let mut after = node;
+        let commands = after.step(Event::BackupCaughtUp).unwrap();
+        match node.role {
+            Role::Primary { alone: true } => {
+                assert_eq!(commands, vec![Command::BecomeStrict]);
+                assert_eq!(after.role, Role::Primary { alone: false });
+            }
+            Role::Primary { alone: false } => assert!(commands.is_empty()),
+            Role::Backup => assert_eq!(commands, vec![Command::ProtocolError]),
+        }
+    }
+}
+
+#[test]
+fn only_a_leader_acknowledges_or_calls_resource_managers_and_strict_needs_both_writes() {
+    let roles = [Role::Backup, Role::Primary { alone: true }, Role::Primary { alone: false }];
+    for role in roles {
+        for local in [false, true] {
+            for backup in [false, true] {
+                let expected = match role {
+                    Role::Backup => false,
+                    Role::Primary { alone: true } => local,
+                    Role::Primary { alone: false } => local && backup,
+                };
+                assert_eq!(may_acknowledge(role, local, backup), expected, "{role:?} {local} {backup}");
+                assert_eq!(settled(role, local, backup), expected);
+                // Nothing that one disk alone holds is acknowledged by a strict primary.
+                if role == (Role::Primary { alone: false }) {
+                    assert!(!may_acknowledge(role, true, false) && !may_acknowledge(role, false, true));
+                }
+            }
+        }
+        for in_doubt in [false, true] {
+            assert_eq!(may_presume_abort(role, in_doubt), role != Role::Backup && !in_doubt);
+        }
+        assert_eq!(may_call_rms(role), role != Role::Backup);
+    }
+}
+
+/// The story of a failover: member 1 leads, dies; the operator promotes member 2; member 1
+/// returns, hears of the newer epoch, becomes a backup, and its old epoch is refused by
+/// everyone from then on.
+#[test]
+fn a_deposed_primary_returns_as_a_backup_and_its_epoch_is_refused_everywhere() {
+    let mut one = Node::start(m(1), Epoch::NONE);
+    let mut two = Node::start(m(2), Epoch::NONE);
+    let first = match one.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap().as_slice()
+    {
+        [Command::PersistSeen(epoch), Command::RecordForcedPromotion(_), Command::RecoverThenServe(_)] => {
+            *epoch
+        }
+        other => panic!("{other:?}"),
+    };
+    // Member 2 follows: hello, two batches, the end of the catch-up.
+    for message in
+        [PeerMessage::Hello, PeerMessage::Batch { sequence: 1 }, PeerMessage::Batch { sequence: 2 }]
+    {
+        two.step(Event::Peer { epoch: first, message }).unwrap();
+    }
+    assert!(
+        two.step(Event::Promote { forced: false, log_highest: Epoch::NONE }).is_err(),
+        "not caught up yet"
+    );
+    two.step(Event::Peer { epoch: first, message: PeerMessage::CaughtUp }).unwrap();
+    assert_eq!(
+        one.step(Event::Peer { epoch: first, message: PeerMessage::Ack { sequence: 2 } }).unwrap(),
+        vec![Command::ConfirmUpTo(2)]
+    );
+    one.step(Event::BackupCaughtUp).unwrap();
+    // Member 1 dies; the operator promotes member 2, which caught up.
+    let second = two.step(Event::Promote { forced: false, log_highest: first }).unwrap();
+    let second = match second.as_slice() {
+        [Command::PersistSeen(epoch), Command::RecoverThenServe(_)] => *epoch,
+        other => panic!("{other:?}"),
+    };
+    assert!(second > first);
+    // Member 1 comes back believing it leads: member 2 refuses its batches...
+    let refused =
+        two.step(Event::Peer { epoch: first, message: PeerMessage::Batch { sequence: 3 } }).unwrap();
+    assert_eq!(refused, vec![Command::Refuse { seen: second }]);
+    // ...and member 1 steps down at the first message of the newer epoch.
+    let commands = one.step(Event::Peer { epoch: second, message: PeerMessage::Hello }).unwrap();
+    assert_eq!(commands, vec![Command::PersistSeen(second), Command::StepDown, Command::Rejoin(second)]);
+    assert_eq!(one.role, Role::Backup);
+    assert_eq!(
+        one.step(Event::Peer { epoch: first, message: PeerMessage::Ack { sequence: 3 } }).unwrap(),
+        vec![Command::Refuse { seen: second }],
+        "its own old epoch is refused by itself too"
+    );
+}
