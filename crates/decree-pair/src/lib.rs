@@ -21,6 +21,8 @@
 
 pub mod epoch;
 pub mod rules;
+pub mod state_file;
 
 pub use epoch::{Epoch, MemberId};
 pub use rules::{Command, Event, Fence, Node, PeerMessage, PromoteRefused, Role};
+pub use state_file::PairState;
