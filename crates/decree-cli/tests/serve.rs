@@ -20,13 +20,16 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decree"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starts decree serve");
+    let mut reaped = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_decree"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts decree serve"),
+    );
+    let child = &mut reaped.0;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -57,6 +60,17 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     }
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(!socket.exists(), "the socket is removed at shutdown");
+}
+
+/// A child killed and reaped when the test ends, so that a failed assertion leaves no
+/// server running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The stderr of a child, collected by a thread so that the test can wait for a line.
@@ -146,14 +160,16 @@ fn serve_names_each_tls_refusal_and_reloads_its_files_on_sighup() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decree"))
-        .args(["serve", "-v", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starts decree serve");
-    let stderr = Stderr::collect(&mut child);
+    let mut child = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_decree"))
+            .args(["serve", "-v", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts decree serve"),
+    );
+    let stderr = Stderr::collect(&mut child.0);
     stderr.wait_for("decree server listening");
     let old_ca = old_dir.join("ca.pem");
     old.write_ca(&old_ca);
@@ -185,7 +201,7 @@ fn serve_names_each_tls_refusal_and_reloads_its_files_on_sighup() {
     new.write_ca(&live("ca.pem"));
     let new_ca = new.write_ca(&new_dir.join("ca.pem"));
     // SAFETY: kill with a pid of our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) }, 0);
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGHUP) }, 0);
     stderr.wait_for("TLS certificate, key and client CA reloaded");
     tls_client(port, &new_ca, &new_app).expect("the new CA's client connects").ping().unwrap();
     let stale = refused(tls_client(port, &old_ca, &app));
@@ -195,15 +211,15 @@ fn serve_names_each_tls_refusal_and_reloads_its_files_on_sighup() {
     // A reload from a broken key keeps the files in use and says which file is wrong.
     std::fs::write(live("server.key"), "garbage").unwrap();
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) }, 0);
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGHUP) }, 0);
     let log = stderr.wait_for("TLS reload failed");
     assert!(log.contains("tls.key"), "{log}");
     tls_client(port, &new_ca, &new_app).expect("still served").ping().unwrap();
     eprintln!("the server's log:\n{}", stderr.wait_for(""));
 
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) }, 0);
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }
 
 #[test]
