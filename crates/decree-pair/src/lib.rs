@@ -22,7 +22,9 @@
 pub mod epoch;
 pub mod rules;
 pub mod state_file;
+pub mod wire;
 
 pub use epoch::{Epoch, MemberId};
 pub use rules::{Command, Event, Fence, Node, PeerMessage, PromoteRefused, Role};
 pub use state_file::PairState;
+pub use wire::{LinkMessage, LinkRecord, RecordKind};
