@@ -180,7 +180,15 @@ mod tests {
     fn remote_addresses_need_allow_remote_and_kinds_are_checked() {
         let refused = parse("decree serve --dir /d --tcp 0.0.0.0:7411").config();
         assert!(refused.err().map(|e| e.to_string()).unwrap_or_default().contains("allow_remote"));
-        assert!(parse("decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote").config().is_ok());
+        // --allow-remote passes the first gate; since TLS came in (3f2c3cd) the second wants
+        // a [tls] section or plaintext said out loud, which only the file can give.
+        let without_tls = parse("decree serve --dir /d --tcp 0.0.0.0:7411 --allow-remote").config();
+        assert!(without_tls.err().map(|e| e.to_string()).unwrap_or_default().contains("insecure_plaintext"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plaintext.toml");
+        std::fs::write(&file, "log_dir = \"/d\"\ninsecure_plaintext = true\n").unwrap();
+        let line = format!("decree serve -c {} --tcp 0.0.0.0:7411 --allow-remote", file.display());
+        assert!(parse(&line).config().is_ok());
         assert!(parse("decree serve").config().is_err());
         let mut config = ServerConfig::new("/d", EngineKind::Volatile);
         config.rm.push(decree_server::RmConfig {
