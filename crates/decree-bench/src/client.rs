@@ -46,6 +46,9 @@ pub enum Mode {
     Unix,
     /// A state server over TCP.
     Tcp,
+    /// A state server over TCP with mutual TLS 1.3: what encryption and client
+    /// certificates cost next to [`Mode::Tcp`].
+    Tls,
 }
 
 impl Mode {
@@ -55,6 +58,18 @@ impl Mode {
             Mode::Embedded => "embedded",
             Mode::Unix => "unix",
             Mode::Tcp => "tcp",
+            Mode::Tls => "tls",
+        }
+    }
+
+    /// The prefix of this mode's `--connect` address (`unix:`, `tcp:`, `tls:`); `None` for
+    /// the embedded mode, which has no server to connect to.
+    pub fn scheme(&self) -> Option<&'static str> {
+        match self {
+            Mode::Embedded => None,
+            Mode::Unix => Some("unix:"),
+            Mode::Tcp => Some("tcp:"),
+            Mode::Tls => Some("tls:"),
         }
     }
 }
@@ -72,9 +87,27 @@ impl FromStr for Mode {
             "embedded" => Ok(Mode::Embedded),
             "unix" => Ok(Mode::Unix),
             "tcp" => Ok(Mode::Tcp),
-            other => {
-                Err(BenchError::Option(format!("unknown mode {other:?}; expected embedded, unix or tcp")))
-            }
+            "tls" => Ok(Mode::Tls),
+            other => Err(BenchError::Option(format!(
+                "unknown mode {other:?}; expected embedded, unix, tcp or tls"
+            ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_from_their_names() {
+        for mode in [Mode::Embedded, Mode::Unix, Mode::Tcp, Mode::Tls] {
+            assert_eq!(mode.name().parse::<Mode>().unwrap(), mode);
+            assert_eq!(mode.to_string(), mode.name());
+        }
+        assert_eq!(Mode::Tls.scheme(), Some("tls:"));
+        assert_eq!(Mode::Embedded.scheme(), None);
+        let e = "ssl".parse::<Mode>().unwrap_err().to_string();
+        assert!(e.contains("expected embedded, unix, tcp or tls"), "{e}");
     }
 }

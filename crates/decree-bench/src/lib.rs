@@ -12,6 +12,8 @@
 //! the state-server modes ([`remote`]) share the workload, the statistics, the reports and
 //! the charts; [`rate`] is the fixed-rate variant of the workload, and [`round_trip`] its
 //! same-run floor (a bare request and reply over the same transport at the same rate);
+//! [`handshake`] times opening a connection to the server (which the runs never pay), and
+//! [`compare`] sets the modes of alternated rounds side by side (plaintext against TLS);
 //! [`write_floor`] is the same-run floor of a durable commit (one synced write). [`rm_bench`] measures
 //! the cost of atomicity with real databases (decree 2PC against two local commits).
 //! Nothing here asserts on speed; tests check that the counts add up.
@@ -20,8 +22,10 @@
 
 pub mod chart;
 pub mod client;
+pub mod compare;
 pub mod embedded;
 pub mod error;
+pub mod handshake;
 pub mod host_cpu;
 pub mod log_bench;
 pub mod log_use;

@@ -1,14 +1,20 @@
 //! The state-server modes: the coordinator runs in the benchmark process, its decisions go
-//! to a decree state server over a Unix socket or TCP.
+//! to a decree state server over a Unix socket, TCP, or TCP with mutual TLS.
 //!
 //! Unless an address is given ([`RemoteSpec::connect`]), the target starts its own server
 //! in-process (`decree_server::start`) on a fresh log with the run's engine and RPO, on a
 //! socket in a private temporary directory or on a free loopback port, with the metrics
-//! endpoint on. The coordinator's store is one [`RemoteDecisions`]; every benchmark thread
-//! is one TX context, that is one coordinator session and one server connection for the
-//! whole run (as the client library is designed), while tx_open and tx_close still open
-//! and close the dummy resource managers every cycle. The dummy RMs' factories are given
-//! to the server as well, so it could finish the phase two of a client that died.
+//! endpoint on. In the tls mode that directory holds a throwaway CA instead
+//! (`decree_server::testing::TestCa`), with the server's certificate for 127.0.0.1 and one
+//! client certificate; the server asks every client for it, as a real deployment would.
+//! Against a server given by address, the tls mode reads the client's CA, certificate and
+//! key from [`RemoteSpec::tls_files`]. The coordinator's store is one [`RemoteDecisions`];
+//! every benchmark thread is one TX context, that is one coordinator session and one
+//! server connection for the whole run (as the client library is designed), while tx_open
+//! and tx_close still open and close the dummy resource managers every cycle. The dummy
+//! RMs' factories are given to the server as well, so it could finish the phase two of a
+//! client that died. [`RemoteTarget::handshakes`] times opening a connection, which the
+//! runs never see (see [`crate::handshake`]).
 //!
 //! [`BenchTarget::finish`] checks, through the server's metrics, that the server made
 //! exactly one decision durable and completed exactly one transaction per commit (with two
@@ -17,14 +23,17 @@
 
 use crate::client::{BenchClient, BenchTarget, Mode};
 use crate::embedded::{TmClient, RMS_MAX};
+use crate::handshake::{self, Connector, Handshake, HANDSHAKE_CONNECTIONS};
 use crate::BenchError;
-use decree_client::RemoteDecisions;
+use decree_client::{ClientOptions, ClientTlsFiles, Endpoint, RemoteDecisions};
 use decree_core::testing::DummyFactory;
 use decree_core::{DecisionStore, RmFactory, TmConfig, TransactionManager};
 use decree_log::LogConfig;
-use decree_server::{ServerConfig, ServerError, ServerHandle};
+use decree_server::testing::{TestCa, Validity};
+use decree_server::{ServerConfig, ServerError, ServerHandle, TlsConfig};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,10 +50,14 @@ const METRICS_BYTES_MAX: u64 = 1 << 20;
 /// What a state-server run needs besides the log configuration.
 #[derive(Debug, Clone)]
 pub struct RemoteSpec {
-    /// Unix or Tcp.
+    /// Unix, Tcp or Tls.
     pub mode: Mode,
-    /// A running server (`unix:/path` or `tcp:host:port`) instead of starting one.
+    /// A running server (`unix:/path`, `tcp:host:port` or `tls:host:port`) instead of
+    /// starting one.
     pub connect: Option<String>,
+    /// The client's CA, certificate and key for a tls server given by `connect` (the server
+    /// the target starts gets a throwaway CA instead).
+    pub tls_files: ClientTlsFiles,
     /// Dummy resource managers per transaction.
     pub rms: usize,
     /// Benchmark threads, each holding one connection.
@@ -59,8 +72,10 @@ pub struct RemoteTarget {
     rms: usize,
     committed: Arc<AtomicU64>,
     metrics: Option<SocketAddr>,
+    connector: Connector,
     server: Option<ServerHandle>,
-    _socket_dir: Option<tempfile::TempDir>,
+    // The socket or the throwaway CA's files, removed after the server stopped.
+    _dir: Option<tempfile::TempDir>,
 }
 
 fn client_error(context: &str, e: impl std::fmt::Display) -> BenchError {
@@ -77,14 +92,21 @@ impl RemoteTarget {
         let factories: Vec<DummyFactory> =
             (0..spec.rms).map(|i| DummyFactory::named(&format!("dummy-{i}"), 0)).collect();
         let shared: Vec<Arc<dyn RmFactory>> = factories.iter().map(DummyFactory::arc).collect();
-        let (endpoint, server, socket_dir) = match &spec.connect {
-            Some(address) => (address.clone(), None, None),
+        let started = match &spec.connect {
+            Some(address) => Started {
+                endpoint: address.clone(),
+                server: None,
+                dir: None,
+                tls_files: (spec.mode == Mode::Tls).then(|| spec.tls_files.clone()),
+            },
             None => start_server(log, spec, shared.clone())?,
         };
-        let metrics = server.as_ref().and_then(ServerHandle::metrics_addr);
+        let metrics = started.server.as_ref().and_then(ServerHandle::metrics_addr);
+        let connector = connector(&started)?;
         let store: Arc<dyn DecisionStore> = Arc::new(
-            RemoteDecisions::connect(&endpoint)
-                .map_err(|e| client_error(&format!("connecting to the state server at {endpoint}"), e))?,
+            RemoteDecisions::connect_with(connector.endpoint.clone(), connector.options.clone()).map_err(
+                |e| client_error(&format!("connecting to the state server at {}", started.endpoint), e),
+            )?,
         );
         let tm = TransactionManager::with_store(store, TmConfig::default(), shared)
             .map_err(|e| client_error("starting the coordinator", e))?;
@@ -94,9 +116,16 @@ impl RemoteTarget {
             rms: spec.rms,
             committed: Arc::new(AtomicU64::new(0)),
             metrics,
-            server,
-            _socket_dir: socket_dir,
+            connector,
+            server: started.server,
+            _dir: started.dir,
         })
+    }
+
+    /// Times opening a connection to the server the way the run's clients do (see
+    /// [`crate::handshake`]); sessions are long-lived, so the runs never pay it.
+    pub fn handshakes(&self) -> Result<Handshake, BenchError> {
+        handshake::measure(&self.connector, HANDSHAKE_CONNECTIONS)
     }
 
     /// Stops the server this target started, if any, and reports how it stopped.
@@ -108,7 +137,43 @@ impl RemoteTarget {
     }
 }
 
-type Started = (String, Option<ServerHandle>, Option<tempfile::TempDir>);
+/// Where the run's server is and what the clients need to reach it.
+struct Started {
+    endpoint: String,
+    server: Option<ServerHandle>,
+    dir: Option<tempfile::TempDir>,
+    /// The client's TLS files in the tls mode.
+    tls_files: Option<ClientTlsFiles>,
+}
+
+/// The endpoint and client options of `started` (its TLS files read once, shared by every
+/// connection of the run).
+fn connector(started: &Started) -> Result<Connector, BenchError> {
+    let context = format!("connecting to the state server at {}", started.endpoint);
+    let endpoint: Endpoint = started.endpoint.parse().map_err(|e| client_error(&context, e))?;
+    let tls = match &started.tls_files {
+        Some(files) => files.load().map_err(|e| client_error(&context, e))?,
+        None => None,
+    };
+    let options = ClientOptions { tls, ..ClientOptions::default() };
+    Ok(Connector { endpoint, options, tls_files: started.tls_files.clone() })
+}
+
+/// A throwaway CA in `dir`: the server's TLS configuration (its certificate for 127.0.0.1,
+/// any client of the CA allowed) and the files of one client certificate.
+fn throwaway_pki(dir: &Path) -> (TlsConfig, ClientTlsFiles) {
+    let ca = TestCa::new("decree-bench CA");
+    let ca_file = ca.write_ca(&dir.join("ca.pem"));
+    let server = ca.server(dir, "server", Validity::Current);
+    let client = ca.client(dir, "decree-bench", Validity::Current);
+    let tls = TlsConfig {
+        cert: server.cert,
+        key: server.key,
+        client_ca: ca_file.clone(),
+        clients_allowed: Vec::new(),
+    };
+    (tls, ClientTlsFiles { ca: Some(ca_file), cert: Some(client.cert), key: Some(client.key) })
+}
 
 fn start_server(
     log: &LogConfig,
@@ -122,22 +187,34 @@ fn start_server(
         .limits
         .connections_max
         .max(u32::try_from(spec.threads).unwrap_or(u32::MAX).saturating_add(CONNECTIONS_SPARE));
-    // The socket lives in a private directory of the system's temporary directory: a
-    // socket path must be short (108 bytes) and the log directory's path may be long.
-    let socket_dir = match spec.mode {
-        Mode::Unix => Some(
-            tempfile::Builder::new()
-                .prefix("decree-bench-")
-                .tempdir()
-                .map_err(|e| BenchError::io("cannot create a socket directory", std::env::temp_dir(), e))?,
-        ),
-        Mode::Tcp => None,
+    // The socket or the certificates live in a private directory of the system's temporary
+    // directory: a socket path must be short (108 bytes) and the log directory's path may
+    // be long.
+    let private_dir = || {
+        tempfile::Builder::new()
+            .prefix("decree-bench-")
+            .tempdir()
+            .map_err(|e| BenchError::io("cannot create a private directory", std::env::temp_dir(), e))
+    };
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (dir, tls_files) = match spec.mode {
+        Mode::Unix => {
+            let dir = private_dir()?;
+            config.unix = Some(dir.path().join("decree.sock"));
+            (Some(dir), None)
+        }
+        Mode::Tcp => {
+            config.tcp = Some(loopback);
+            (None, None)
+        }
+        Mode::Tls => {
+            let dir = private_dir()?;
+            let (tls, files) = throwaway_pki(dir.path());
+            (config.tcp, config.tls) = (Some(loopback), Some(tls));
+            (Some(dir), Some(files))
+        }
         Mode::Embedded => return Err(BenchError::Option("the embedded mode has no server".into())),
     };
-    match &socket_dir {
-        Some(dir) => config.unix = Some(dir.path().join("decree.sock")),
-        None => config.tcp = Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-    }
     let server = decree_server::start(config, factories).map_err(|e| match e {
         ServerError::Log(source) => {
             BenchError::EngineUnavailable { engine: log.engine.name().into(), source }
@@ -146,10 +223,11 @@ fn start_server(
     })?;
     let endpoint = match (server.unix_path(), server.tcp_addr()) {
         (Some(path), _) => format!("unix:{}", path.display()),
+        (None, Some(addr)) if tls_files.is_some() => format!("tls:{addr}"),
         (None, Some(addr)) => format!("tcp:{addr}"),
         (None, None) => return Err(client_error("starting the state server", "it listens nowhere")),
     };
-    Ok((endpoint, Some(server), socket_dir))
+    Ok(Started { endpoint, server: Some(server), dir, tls_files })
 }
 
 impl BenchTarget for RemoteTarget {

@@ -4,6 +4,7 @@
 //! it goes on; the table formats print each row as soon as its run ends. Neither holds
 //! more than the current line: reports of long sweeps cost no memory.
 
+use crate::compare::{ModeSummary, Spread};
 use crate::log_bench::{LogPoint, RAW_ENGINE};
 use crate::stats::Summary;
 use crate::tx::{BenchPoint, Skipped};
@@ -24,8 +25,9 @@ pub fn bench_json(point: &BenchPoint) -> String {
 /// The line that tells an engine was skipped (or failed) and why.
 pub fn skipped_line(skipped: &Skipped) -> String {
     let what = if skipped.failed { "FAILED" } else { "skipped" };
+    let mode = skipped.mode.as_ref().map(|m| format!(" mode={m}")).unwrap_or_default();
     format!(
-        "{what}: engine {} rpo={}ms threads={}: {}",
+        "{what}: engine {} rpo={}ms threads={}{mode}: {}",
         skipped.engine, skipped.rpo_ms, skipped.threads, skipped.reason
     )
 }
@@ -68,11 +70,13 @@ impl LogTable {
     }
 }
 
-/// The transaction-benchmark table: a header, then one block of five lines per run.
+/// The transaction-benchmark table: a header, then one block of five lines per run (and
+/// the connection times of a state server's run).
 pub fn bench_header() -> String {
     format!(
-        "{:<12} {:>6} {:>7} {:>10} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n{}",
+        "{:<12} {:<8} {:>6} {:>7} {:>10} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n{}",
         "engine",
+        "mode",
         "rpo_ms",
         "threads",
         "tps",
@@ -84,34 +88,41 @@ pub fn bench_header() -> String {
         "p99_us",
         "avg_us",
         "stddev_us",
-        "-".repeat(118)
+        "-".repeat(127)
     )
 }
 
-/// The block of one run: open, begin, commit, close and total lines.
+/// The block of one run: open, begin, commit, close and total lines; for a state server,
+/// then the time to open a connection to it (`connect`: a full TLS handshake in the tls
+/// mode) and, in the tls mode, to open one that resumes a TLS session (`resumed`).
 pub fn bench_block(point: &BenchPoint) -> String {
     let mut out = String::new();
-    let calls: [(&str, &Summary); 5] = [
+    let mut calls: Vec<(&str, &Summary)> = vec![
         ("open", &point.open),
         ("begin", &point.begin),
         ("commit", &point.commit),
         ("close", &point.close),
         ("total", &point.total),
     ];
+    if let Some(handshake) = &point.handshake {
+        calls.push(("connect", &handshake.connect));
+        calls.extend(handshake.resumed.as_ref().map(|resumed| ("resumed", resumed)));
+    }
     for (i, (call, s)) in calls.iter().enumerate() {
-        let (engine, rpo, threads, tps) = if i == 0 {
+        let (engine, mode, rpo, threads, tps) = if i == 0 {
             (
                 point.engine.clone(),
+                point.mode.clone(),
                 point.rpo_ms.to_string(),
                 point.threads.to_string(),
                 format!("{:.1}", point.tps),
             )
         } else {
-            (String::new(), String::new(), String::new(), String::new())
+            Default::default()
         };
         let _ = writeln!(
             out,
-            "{engine:<12} {rpo:>6} {threads:>7} {tps:>10} {call:<7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            "{engine:<12} {mode:<8} {rpo:>6} {threads:>7} {tps:>10} {call:<7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
             s.p25, s.p50, s.p75, s.p95, s.p99, s.avg, s.stddev
         );
     }
@@ -122,14 +133,15 @@ pub fn bench_block(point: &BenchPoint) -> String {
 /// against the p95 of the total latency the TM adds), in milliseconds.
 pub fn bench_summary(points: &[BenchPoint]) -> String {
     let mut out = format!(
-        "{:<12} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12}\n",
-        "engine", "rpo_ms", "threads", "tps", "total_p50_ms", "total_p95_ms", "total_p99_ms"
+        "{:<12} {:<8} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12}\n",
+        "engine", "mode", "rpo_ms", "threads", "tps", "total_p50_ms", "total_p95_ms", "total_p99_ms"
     );
     for p in points {
         let _ = writeln!(
             out,
-            "{:<12} {:>6} {:>7} {:>10.1} {:>12.3} {:>12.3} {:>12.3}",
+            "{:<12} {:<8} {:>6} {:>7} {:>10.1} {:>12.3} {:>12.3} {:>12.3}",
             p.engine,
+            p.mode,
             p.rpo_ms,
             p.threads,
             p.tps,
@@ -145,8 +157,9 @@ pub fn bench_summary(points: &[BenchPoint]) -> String {
 /// the scheduled time and the service time of tx_commit, in microseconds.
 pub fn rate_summary(points: &[BenchPoint]) -> String {
     let mut out = format!(
-        "{:<12} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>10} {:>11} {:>11} {:>12}\n",
+        "{:<14} {:<8} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>10} {:>11} {:>11} {:>12}\n",
         "engine",
+        "mode",
         "rpo_ms",
         "threads",
         "rate",
@@ -162,8 +175,9 @@ pub fn rate_summary(points: &[BenchPoint]) -> String {
         let Some(r) = &p.rate else { continue };
         let _ = writeln!(
             out,
-            "{:<12} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            "{:<14} {:<8} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
             p.engine,
+            p.mode,
             p.rpo_ms,
             p.threads,
             r.rate_target,
@@ -180,16 +194,17 @@ pub fn rate_summary(points: &[BenchPoint]) -> String {
 }
 
 /// The raw round trips measured next to the fixed-rate runs, as rows of the fixed-rate
-/// table (engine column "raw-round-trip", the transport in the RPO column's place), then
+/// table (engine column "raw-round-trip", the transport in the mode column's place), then
 /// each run's median and 99.9th percentile as multiples of its own reference.
 pub fn round_trip_summary(points: &[BenchPoint]) -> String {
     let mut out = String::new();
     for r in points.iter().filter_map(|p| p.round_trip_floor.as_ref()) {
         let _ = writeln!(
             out,
-            "{:<12} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            "{:<14} {:<8} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
             r.reference,
             r.transport,
+            "-",
             r.threads,
             r.rate_target,
             r.rate_achieved,
@@ -206,12 +221,14 @@ pub fn round_trip_summary(points: &[BenchPoint]) -> String {
         if r.p50_us > 0.0 && r.p999_us > 0.0 {
             let _ = writeln!(
                 out,
-                "{} rpo={}ms threads={}: p50 {:.2}x and p99.9 {:.2}x the raw round trip's; p99.9 {:.1}x its own p50",
+                "{} {} rpo={}ms threads={}: p50 {:.2}x and p99.9 {:.2}x the raw {} round trip's; p99.9 {:.1}x its own p50",
                 p.engine,
+                p.mode,
                 p.rpo_ms,
                 p.threads,
                 rate.commit_p50_us / r.p50_us,
                 rate.commit_p999_us / r.p999_us,
+                r.transport,
                 rate.commit_p999_us / rate.commit_p50_us.max(f64::MIN_POSITIVE)
             );
         }
@@ -236,8 +253,9 @@ pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> Stri
     for p in points.iter().filter(|p| p.rpo_ms == 0 && p.engine != "volatile") {
         let _ = write!(
             out,
-            "{} rpo=0ms threads={}: total p95 {:.3} ms = {:.2}x the {} write's p95",
+            "{} {} rpo=0ms threads={}: total p95 {:.3} ms = {:.2}x the {} write's p95",
             p.engine,
+            p.mode,
             p.threads,
             p.total.p95 / 1000.0,
             p.total.p95 / floor.p95_us,
@@ -252,6 +270,51 @@ pub fn write_floor_summary(points: &[BenchPoint], floors: &[WriteFloor]) -> Stri
         out.push('\n');
     }
     out
+}
+
+/// `median<unit> (lowest-highest)` with `digits` decimals.
+fn spread_text(s: &Spread, digits: usize, unit: &str) -> String {
+    format!("{:.digits$}{unit} ({:.digits$}-{:.digits$})", s.median, s.min, s.max)
+}
+
+/// The lines of one mode over the rounds of a thread count: its medians (with their
+/// range), its connection times, and its ratios to the first mode.
+pub fn mode_summary_lines(s: &ModeSummary) -> String {
+    let mut out = format!(
+        "{} {} rpo={}ms threads={}, {} round(s), median (lowest-highest): tps {}, total p95 {}",
+        s.mode,
+        s.engine,
+        s.rpo_ms,
+        s.threads,
+        s.rounds,
+        spread_text(&s.tps, 1, ""),
+        spread_text(&s.total_p95_us, 1, " us")
+    );
+    if let Some(p50) = &s.commit_p50_us {
+        let _ = write!(out, ", commit p50 at the fixed rate {}", spread_text(p50, 1, " us"));
+    }
+    if let (Some(p50), Some(p95)) = (&s.connect_p50_us, &s.connect_p95_us) {
+        let what = if s.resumed_p50_us.is_some() { "connect with a full TLS handshake" } else { "connect" };
+        let _ = write!(out, "\n    {what}: p50 {:.1} us, p95 {:.1} us", p50.median, p95.median);
+    }
+    if let (Some(p50), Some(p95)) = (&s.resumed_p50_us, &s.resumed_p95_us) {
+        let _ = write!(out, "; resuming a TLS session: p50 {:.1} us, p95 {:.1} us", p50.median, p95.median);
+    }
+    if let (Some(versus), Some(tps)) = (&s.versus, &s.tps_ratio) {
+        let _ = write!(out, "\n    {}/{versus}: tps {}", s.mode, spread_text(tps, 2, "x"));
+        if let Some(p95) = &s.total_p95_ratio {
+            let _ = write!(out, ", total p95 {}", spread_text(p95, 2, "x"));
+        }
+        if let Some(p50) = &s.commit_p50_ratio {
+            let _ = write!(out, ", commit p50 at the fixed rate {}", spread_text(p50, 2, "x"));
+        }
+    }
+    out
+}
+
+/// One JSON line for a mode's summary.
+pub fn mode_summary_json(s: &ModeSummary) -> String {
+    serde_json::to_string(s).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 #[cfg(test)]

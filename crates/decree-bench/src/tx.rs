@@ -5,10 +5,15 @@
 //! added by the TM"); think times are never part of a latency. Throughput is the number of
 //! completed cycles divided by the wall time of the run, from the moment all threads are
 //! released together until the last one ends. One run per thread count, each on a fresh
-//! log directory, for every combination of engine and RPO asked for.
+//! log directory, for every combination of engine and RPO asked for, and per mode: with
+//! several modes or rounds, every thread count runs `rounds` rounds of every mode, each
+//! round starting with the next mode (as `rm_bench` does), and [`crate::compare`] sets the
+//! modes side by side after the last round.
 
 use crate::client::{BenchTarget, Mode};
+use crate::compare::{self, ModeSummary};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
+use crate::handshake::Handshake;
 use crate::log_use::{LogUse, LogWrites};
 use crate::rate::Schedule;
 use crate::remote::{RemoteSpec, RemoteTarget};
@@ -17,6 +22,7 @@ use crate::stats::{Latencies, Summary};
 use crate::think::ThinkRange;
 use crate::write_floor::WriteFloor;
 use crate::BenchError;
+use decree_client::ClientTlsFiles;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use indicatif::ProgressBar;
 use rand::SeedableRng;
@@ -28,6 +34,9 @@ use std::time::{Duration, Instant};
 
 /// The most threads one run may start.
 pub const THREADS_MAX: usize = 4096;
+
+/// The most rounds per thread count (a bound on a typo, not on patience).
+pub const ROUNDS_MAX: usize = crate::rm_bench::ROUNDS_MAX;
 
 /// When every thread of a run stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,15 +292,21 @@ pub struct BenchSpec {
     pub t2: ThinkRange,
     /// Dummy resource managers per transaction.
     pub rms: usize,
-    /// Where the transaction manager runs.
-    pub mode: Mode,
+    /// Where the transaction manager runs; with several, they alternate in every round so
+    /// that they are compared under the same drift of a noisy machine.
+    pub modes: Vec<Mode>,
+    /// Rounds of every mode per thread count (1 to [`ROUNDS_MAX`]).
+    pub rounds: usize,
     /// Parent of the per-run log directories (each is created fresh and removed after).
     pub dir: PathBuf,
     /// Seed of the think-time generators.
     pub seed: u64,
-    /// A running state server (`unix:/path` or `tcp:host:port`) for the unix and tcp
-    /// modes, instead of starting one per run.
+    /// A running state server (`unix:/path`, `tcp:host:port` or `tls:host:port`) for the
+    /// mode of the same name, instead of starting one per run.
     pub connect: Option<String>,
+    /// The client's CA, certificate and key for `connect` = `tls:host:port` (all three or
+    /// none); the server the benchmark starts itself gets a throwaway CA.
+    pub tls_files: ClientTlsFiles,
     /// Fixed-rate mode: transactions per second over all threads (no think times).
     pub rate: Option<f64>,
 }
@@ -378,6 +393,12 @@ pub struct BenchPoint {
     /// Synced log writes per committed cycle and their times, embedded mode only.
     #[serde(flatten)]
     pub log_writes: Option<LogWrites>,
+    /// Which round of its thread count the run was (1-based).
+    pub round: usize,
+    /// The time to open one connection to the run's server, measured just before the run
+    /// (state-server modes only), see [`crate::handshake`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handshake: Option<Handshake>,
 }
 
 impl BenchPoint {
@@ -401,12 +422,18 @@ impl BenchPoint {
             disk_floor: Vec::new(),
             round_trip_floor: None,
             log_writes: run.log_use.as_ref().and_then(|used| used.per_commit(run.cycles)),
+            round: 1,
+            handshake: None,
         }
     }
 
-    /// The name of the series this point belongs to in charts ("journal rpo=0ms").
+    /// The name of the series this point belongs to in charts ("journal rpo=0ms", with the
+    /// mode after it for a state server: "journal rpo=0ms tls").
     pub fn series(&self) -> String {
-        format!("{} rpo={}ms", self.engine, self.rpo_ms)
+        match self.mode.as_str() {
+            "embedded" => format!("{} rpo={}ms", self.engine, self.rpo_ms),
+            mode => format!("{} rpo={}ms {mode}", self.engine, self.rpo_ms),
+        }
     }
 }
 
@@ -424,6 +451,8 @@ pub struct Skipped {
     pub failed: bool,
     /// Why (the error that stopped it).
     pub reason: String,
+    /// The mode of the run, where the benchmark has modes (`decree bench`).
+    pub mode: Option<String>,
 }
 
 impl Skipped {
@@ -435,7 +464,13 @@ impl Skipped {
             threads,
             failed: !matches!(error, BenchError::EngineUnavailable { .. }),
             reason: error.to_string(),
+            mode: None,
         }
+    }
+
+    /// The same, naming the mode of the run too.
+    pub fn in_mode(self, mode: Mode) -> Self {
+        Skipped { mode: Some(mode.name().into()), ..self }
     }
 }
 
@@ -447,6 +482,9 @@ pub enum Step {
     /// The engine could not be opened or a run failed; its remaining thread counts are
     /// skipped too.
     Skipped(Skipped),
+    /// The rounds of one thread count finished (several modes or rounds only): one mode's
+    /// medians and its ratios to the first mode.
+    Compared(Box<ModeSummary>),
 }
 
 /// Creates `parent/name` fresh (removing leftovers of an earlier run).
@@ -461,10 +499,8 @@ pub(crate) fn fresh_dir(parent: &Path, name: &str) -> Result<PathBuf, BenchError
 }
 
 /// Rejects a spec that cannot run, before any run starts.
-fn check(spec: &BenchSpec) -> Result<(), BenchError> {
-    if spec.connect.is_some() && spec.mode == Mode::Embedded {
-        return Err(BenchError::Option("--connect needs --mode unix or --mode tcp".into()));
-    }
+pub fn check(spec: &BenchSpec) -> Result<(), BenchError> {
+    check_modes(spec)?;
     if let Some(rate) = spec.rate {
         if !(rate.is_finite() && rate > 0.0 && rate <= crate::rate::RATE_MAX) {
             return Err(BenchError::Option(format!(
@@ -479,11 +515,62 @@ fn check(spec: &BenchSpec) -> Result<(), BenchError> {
     if spec.rms == 0 || spec.rms > RMS_MAX {
         return Err(BenchError::Option(format!("--rms {}: expected 1 to {RMS_MAX}", spec.rms)));
     }
+    if spec.rounds == 0 || spec.rounds > ROUNDS_MAX {
+        return Err(BenchError::Option(format!("--rounds {}: expected 1 to {ROUNDS_MAX}", spec.rounds)));
+    }
     match spec.stop {
         Stop::Cycles(0) => Err(BenchError::Option("--cycles 0: expected at least 1".into())),
         Stop::Duration(d) if d.is_zero() => Err(BenchError::Option("--duration must be positive".into())),
         _ => Ok(()),
     }
+}
+
+/// The modes, `--connect` and the TLS files must fit together: one mode per address, of
+/// the address's kind, and the three TLS files together, for a `tls:` address only.
+fn check_modes(spec: &BenchSpec) -> Result<(), BenchError> {
+    let refuse = |message: String| Err(BenchError::Option(message));
+    let Some(first) = spec.modes.first() else { return refuse("--mode: expected at least one mode".into()) };
+    if let Some(twice) =
+        spec.modes.iter().enumerate().find_map(|(i, m)| spec.modes[..i].contains(m).then_some(m))
+    {
+        return refuse(format!("--mode lists {twice} twice"));
+    }
+    let files = &spec.tls_files;
+    let flags = [("--tls-ca", &files.ca), ("--tls-cert", &files.cert), ("--tls-key", &files.key)];
+    let missing: Vec<&str> = flags.iter().filter(|(_, f)| f.is_none()).map(|(flag, _)| *flag).collect();
+    if !missing.is_empty() && missing.len() < flags.len() {
+        return refuse(format!(
+            "--tls-ca, --tls-cert and --tls-key go together (the server's CA, this client's certificate \
+             and its key): {} missing",
+            missing.join(" and ")
+        ));
+    }
+    let tls_files = missing.is_empty();
+    let tls_connect = spec.connect.as_deref().is_some_and(|a| a.starts_with("tls:"));
+    if tls_files && !tls_connect {
+        return refuse(
+            "--tls-ca, --tls-cert and --tls-key are for --connect tls:host:port (the server the \
+             benchmark starts itself gets a throwaway CA)"
+                .into(),
+        );
+    }
+    let Some(address) = &spec.connect else { return Ok(()) };
+    if spec.modes.len() > 1 {
+        return refuse(format!("--connect {address} takes one --mode, the server's transport"));
+    }
+    let Some(scheme) = first.scheme() else {
+        return refuse("--connect needs --mode unix, tcp or tls".into());
+    };
+    if !address.starts_with(scheme) {
+        return refuse(format!("--connect {address} does not fit --mode {first}: expected {scheme}..."));
+    }
+    if tls_connect && !tls_files {
+        return refuse(format!(
+            "--connect {address} needs --tls-ca, --tls-cert and --tls-key (the server's CA, this \
+             client's certificate and its key)"
+        ));
+    }
+    Ok(())
 }
 
 /// Runs every combination of `spec`, calling `report` after each step. An engine that
@@ -499,60 +586,117 @@ pub fn run_all(
     for &engine in &spec.engines {
         for &rpo_ms in &spec.rpos_ms {
             for &threads in &spec.threads {
-                progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads}"));
-                let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}"))?;
-                let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
-                let (t1, t2) = match spec.rate {
-                    Some(_) => (ThinkRange::ZERO, ThinkRange::ZERO),
-                    None => (spec.t1, spec.t2),
-                };
-                let run_spec = RunSpec { threads, stop: spec.stop, t1, t2, seed: spec.seed, rate: spec.rate };
-                // The target (log, server and coordinator) is dropped before its directory
-                // is removed.
-                let outcome = run_target(spec, &config, &run_spec, progress);
-                let removed = std::fs::remove_dir_all(&dir);
-                match outcome {
-                    Ok(result) => {
-                        let mut point = BenchPoint::new(engine, rpo_ms, spec.mode, spec.rms, &result);
-                        point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
-                        report(Step::Measured(Box::new(point)))
-                    }
-                    Err(e @ (BenchError::Option(_) | BenchError::Io { .. })) => return Err(e),
-                    Err(e) => {
-                        report(Step::Skipped(Skipped::new(engine, rpo_ms, threads, &e)));
-                        removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
-                        break;
-                    }
+                if !run_rounds(spec, engine, rpo_ms, threads, progress, &mut report)? {
+                    break;
                 }
-                removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
             }
         }
     }
     Ok(())
 }
 
-/// Opens the target of `spec.mode` on the log `config` describes and runs one run on it.
+/// Every round of every mode at one engine, RPO and thread count, each round starting with
+/// the next mode, then the modes side by side (with several modes or rounds). False when a
+/// run failed or could not start: the engine's remaining thread counts are skipped.
+fn run_rounds(
+    spec: &BenchSpec,
+    engine: EngineKind,
+    rpo_ms: u64,
+    threads: usize,
+    progress: &ProgressBar,
+    report: &mut impl FnMut(Step),
+) -> Result<bool, BenchError> {
+    let mut points = Vec::with_capacity(spec.rounds * spec.modes.len());
+    for round in 1..=spec.rounds {
+        for index in compare::round_order(round - 1, spec.modes.len()) {
+            let mode = spec.modes[index];
+            let counter =
+                if spec.rounds > 1 { format!(" round {round}/{}", spec.rounds) } else { String::new() };
+            progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads} {mode}{counter}"));
+            match run_one(spec, engine, rpo_ms, threads, mode, progress)? {
+                Ok(mut point) => {
+                    point.round = round;
+                    points.push((*point).clone());
+                    report(Step::Measured(point));
+                }
+                Err(skipped) => {
+                    report(Step::Skipped(skipped));
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    if spec.rounds > 1 || spec.modes.len() > 1 {
+        for summary in compare::summaries(&spec.modes, &points) {
+            report(Step::Compared(Box::new(summary)));
+        }
+    }
+    Ok(true)
+}
+
+/// One run of `mode` on a fresh log directory, removed after it: its report line, or why
+/// it was skipped; bad options and the harness's own directory errors are errors.
+fn run_one(
+    spec: &BenchSpec,
+    engine: EngineKind,
+    rpo_ms: u64,
+    threads: usize,
+    mode: Mode,
+    progress: &ProgressBar,
+) -> Result<Result<Box<BenchPoint>, Skipped>, BenchError> {
+    let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}-{mode}"))?;
+    let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
+    let (t1, t2) = match spec.rate {
+        Some(_) => (ThinkRange::ZERO, ThinkRange::ZERO),
+        None => (spec.t1, spec.t2),
+    };
+    let run_spec = RunSpec { threads, stop: spec.stop, t1, t2, seed: spec.seed, rate: spec.rate };
+    // The target (log, server and coordinator) is dropped before its directory is removed.
+    let outcome = run_target(spec, mode, &config, &run_spec, progress);
+    let removed =
+        std::fs::remove_dir_all(&dir).map_err(|e| BenchError::io("cannot remove run directory", &dir, e));
+    match outcome {
+        Ok((result, handshake)) => {
+            removed?;
+            let mut point = BenchPoint::new(engine, rpo_ms, mode, spec.rms, &result);
+            point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
+            point.handshake = handshake;
+            Ok(Ok(Box::new(point)))
+        }
+        Err(e @ (BenchError::Option(_) | BenchError::Io { .. })) => Err(e),
+        Err(e) => {
+            removed?;
+            Ok(Err(Skipped::new(engine, rpo_ms, threads, &e).in_mode(mode)))
+        }
+    }
+}
+
+/// Opens the target of `mode` on the log `config` describes and runs one run on it; for a
+/// state server, times opening a connection to it first.
 fn run_target(
     spec: &BenchSpec,
+    mode: Mode,
     config: &LogConfig,
     run_spec: &RunSpec,
     progress: &ProgressBar,
-) -> Result<RunResult, BenchError> {
-    match spec.mode {
-        Mode::Embedded => {
-            EmbeddedTarget::open(config, spec.rms).and_then(|target| run(&target, run_spec, progress))
-        }
-        Mode::Unix | Mode::Tcp => {
+) -> Result<(RunResult, Option<Handshake>), BenchError> {
+    match mode {
+        Mode::Embedded => EmbeddedTarget::open(config, spec.rms)
+            .and_then(|target| run(&target, run_spec, progress))
+            .map(|result| (result, None)),
+        Mode::Unix | Mode::Tcp | Mode::Tls => {
             let remote = RemoteSpec {
-                mode: spec.mode,
+                mode,
                 connect: spec.connect.clone(),
+                tls_files: spec.tls_files.clone(),
                 rms: spec.rms,
                 threads: run_spec.threads,
             };
             let target = RemoteTarget::open(config, &remote)?;
+            let handshake = target.handshakes()?;
             let result = run(&target, run_spec, progress)?;
             target.shutdown()?;
-            Ok(result)
+            Ok((result, Some(handshake)))
         }
     }
 }

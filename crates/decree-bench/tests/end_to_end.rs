@@ -9,7 +9,11 @@ use decree_bench::log_bench::{self, LogBenchSpec, LogPoint, LogStep, RAW_ENGINE}
 use decree_bench::report;
 use decree_bench::think::ThinkRange;
 use decree_bench::tx::{self, BenchPoint, BenchSpec, RunSpec, Step, Stop};
+use decree_client::ClientTlsFiles;
+use decree_core::testing::DummyFactory;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use decree_server::testing::{TestCa, Validity};
+use decree_server::{ServerConfig, TlsConfig};
 use indicatif::ProgressBar;
 use std::time::Duration;
 
@@ -22,10 +26,12 @@ fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>
         t1: ThinkRange::ZERO,
         t2: ThinkRange::ZERO,
         rms: 2,
-        mode: Mode::Embedded,
+        modes: vec![Mode::Embedded],
+        rounds: 1,
         dir: dir.to_path_buf(),
         seed: 1,
         connect: None,
+        tls_files: ClientTlsFiles::default(),
         rate: None,
     }
 }
@@ -38,6 +44,7 @@ fn run_bench(spec: &BenchSpec) -> (Vec<BenchPoint>, Vec<String>) {
             assert!(!s.failed, "{s:?}");
             skipped.push(s.reason)
         }
+        Step::Compared(_) => {}
     })
     .expect("benchmark runs");
     (points, skipped)
@@ -283,15 +290,88 @@ fn state_server_modes_count_every_commit_on_the_server() {
     // run_all fails the run (a `failed` skip, which run_bench refuses) when the server's
     // metrics do not show exactly one decision and one completion per commit.
     let dir = tempfile::tempdir_in(".").unwrap();
-    for mode in [Mode::Unix, Mode::Tcp] {
+    for mode in [Mode::Unix, Mode::Tcp, Mode::Tls] {
         let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
-        spec.mode = mode;
+        spec.modes = vec![mode];
         spec.stop = Stop::Cycles(10);
         let (points, skipped) = run_bench(&spec);
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(points.len(), 1);
         assert_eq!((points[0].cycles, points[0].mode.as_str()), (20, mode.name()));
+        // The connection times come with every state-server run; a resumed TLS session
+        // only in the tls mode.
+        let handshake = points[0].handshake.expect("connection times");
+        assert_eq!(handshake.connections, decree_bench::handshake::HANDSHAKE_CONNECTIONS);
+        assert!(handshake.connect.p50 > 0.0 && handshake.connect.p50 <= handshake.connect.p95);
+        assert_eq!(handshake.resumed.is_some(), mode == Mode::Tls, "{mode}");
     }
+}
+
+#[test]
+fn tls_server_given_by_address_with_the_clients_files() {
+    // A TLS server of the test's own CA, the way an operator runs one; the bench reaches
+    // it with --connect tls:... and the client's three files, and the server counts one
+    // decision per commit.
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ca = TestCa::new("bench-test CA");
+    let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+    let server_files = ca.server(dir.path(), "server", Validity::Current);
+    let client = ca.client(dir.path(), "bench", Validity::Current);
+    let mut config = ServerConfig::new(dir.path().join("log"), EngineKind::Journal);
+    config.tcp = Some("127.0.0.1:0".parse().unwrap());
+    config.tls = Some(TlsConfig {
+        cert: server_files.cert,
+        key: server_files.key,
+        client_ca: ca_file.clone(),
+        clients_allowed: vec!["bench".into()],
+    });
+    let rms = vec![DummyFactory::named("dummy-0", 0).arc(), DummyFactory::named("dummy-1", 0).arc()];
+    let server = decree_server::start(config, rms).expect("server starts");
+    let mut spec = bench_spec(&dir.path().join("runs"), vec![EngineKind::Journal], vec![0]);
+    std::fs::create_dir(&spec.dir).unwrap();
+    spec.modes = vec![Mode::Tls];
+    spec.stop = Stop::Cycles(10);
+    spec.connect = Some(format!("tls:{}", server.tcp_addr().unwrap()));
+    spec.tls_files = ClientTlsFiles { ca: Some(ca_file), cert: Some(client.cert), key: Some(client.key) };
+    let (points, skipped) = run_bench(&spec);
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!((points[0].cycles, points[0].mode.as_str()), (20, "tls"));
+    // Without the client's files the same address is refused before any run.
+    spec.tls_files = ClientTlsFiles::default();
+    let err = tx::run_all(&spec, &ProgressBar::hidden(), |_| {}).unwrap_err().to_string();
+    assert!(err.contains("needs --tls-ca, --tls-cert and --tls-key"), "{err}");
+    server.shutdown().expect("server stops");
+}
+
+#[test]
+fn alternated_rounds_compare_every_mode_to_the_first() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut spec = bench_spec(dir.path(), vec![EngineKind::Volatile], vec![0]);
+    spec.modes = vec![Mode::Tcp, Mode::Tls];
+    spec.rounds = 2;
+    spec.stop = Stop::Cycles(5);
+    let mut steps = Vec::new();
+    tx::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step)).expect("benchmark runs");
+    let order: Vec<(String, usize)> = steps
+        .iter()
+        .filter_map(|s| if let Step::Measured(p) = s { Some((p.mode.clone(), p.round)) } else { None })
+        .collect();
+    let expected = [("tcp", 1), ("tls", 1), ("tls", 2), ("tcp", 2)];
+    assert_eq!(order, expected.map(|(m, r)| (m.to_string(), r)), "the second round starts with tls");
+    let summaries: Vec<_> =
+        steps.iter().filter_map(|s| if let Step::Compared(c) = s { Some(c.clone()) } else { None }).collect();
+    assert_eq!(summaries.len(), 2, "one per mode, after the last round");
+    assert_eq!((summaries[0].mode.as_str(), summaries[0].rounds), ("tcp", 2));
+    assert!(summaries[0].tps_ratio.is_none(), "the reference has no ratio");
+    assert_eq!(summaries[1].versus.as_deref(), Some("tcp"));
+    assert!(summaries[1].tps_ratio.is_some_and(|r| r.min > 0.0 && r.min <= r.median && r.median <= r.max));
+    assert!(summaries[1].resumed_p50_us.is_some() && summaries[0].resumed_p50_us.is_none());
+    let lines = report::mode_summary_lines(&summaries[1]);
+    assert!(
+        lines.contains("tls/tcp: tps ") && lines.contains("connect with a full TLS handshake"),
+        "{lines}"
+    );
+    assert!(matches!(steps.last(), Some(Step::Compared(_))));
 }
 
 #[test]

@@ -9,8 +9,10 @@ use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::round_trip::{self, Transport};
 use decree_bench::think::{ThinkRange, Workload};
+use decree_bench::tx::BenchPoint;
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
 use decree_bench::write_floor;
+use decree_client::ClientTlsFiles;
 use decree_core::BranchCalls;
 use decree_log::EngineKind;
 use std::path::PathBuf;
@@ -63,16 +65,28 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub rpo: Vec<u64>,
     /// Where the transaction manager's log lives: in-process (embedded), or a state server
-    /// over a Unix socket or TCP (started for each run unless --connect is given).
-    #[arg(long, default_value = "embedded", value_parser = parse_mode)]
-    pub mode: Mode,
-    /// A running state server for --mode unix|tcp (unix:/path or tcp:host:port); the
-    /// engine and RPO are then the server's own, whatever --engine and --rpo say. The
-    /// decisions name the dummy resource managers dummy-0 and dummy-1, which the server's
-    /// configuration must list (`[[rm]]` of kind dummy), since it refuses decisions naming
-    /// resource managers it could not finish.
+    /// over a Unix socket, TCP, or TCP with mutual TLS (started for each run with a
+    /// throwaway CA unless --connect is given). Comma-separated modes run one after another
+    /// in every round (see --rounds) and are compared to the first: --mode tcp,tls.
+    #[arg(long, value_delimiter = ',', default_value = "embedded", value_parser = parse_mode)]
+    pub mode: Vec<Mode>,
+    /// A running state server for --mode unix|tcp|tls (unix:/path, tcp:host:port or
+    /// tls:host:port); the engine and RPO are then the server's own, whatever --engine and
+    /// --rpo say. The decisions name the dummy resource managers dummy-0 and dummy-1, which
+    /// the server's configuration must list (`[[rm]]` of kind dummy), since it refuses
+    /// decisions naming resource managers it could not finish.
     #[arg(long)]
     pub connect: Option<String>,
+    /// With --connect tls:host:port: the PEM file of the CA that signed the server's
+    /// certificate (with --tls-cert and --tls-key).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// With --connect tls:host:port: this client's certificate chain (PEM).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// With --connect tls:host:port: this client's private key (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// Fixed-rate mode: transactions per second over all threads, no think times; reports
     /// commit latency percentiles from each commit's scheduled time and its service time.
     #[arg(long, conflicts_with_all = ["t1", "t2", "workload"])]
@@ -102,9 +116,10 @@ pub struct Args {
     /// MariaDB's on helper threads while a CPU is spare, else one after another).
     #[arg(long, value_enum, default_value_t = BranchCallsChoice::Auto)]
     pub branch_calls: BranchCallsChoice,
-    /// With --rm postgres|mariadb: repeat the three runs this many times per thread count,
-    /// each round starting with the next mode, and print the median and range of the
-    /// rounds' ratios (a noisy machine drifts less between runs close in time).
+    /// Repeat the runs of every mode (--mode, or the three runs of --rm postgres|mariadb)
+    /// this many times per thread count, each round starting with the next mode, and print
+    /// the median and range of the rounds' figures and ratios (a noisy machine drifts less
+    /// between runs close in time).
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
 }
@@ -184,12 +199,19 @@ impl Args {
             t1: self.t1.unwrap_or_else(|| self.workload.t1()),
             t2: self.t2.unwrap_or_else(|| self.workload.t2()),
             rms: self.rms,
-            mode: self.mode,
+            modes: self.mode.clone(),
+            rounds: self.rounds,
             dir,
             seed: self.seed,
             connect: self.connect.clone(),
+            tls_files: self.tls_files(),
             rate: self.rate,
         }
+    }
+
+    /// The --tls-* paths as given (checked together by `decree_bench::tx::check`).
+    fn tls_files(&self) -> ClientTlsFiles {
+        ClientTlsFiles { ca: self.tls_ca.clone(), cert: self.tls_cert.clone(), key: self.tls_key.clone() }
     }
 
     /// The real-database benchmark these arguments describe, with its logs under `dir`;
@@ -200,8 +222,9 @@ impl Args {
         let [dsn_a, dsn_b] = <[String; 2]>::try_from(self.dsn.clone()).map_err(|dsns| {
             format!("{rm} needs exactly two --dsn (database A, then B), got {}", dsns.len())
         })?;
-        if self.mode != Mode::Embedded || self.connect.is_some() {
-            return Err(format!("{rm} runs the coordinator embedded: drop --mode and --connect"));
+        let tls = [&self.tls_ca, &self.tls_cert, &self.tls_key].iter().any(|f| f.is_some());
+        if self.mode != [Mode::Embedded] || self.connect.is_some() || tls {
+            return Err(format!("{rm} runs the coordinator embedded: drop --mode, --connect and --tls-*"));
         }
         if self.rate.is_some() || self.chart.is_some() {
             return Err(format!("--rate and --chart are not supported with {rm}"));
@@ -299,36 +322,15 @@ pub fn run(args: Args) -> CliResult {
             "--branch-calls needs --rm postgres or --rm mariadb (the dummy RMs answer at once)".into()
         );
     }
-    if args.rounds != 1 {
-        return Err("--rounds needs --rm postgres or --rm mariadb".into());
-    }
     let work = WorkDir::new(args.dir.clone(), "decree-bench")?;
     let spec = args.spec(work.path());
-    let combinations = (spec.engines.len() * spec.rpos_ms.len()) as u64;
-    let stop_text = match spec.stop {
-        Stop::Cycles(n) => format!("{n} cycles per thread"),
-        Stop::Duration(d) => format!("{:.1} s per run", d.as_secs_f64()),
-    };
+    tx::check(&spec)?;
     if args.format == Format::Table {
-        match spec.rate {
-            Some(rate) => println!(
-                "decree bench: mode={} rms={} fixed rate {rate}/s over all threads, no think times, {};                  latencies in microseconds",
-                spec.mode, spec.rms, stop_text
-            ),
-            None => println!(
-                "decree bench: mode={} rms={} workload={} t1={} t2={} {}; latencies in microseconds",
-                spec.mode,
-                spec.rms,
-                args.workload.name(),
-                spec.t1,
-                spec.t2,
-                stop_text
-            ),
-        }
-        println!("{}", report::bench_header());
+        print_header(&args, &spec);
     }
+    let runs = (spec.engines.len() * spec.rpos_ms.len() * spec.modes.len() * spec.rounds) as u64;
     let progress = progress_bar(match spec.stop {
-        Stop::Cycles(n) => Some(n.saturating_mul(spec.threads.iter().sum::<usize>() as u64) * combinations),
+        Stop::Cycles(n) => Some(n.saturating_mul(spec.threads.iter().sum::<usize>() as u64) * runs),
         Stop::Duration(_) => None,
     });
     let floors = if needs_write_floor(&spec) {
@@ -337,7 +339,6 @@ pub fn run(args: Args) -> CliResult {
     } else {
         Vec::new()
     };
-    let transport = round_trip_transport(&spec);
     let mut reference_error = None;
     let mut points = Vec::new();
     let mut failures = Vec::new();
@@ -347,15 +348,8 @@ pub fn run(args: Args) -> CliResult {
                 if point.rpo_ms == 0 && point.engine != EngineKind::Volatile.name() {
                     point.disk_floor = floors.clone();
                 }
-                if let (Some(rate), Some(transport)) = (spec.rate, transport) {
-                    let duration = match spec.stop {
-                        Stop::Duration(d) => d,
-                        Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * point.threads as f64 / rate),
-                    };
-                    match round_trip::measure(transport, rate, point.threads, duration) {
-                        Ok(floor) => point.round_trip_floor = Some(floor),
-                        Err(e) => reference_error = reference_error.take().or(Some(e.to_string())),
-                    }
+                if let Err(e) = add_round_trip_floor(&spec, &mut point) {
+                    reference_error.get_or_insert(e.to_string());
                 }
                 match args.format {
                     Format::Table => print!("{}", report::bench_block(&point)),
@@ -370,6 +364,10 @@ pub fn run(args: Args) -> CliResult {
                     Format::Json => eprintln!("{}", report::skipped_line(&skipped)),
                 }
             }
+            Step::Compared(summary) => match args.format {
+                Format::Table => println!("{}", report::mode_summary_lines(&summary)),
+                Format::Json => println!("{}", report::mode_summary_json(&summary)),
+            },
         })
     });
     progress.finish_and_clear();
@@ -384,23 +382,84 @@ pub fn run(args: Args) -> CliResult {
         return Err(e.into());
     }
     if args.format == Format::Table {
-        println!("\nsummary: throughput and total latency added by the TM");
-        print!("{}", report::bench_summary(&points));
-        if !floors.is_empty() {
-            println!("\nthe disk in the same run: one thread, one synced write at a time");
-            print!("{}", report::write_floor_summary(&points, &floors));
-        }
-        if spec.rate.is_some() {
-            println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
-            print!("{}", report::rate_summary(&points));
-            print!("{}", report::round_trip_summary(&points));
-        }
+        print_summaries(&spec, &points, &floors);
     }
     if let Some(path) = &args.chart {
-        let title = format!("decree {} workload, {} mode, {} RMs", args.workload.name(), spec.mode, spec.rms);
+        let title = format!(
+            "decree {} workload, {} mode, {} RMs",
+            args.workload.name(),
+            modes_text(&spec.modes),
+            spec.rms
+        );
         let second = chart::write_charts(path, &title, &points)?;
         eprintln!("charts written: {} and {}", path.display(), second.display());
     }
+    Ok(())
+}
+
+/// The modes as --mode takes them: "tcp,tls".
+fn modes_text(modes: &[Mode]) -> String {
+    modes.iter().map(Mode::name).collect::<Vec<_>>().join(",")
+}
+
+/// The table's opening lines: what runs, then the column header.
+fn print_header(args: &Args, spec: &BenchSpec) {
+    let stop_text = match spec.stop {
+        Stop::Cycles(n) => format!("{n} cycles per thread"),
+        Stop::Duration(d) => format!("{:.1} s per run", d.as_secs_f64()),
+    };
+    let rounds = match spec.rounds {
+        1 => String::new(),
+        n => format!(", {n} rounds alternating the modes"),
+    };
+    let modes = modes_text(&spec.modes);
+    match spec.rate {
+        Some(rate) => println!(
+            "decree bench: mode={modes} rms={} fixed rate {rate}/s over all threads, no think times, \
+             {stop_text}{rounds}; latencies in microseconds",
+            spec.rms
+        ),
+        None => println!(
+            "decree bench: mode={modes} rms={} workload={} t1={} t2={} {stop_text}{rounds}; latencies in \
+             microseconds",
+            spec.rms,
+            args.workload.name(),
+            spec.t1,
+            spec.t2
+        ),
+    }
+    println!("{}", report::bench_header());
+}
+
+/// The summary tables after the last run: the characteristic curve, the disk's floor, and
+/// the fixed-rate latencies with their round-trip floors.
+fn print_summaries(spec: &BenchSpec, points: &[BenchPoint], floors: &[write_floor::WriteFloor]) {
+    println!("\nsummary: throughput and total latency added by the TM");
+    print!("{}", report::bench_summary(points));
+    if !floors.is_empty() {
+        println!("\nthe disk in the same run: one thread, one synced write at a time");
+        print!("{}", report::write_floor_summary(points, floors));
+    }
+    if spec.rate.is_some() {
+        println!("\nfixed rate: commit latency from its scheduled time (service time: the call alone)");
+        print!("{}", report::rate_summary(points));
+        print!("{}", report::round_trip_summary(points));
+    }
+}
+
+/// Measures a fixed-rate run's same-run floor (`decree_bench::round_trip`: a bare round
+/// trip over its transport, at its rate and thread count) into `point`, where it has one.
+fn add_round_trip_floor(spec: &BenchSpec, point: &mut BenchPoint) -> Result<(), decree_bench::BenchError> {
+    let mode = point.mode.parse::<Mode>()?;
+    let (Some(rate), Some(transport)) = (spec.rate, round_trip_transport(mode, spec.connect.as_deref()))
+    else {
+        return Ok(());
+    };
+    let duration = match spec.stop {
+        Stop::Duration(d) => d,
+        Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * point.threads as f64 / rate),
+    };
+    point.round_trip_floor = Some(round_trip::measure(transport, rate, point.threads, duration)?);
     Ok(())
 }
 
@@ -410,17 +469,18 @@ pub fn run(args: Args) -> CliResult {
 fn needs_write_floor(spec: &BenchSpec) -> bool {
     spec.rpos_ms.contains(&0)
         && spec.engines.iter().any(|e| *e != EngineKind::Volatile)
-        && (spec.mode == Mode::Embedded || spec.connect.is_none())
+        && (spec.modes.contains(&Mode::Embedded) || spec.connect.is_none())
 }
 
 /// The transport of a fixed-rate run's same-run floor (`decree_bench::round_trip`): the
-/// run's own, when it goes through a state server on this machine. None for the embedded
-/// mode (nothing crosses a socket) or a server given by TCP address (it may be on another
-/// machine, and the reference is loopback).
-fn round_trip_transport(spec: &BenchSpec) -> Option<Transport> {
-    match (spec.mode, spec.connect.as_deref()) {
+/// run's own, when it goes through a state server on this machine; for the tls mode,
+/// plaintext loopback TCP (the floor has no TLS, so the difference includes its cost).
+/// None for the embedded mode (nothing crosses a socket) or a server given by TCP address
+/// (it may be on another machine, and the reference is loopback).
+fn round_trip_transport(mode: Mode, connect: Option<&str>) -> Option<Transport> {
+    match (mode, connect) {
         (Mode::Unix, _) => Some(Transport::Unix),
-        (Mode::Tcp, None) => Some(Transport::Tcp),
+        (Mode::Tcp | Mode::Tls, None) => Some(Transport::Tcp),
         _ => None,
     }
 }
@@ -433,7 +493,7 @@ mod tests {
 
     fn parse(line: &str) -> Args {
         match crate::parse_command(line) {
-            crate::Command::Bench(args) => args,
+            crate::Command::Bench(args) => *args,
             other => panic!("{line}: parsed as {other:?}"),
         }
     }
@@ -449,7 +509,7 @@ mod tests {
         assert_eq!(spec.t1, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.t2, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.rms, 2);
-        assert_eq!(spec.mode, Mode::Embedded);
+        assert_eq!((spec.modes, spec.rounds), (vec![Mode::Embedded], 1));
         assert_eq!(args.format, Format::Table);
         assert!(args.chart.is_none());
     }
@@ -475,7 +535,7 @@ mod tests {
         assert_eq!(spec.engines, vec![EngineKind::Journal, EngineKind::Volatile]);
         assert_eq!(spec.rpos_ms, vec![0, 10]);
         assert_eq!(spec.stop, Stop::Duration(Duration::from_millis(1500)));
-        assert_eq!(spec.mode, Mode::Unix);
+        assert_eq!(spec.modes, vec![Mode::Unix]);
         assert_eq!(spec.rms, 3);
         assert_eq!(args.chart, Some(PathBuf::from("c.svg")));
         assert_eq!(spec.connect, None);
@@ -484,6 +544,68 @@ mod tests {
             parse("decree bench --mode tcp --connect tcp:127.0.0.1:7411 --rate 10000").spec(PathBuf::new());
         assert_eq!(spec.connect.as_deref(), Some("tcp:127.0.0.1:7411"));
         assert_eq!(spec.rate, Some(10_000.0));
+    }
+
+    /// The check `decree bench` runs before anything else, as the user sees it.
+    fn refusal(line: &str) -> String {
+        match tx::check(&parse(line).spec(PathBuf::new())) {
+            Ok(()) => panic!("{line}: accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn tls_mode_mode_lists_and_rounds() {
+        let spec = parse("decree bench --mode tls --threads 2").spec(PathBuf::new());
+        assert_eq!((spec.modes, spec.connect), (vec![Mode::Tls], None));
+        assert!(spec.tls_files.ca.is_none() && spec.tls_files.cert.is_none() && spec.tls_files.key.is_none());
+        let spec =
+            parse("decree bench --mode tcp,tls --rounds 3 --threads 32 --duration 5").spec(PathBuf::new());
+        assert_eq!((spec.modes.clone(), spec.rounds), (vec![Mode::Tcp, Mode::Tls], 3));
+        tx::check(&spec).expect("tcp and tls in alternated rounds");
+        for (line, says) in [
+            ("decree bench --mode tcp,tcp", "--mode lists tcp twice"),
+            ("decree bench --mode tcp,tls --rounds 0", "--rounds 0: expected 1 to 100"),
+            ("decree bench --mode tcp,tls --connect tcp:h:1", "takes one --mode"),
+            ("decree bench --mode tcp --connect tls:h:1", "does not fit --mode tcp: expected tcp:"),
+            ("decree bench --mode tls --connect tls:h:1", "needs --tls-ca, --tls-cert and --tls-key"),
+        ] {
+            let err = refusal(line);
+            assert!(err.contains(says), "{line}: {err}");
+        }
+        assert!(Cli::try_parse_from("decree bench --mode tcp,ssl".split_whitespace()).is_err());
+    }
+
+    #[test]
+    fn tls_files_go_together_and_only_with_a_tls_address() {
+        let line = "decree bench --mode tls --connect tls:db.example:7411 --tls-ca ca.pem --tls-cert c.pem \
+                    --tls-key c.key";
+        let spec = parse(line).spec(PathBuf::new());
+        tx::check(&spec).expect("all three files with a tls: address");
+        assert_eq!(spec.connect.as_deref(), Some("tls:db.example:7411"));
+        assert_eq!(spec.tls_files.ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(spec.tls_files.cert, Some(PathBuf::from("c.pem")));
+        assert_eq!(spec.tls_files.key, Some(PathBuf::from("c.key")));
+        for (flags, missing) in [
+            ("--tls-ca ca.pem", "--tls-cert and --tls-key missing"),
+            ("--tls-ca ca.pem --tls-cert c.pem", "--tls-key missing"),
+            ("--tls-key c.key", "--tls-ca and --tls-cert missing"),
+        ] {
+            let err = refusal(&format!("decree bench --mode tls --connect tls:h:1 {flags}"));
+            assert!(err.contains("--tls-ca, --tls-cert and --tls-key go together"), "{flags}: {err}");
+            assert!(err.contains(missing), "{flags}: {err}");
+        }
+        let all = "--tls-ca a --tls-cert b --tls-key c";
+        for line in [
+            format!("decree bench --mode tls {all}"),
+            format!("decree bench --mode tcp --connect tcp:h:1 {all}"),
+        ] {
+            assert!(refusal(&line).contains("are for --connect tls:host:port"), "{line}");
+        }
+        let err = parse(&format!("decree bench --rm postgres --dsn a --dsn b {all}"))
+            .rm_spec(PathBuf::new())
+            .expect_err("the real-database benchmark runs embedded");
+        assert!(err.contains("--tls-*"), "{err}");
     }
 
     #[test]

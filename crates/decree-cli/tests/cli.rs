@@ -67,7 +67,7 @@ fn bad_options_fail_clearly() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let (ok, _, stderr) = decree(&["bench", "--connect", "unix:/nonexistent/d.sock"], dir.path());
     assert!(!ok);
-    assert!(stderr.contains("--connect needs --mode unix or --mode tcp"), "{stderr}");
+    assert!(stderr.contains("--connect needs --mode unix, tcp or tls"), "{stderr}");
     let (ok, _, stderr) = decree(&["bench", "--t1", "1000"], dir.path());
     assert!(!ok);
     assert!(stderr.contains("needs a unit"), "{stderr}");
@@ -77,9 +77,13 @@ fn bad_options_fail_clearly() {
     let (ok, _, stderr) = decree(&["bench", "--branch-calls", "sequential"], dir.path());
     assert!(!ok);
     assert!(stderr.contains("--branch-calls needs --rm"), "{stderr}");
-    let (ok, _, stderr) = decree(&["bench", "--rounds", "3"], dir.path());
+    let (ok, _, stderr) = decree(&["bench", "--rounds", "0"], dir.path());
     assert!(!ok);
-    assert!(stderr.contains("--rounds needs --rm"), "{stderr}");
+    assert!(stderr.contains("--rounds 0: expected 1 to 100"), "{stderr}");
+    let (ok, _, stderr) =
+        decree(&["bench", "--mode", "tls", "--connect", "tls:h:1", "--tls-ca", "ca.pem"], dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("--tls-cert and --tls-key missing"), "{stderr}");
 }
 
 /// The one run of `decree bench --format json` with `extra`; its same-run disk floor,
@@ -121,6 +125,39 @@ fn bench_through_a_state_server_on_unix_and_tcp() {
         assert!(line["tps"].as_f64().unwrap_or(0.0) > 0.0, "{line}");
         assert!(line.get("commit_p50_us").is_none(), "no rate fields without --rate: {line}");
     }
+}
+
+#[test]
+fn bench_tcp_and_tls_in_alternated_rounds() {
+    // Each run starts its own server (TLS with a throwaway CA), and the bench checks on
+    // the server's metrics that every commit was made durable and completed.
+    let lines = bench_json_lines(&[
+        "--mode",
+        "tcp,tls",
+        "--rounds",
+        "2",
+        "--duration",
+        "0.2",
+        "--t1",
+        "0",
+        "--t2",
+        "0",
+    ]);
+    let runs: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("summary").is_none()).collect();
+    let order: Vec<(&str, u64)> =
+        runs.iter().map(|l| (l["mode"].as_str().unwrap_or("?"), l["round"].as_u64().unwrap_or(0))).collect();
+    assert_eq!(order, [("tcp", 1), ("tls", 1), ("tls", 2), ("tcp", 2)]);
+    for run in &runs {
+        assert!(run["cycles"].as_u64().unwrap_or(0) > 0, "transactions were committed: {run}");
+        let connect = &run["handshake"]["connect"];
+        assert!(connect["p50"].as_f64().unwrap_or(0.0) > 0.0, "{run}");
+        assert_eq!(run["handshake"].get("resumed").is_some(), run["mode"] == "tls", "{run}");
+    }
+    let summaries: Vec<&serde_json::Value> = lines.iter().filter(|l| l["summary"] == "modes").collect();
+    assert_eq!(summaries.len(), 2, "{lines:?}");
+    assert_eq!((summaries[1]["mode"].as_str(), summaries[1]["versus"].as_str()), (Some("tls"), Some("tcp")));
+    assert!(summaries[1]["tps_ratio"]["median"].as_f64().unwrap_or(0.0) > 0.0, "{}", summaries[1]);
+    assert!(summaries[1]["connect_p95_us"]["median"].as_f64().unwrap_or(0.0) > 0.0, "{}", summaries[1]);
 }
 
 #[test]
