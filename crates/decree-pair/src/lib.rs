@@ -20,11 +20,13 @@
 //!   since it started or rejoined, unless forced (and a forced promotion is recorded).
 
 pub mod epoch;
+pub mod replica;
 pub mod rules;
 pub mod state_file;
 pub mod wire;
 
 pub use epoch::{Epoch, MemberId};
+pub use replica::{Replica, ReplicaError};
 pub use rules::{Command, Event, Fence, Node, PeerMessage, PromoteRefused, Role};
 pub use state_file::PairState;
 pub use wire::{LinkMessage, LinkRecord, RecordKind};

@@ -1,0 +1,166 @@
+//! The backup's copy of the primary's decisions: applies each batch of the link to the
+//! backup's own log and says when the batch is durable there, so that the backup
+//! acknowledges only what its own disk holds.
+//!
+//! Decisions are an unordered set (live until completed), so the copy is a map from Xid to
+//! the key the backup's own log files it under; the primary's keys never cross the link.
+//! A batch is checked whole before anything of it is written: a record that does not
+//! decode, or a decision filed under another Xid than its own, refuses the batch. Resent
+//! batches are harmless: a decision appended twice is one decision on recovery
+//! (`RecoveredDecisions` joins records of one Xid), a completion of a transaction the copy
+//! does not hold is nothing to do. Not here: the link, the epochs (the rules decide which
+//! batches reach [`Replica::apply`]), the outcome memory's records (refused for now).
+
+use crate::wire::{LinkRecord, RecordKind};
+use decree_core::{Decision, KeyAllocator, RecoveredDecisions, Xid};
+use decree_log::{DurableCallback, Log, LogError, TxnKey};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Why a batch was refused before any of it was written, or the log failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReplicaError {
+    /// A record of the batch is not what its kind says; nothing of the batch was written.
+    #[error("replicated record {index} ({xid}): {reason}")]
+    BadRecord { index: usize, xid: String, reason: String },
+    /// The backup's log failed (fail-stop: the backup stops acknowledging).
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+/// The backup's live decisions over its own log.
+pub struct Replica {
+    log: Arc<dyn Log>,
+    keys: KeyAllocator,
+    /// The keys each live Xid's records are filed under (one, unless an earlier run of the
+    /// log filed them under several): a completion completes them all.
+    live: HashMap<Xid, Vec<TxnKey>>,
+}
+
+impl Replica {
+    /// The copy over `log`, just opened: what it recovered is the live set.
+    pub fn open(log: Arc<dyn Log>) -> Replica {
+        let recovered = RecoveredDecisions::from_records(log.take_recovered());
+        let keys = KeyAllocator::new(recovered.all_keys());
+        let live = recovered.keys.clone();
+        for (key, error) in &recovered.undecodable {
+            tracing::error!(key, %error, "undecodable record in the backup's log; left as is");
+        }
+        Replica { log, keys, live }
+    }
+
+    /// The transactions this copy holds decided and not completed.
+    pub fn live(&self) -> impl Iterator<Item = &Xid> {
+        self.live.keys()
+    }
+
+    /// How many transactions this copy holds.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Applies one batch: decisions are appended (durable under the log's policy),
+    /// completions recorded lazily; `durable` is called once every decision of the batch is
+    /// durable (at once for a batch with none: completions need no sync), or with the
+    /// log's error. A refused batch writes nothing and never calls `durable`.
+    pub fn apply(&mut self, records: &[LinkRecord], durable: DurableCallback) -> Result<(), ReplicaError> {
+        let decisions = check_batch(records)?;
+        let waiter = Arc::new(BatchWaiter {
+            pending: AtomicUsize::new(decisions.len() + 1),
+            outcome: Mutex::new((Ok(()), Some(durable))),
+        });
+        for (record, decision) in records.iter().zip(decisions_by_index(records.len(), decisions)) {
+            match (record.kind, decision) {
+                (RecordKind::Decision, Some(payload)) => {
+                    let keys = &self.keys;
+                    let key = self.live.entry(record.xid).or_insert_with(|| vec![keys.next()])[0];
+                    let waiter = waiter.clone();
+                    self.log.append_with(key, payload, Box::new(move |result| waiter.one_done(result)));
+                }
+                (RecordKind::Completion, _) => {
+                    for key in self.live.remove(&record.xid).unwrap_or_default() {
+                        self.log.complete(key)?;
+                    }
+                }
+                _ => unreachable!("check_batch let only decisions and completions through"),
+            }
+        }
+        waiter.one_done(Ok(()));
+        Ok(())
+    }
+
+    /// Rejoining a new primary: forgets every live transaction that `keep` (the primary's
+    /// live set) does not hold; none of them was acknowledged. Returns how many it dropped.
+    pub fn retain(&mut self, keep: &HashSet<Xid>) -> Result<usize, LogError> {
+        let dropped: Vec<Xid> = self.live.keys().filter(|xid| !keep.contains(xid)).copied().collect();
+        for xid in &dropped {
+            for key in self.live.remove(xid).unwrap_or_default() {
+                self.log.complete(key)?;
+            }
+        }
+        Ok(dropped.len())
+    }
+}
+
+/// Checks every record of a batch; returns the decision payloads by record index.
+fn check_batch(records: &[LinkRecord]) -> Result<Vec<(usize, &[u8])>, ReplicaError> {
+    let mut decisions = Vec::new();
+    for (index, record) in records.iter().enumerate() {
+        let bad = |reason: String| ReplicaError::BadRecord { index, xid: record.xid.to_string(), reason };
+        match record.kind {
+            RecordKind::Decision => {
+                let decision =
+                    Decision::decode(&record.payload).map_err(|e| bad(format!("undecodable: {e}")))?;
+                if decision.xid != record.xid {
+                    return Err(bad(format!("the decision inside is of {}", decision.xid)));
+                }
+                decisions.push((index, record.payload.as_slice()));
+            }
+            RecordKind::Completion if record.payload.is_empty() => {}
+            RecordKind::Completion => return Err(bad("a completion carries no payload".into())),
+            RecordKind::Outcome => {
+                return Err(bad("outcome records are not replicated by this version of decree".into()))
+            }
+        }
+    }
+    Ok(decisions)
+}
+
+/// The decision payload of each record index, `None` for the others.
+fn decisions_by_index(len: usize, decisions: Vec<(usize, &[u8])>) -> Vec<Option<&[u8]>> {
+    let mut by_index = vec![None; len];
+    for (index, payload) in decisions {
+        by_index[index] = Some(payload);
+    }
+    by_index
+}
+
+/// Calls the batch's callback once its last decision is durable, with the first error.
+struct BatchWaiter {
+    pending: AtomicUsize,
+    outcome: Mutex<(Result<(), LogError>, Option<DurableCallback>)>,
+}
+
+impl BatchWaiter {
+    fn one_done(&self, result: Result<(), LogError>) {
+        if let Err(e) = result {
+            let mut outcome = self.outcome.lock();
+            if outcome.0.is_ok() {
+                outcome.0 = Err(e);
+            }
+        }
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let (result, callback) = {
+                let mut outcome = self.outcome.lock();
+                (std::mem::replace(&mut outcome.0, Ok(())), outcome.1.take())
+            };
+            let callback = callback.expect("a batch's callback runs once");
+            callback(result);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

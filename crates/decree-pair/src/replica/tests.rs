@@ -1,0 +1,166 @@
+//! The backup's copy on real log engines: what a batch makes durable survives a reopen,
+//! completions and rejoins forget, a bad batch writes nothing, a failed sync is reported.
+
+use super::*;
+use decree_core::{BranchRecord, Origin};
+use decree_log::testing::fault::FaultStorage;
+use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use std::path::Path;
+use std::sync::mpsc;
+
+fn xid(sequence: u64) -> Xid {
+    Xid::decree(Origin { node: 3, incarnation: 0x101, session: 7, sequence })
+}
+
+fn decision(sequence: u64) -> LinkRecord {
+    let d = Decision {
+        xid: xid(sequence),
+        branches: vec![
+            BranchRecord { rm: "pg-a".into(), branch: 0 },
+            BranchRecord { rm: "pg-b".into(), branch: 1 },
+        ],
+    };
+    LinkRecord { kind: RecordKind::Decision, xid: d.xid, payload: d.encode() }
+}
+
+fn completion(sequence: u64) -> LinkRecord {
+    LinkRecord { kind: RecordKind::Completion, xid: xid(sequence), payload: Vec::new() }
+}
+
+fn open(dir: &Path, engine: EngineKind) -> Replica {
+    let config = LogConfig::new(dir, engine, SyncPolicy::Immediate);
+    Replica::open(Arc::from(decree_log::open(&config).unwrap()))
+}
+
+/// Applies `records` and waits for the batch's callback.
+fn apply(replica: &mut Replica, records: &[LinkRecord]) -> Result<(), LogError> {
+    let (tx, rx) = mpsc::channel();
+    replica.apply(records, Box::new(move |result| tx.send(result).unwrap())).unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the batch's callback runs")
+}
+
+fn live(replica: &Replica) -> Vec<u64> {
+    let mut sequences: Vec<u64> = replica.live().map(|x| x.origin().unwrap().sequence).collect();
+    sequences.sort();
+    sequences
+}
+
+#[test]
+fn what_a_batch_made_durable_is_the_live_set_after_a_reopen_on_every_engine() {
+    for engine in [EngineKind::Journal, EngineKind::SlotsFsync, EngineKind::File] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut replica = open(dir.path(), engine);
+            apply(&mut replica, &[decision(1), decision(2), decision(3)]).unwrap();
+            apply(&mut replica, &[completion(2), decision(4)]).unwrap();
+            assert_eq!(live(&replica), [1, 3, 4], "{engine:?}");
+            replica.log.sync().unwrap();
+        }
+        let replica = open(dir.path(), engine);
+        assert_eq!(live(&replica), [1, 3, 4], "{engine:?} after reopen");
+    }
+}
+
+#[test]
+fn a_resent_batch_changes_nothing_and_is_durable_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replica = open(dir.path(), EngineKind::Journal);
+    let batch = [decision(1), decision(2)];
+    apply(&mut replica, &batch).unwrap();
+    apply(&mut replica, &batch).unwrap();
+    apply(&mut replica, &[completion(1), completion(1), completion(9)]).unwrap();
+    assert_eq!(live(&replica), [2]);
+    drop(replica);
+    assert_eq!(live(&open(dir.path(), EngineKind::Journal)), [2]);
+}
+
+#[test]
+fn a_batch_with_a_bad_record_is_refused_whole_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replica = open(dir.path(), EngineKind::Journal);
+    let mut misfiled = decision(2);
+    misfiled.xid = xid(5);
+    let garbage = LinkRecord { kind: RecordKind::Decision, xid: xid(6), payload: vec![1, 2, 3] };
+    let loaded = LinkRecord { kind: RecordKind::Completion, xid: xid(1), payload: vec![0] };
+    let outcome = LinkRecord { kind: RecordKind::Outcome, xid: xid(1), payload: vec![1] };
+    for (bad, expected) in [
+        (misfiled, "the decision inside is of"),
+        (garbage, "undecodable"),
+        (loaded, "carries no payload"),
+        (outcome, "not replicated by this version"),
+    ] {
+        let batch = [decision(1), bad];
+        let called = Arc::new(AtomicUsize::new(0));
+        let counter = called.clone();
+        let e = replica
+            .apply(
+                &batch,
+                Box::new(move |_| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+            .unwrap_err();
+        assert!(matches!(&e, ReplicaError::BadRecord { index: 1, .. }), "{e}");
+        assert!(e.to_string().contains(expected), "{e}");
+        assert_eq!(called.load(Ordering::SeqCst), 0, "a refused batch never reports durable");
+    }
+    assert_eq!(replica.live_count(), 0);
+    assert_eq!(replica.log.stats().records_appended, 0, "nothing of a refused batch was written");
+}
+
+#[test]
+fn rejoining_forgets_what_the_new_primary_does_not_hold_and_stays_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replica = open(dir.path(), EngineKind::Journal);
+    apply(&mut replica, &[decision(1), decision(2), decision(3)]).unwrap();
+    let keep: HashSet<Xid> = [xid(2), xid(8)].into_iter().collect();
+    assert_eq!(replica.retain(&keep).unwrap(), 2);
+    assert_eq!(live(&replica), [2]);
+    replica.log.sync().unwrap();
+    drop(replica);
+    assert_eq!(live(&open(dir.path(), EngineKind::Journal)), [2]);
+}
+
+#[test]
+fn a_batch_without_decisions_is_durable_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replica = open(dir.path(), EngineKind::Journal);
+    apply(&mut replica, &[decision(4)]).unwrap();
+    for batch in [vec![], vec![completion(4)], vec![completion(5)]] {
+        let called = Arc::new(AtomicUsize::new(0));
+        let counter = called.clone();
+        let callback = move |result: Result<(), LogError>| {
+            assert!(result.is_ok());
+            counter.fetch_add(1, Ordering::SeqCst);
+        };
+        replica.apply(&batch, Box::new(callback)).unwrap();
+        assert_eq!(
+            called.load(Ordering::SeqCst),
+            1,
+            "reported durable before apply returned: nothing to wait for"
+        );
+    }
+    assert_eq!(replica.live_count(), 0);
+}
+
+#[test]
+fn a_failed_sync_reaches_the_batch_and_nothing_is_acknowledged_as_durable() {
+    let storage = Arc::new(FaultStorage::new(11));
+    // Syncs, not O_DSYNC writes, so that the failure below hits the batch's own sync.
+    storage.disable_direct_io();
+    let config = LogConfig::new("/backup", EngineKind::Journal, SyncPolicy::Immediate);
+    let log: Arc<dyn Log> =
+        Arc::from(decree_log::engine::open_with_storage(&config, storage.clone()).unwrap());
+    let mut replica = Replica::open(log);
+    apply(&mut replica, &[decision(1)]).unwrap();
+    storage.fail_syncs_after(0);
+    let result = apply(&mut replica, &[decision(2), decision(3)]);
+    assert!(matches!(result, Err(LogError::SyncFailed { .. })), "{result:?}");
+    // After power loss the copy holds what was durable: the first batch, maybe more, never
+    // less (the acknowledged part is the floor).
+    let after = storage.crash();
+    let log: Arc<dyn Log> =
+        Arc::from(decree_log::engine::open_with_storage(&config, Arc::new(after)).unwrap());
+    let live = live(&Replica::open(log));
+    assert!(live.starts_with(&[1]), "{live:?}");
+}
