@@ -1,0 +1,240 @@
+//! The primary's side of the stream: records waiting to be sent, batches sent and not yet
+//! acknowledged (kept for a resend), and which decisions each batch confirms once the
+//! backup acknowledges it. No IO: the link's runtime cuts batches, sends them and feeds
+//! acknowledgements back.
+//!
+//! Everything is bounded: a batch holds at most `batch_records_max` records and
+//! `batch_bytes_max` payload bytes, and at most `unacked_batches_max` batches wait for an
+//! acknowledgement. When the bound is reached [`Outbox::push`] refuses, and the server
+//! stops taking decisions: a strict primary acknowledges nothing its backup has not
+//! confirmed, so a backup that stopped answering must stop the primary, not fill its
+//! memory.
+
+use crate::wire::{LinkRecord, BATCH_RECORDS_MAX};
+use std::collections::VecDeque;
+
+/// Identifies a decision waiting for its batch's acknowledgement (the server's reply to
+/// the client waits on it).
+pub type Ticket = u64;
+
+/// The outbox's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxLimits {
+    /// Records in one batch.
+    pub batch_records_max: usize,
+    /// Payload bytes in one batch (below the link's frame bound).
+    pub batch_bytes_max: usize,
+    /// Batches sent and not acknowledged.
+    pub unacked_batches_max: usize,
+}
+
+impl Default for OutboxLimits {
+    fn default() -> Self {
+        OutboxLimits { batch_records_max: 1024, batch_bytes_max: 1 << 20, unacked_batches_max: 256 }
+    }
+}
+
+/// A batch cut from the outbox: what goes on the wire, and the decisions it confirms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Its number in the epoch, from 1.
+    pub sequence: u64,
+    /// Its records, in the order they were pushed.
+    pub records: Vec<LinkRecord>,
+    /// The decisions the backup confirms by acknowledging it.
+    pub tickets: Vec<Ticket>,
+}
+
+/// Why a record was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxFull {
+    /// `unacked_batches_max` batches wait for the backup: nothing more until it answers.
+    Unacknowledged(usize),
+}
+
+/// The primary's records on their way to the backup.
+#[derive(Debug)]
+pub struct Outbox {
+    limits: OutboxLimits,
+    current: Vec<LinkRecord>,
+    current_tickets: Vec<Ticket>,
+    current_bytes: usize,
+    /// The sequence the next batch cut gets.
+    next_sequence: u64,
+    unacked: VecDeque<Batch>,
+}
+
+impl Outbox {
+    /// An empty outbox for a new epoch: its first batch is number 1.
+    pub fn new(limits: OutboxLimits) -> Outbox {
+        assert!(limits.batch_records_max >= 1 && limits.batch_records_max <= BATCH_RECORDS_MAX);
+        assert!(limits.unacked_batches_max >= 1);
+        Outbox {
+            limits,
+            current: Vec::new(),
+            current_tickets: Vec::new(),
+            current_bytes: 0,
+            next_sequence: 1,
+            unacked: VecDeque::new(),
+        }
+    }
+
+    /// Whether a record of `bytes` would be refused now.
+    pub fn is_full(&self, bytes: usize) -> bool {
+        self.unacked.len() >= self.limits.unacked_batches_max && self.needs_cut_for(bytes)
+    }
+
+    /// Whether a record of `bytes` must go to the next batch: the current one has records
+    /// and would pass a bound with it (a single larger record still makes a batch alone).
+    fn needs_cut_for(&self, bytes: usize) -> bool {
+        !self.current.is_empty()
+            && (self.current.len() >= self.limits.batch_records_max
+                || self.current_bytes + bytes > self.limits.batch_bytes_max)
+    }
+
+    /// Takes a record for the next batch; `ticket` names a decision whose acknowledgement
+    /// waits for the backup. Cuts the current batch first when it is full.
+    pub fn push(&mut self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {
+        if self.needs_cut_for(record.payload.len()) {
+            if self.unacked.len() >= self.limits.unacked_batches_max {
+                return Err(OutboxFull::Unacknowledged(self.unacked.len()));
+            }
+            self.cut();
+        }
+        self.current_bytes += record.payload.len();
+        self.current.push(record);
+        self.current_tickets.extend(ticket);
+        Ok(())
+    }
+
+    /// Makes the records pushed so far a batch, kept until acknowledged, and returns it
+    /// for sending; `None` when nothing waits or the unacknowledged bound is reached.
+    pub fn cut(&mut self) -> Option<&Batch> {
+        if self.current.is_empty() || self.unacked.len() >= self.limits.unacked_batches_max {
+            return None;
+        }
+        let batch = Batch {
+            sequence: self.next_sequence,
+            records: std::mem::take(&mut self.current),
+            tickets: std::mem::take(&mut self.current_tickets),
+        };
+        self.current_bytes = 0;
+        self.next_sequence += 1;
+        self.unacked.push_back(batch);
+        self.check();
+        self.unacked.back()
+    }
+
+    /// The backup made every batch up to `sequence` durable: forgets them and returns the
+    /// decisions they confirm. An acknowledgement of a batch never cut is ignored (its
+    /// sender is wrong, and nothing may be confirmed on its word).
+    pub fn acknowledge(&mut self, sequence: u64) -> Vec<Ticket> {
+        if sequence >= self.next_sequence {
+            return Vec::new();
+        }
+        let mut confirmed = Vec::new();
+        while self.unacked.front().is_some_and(|b| b.sequence <= sequence) {
+            let batch = self.unacked.pop_front().expect("front exists");
+            confirmed.extend(batch.tickets);
+        }
+        self.check();
+        confirmed
+    }
+
+    /// The unacknowledged batches from `from` on, for a backup that reconnected expecting
+    /// `from` next (batches before it it already holds).
+    pub fn resend_from(&self, from: u64) -> impl Iterator<Item = &Batch> {
+        self.unacked.iter().filter(move |b| b.sequence >= from)
+    }
+
+    /// Batches waiting for an acknowledgement.
+    pub fn unacked_count(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Sequences only increase and the unacknowledged ones are contiguous and below the next.
+    fn check(&self) {
+        assert!(self.unacked.len() <= self.limits.unacked_batches_max);
+        for (a, b) in self.unacked.iter().zip(self.unacked.iter().skip(1)) {
+            assert_eq!(a.sequence + 1, b.sequence, "unacknowledged batches are contiguous");
+        }
+        if let Some(last) = self.unacked.back() {
+            assert_eq!(last.sequence + 1, self.next_sequence);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RecordKind;
+    use decree_core::{Origin, Xid};
+
+    fn record(sequence: u64, bytes: usize) -> LinkRecord {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 0x101, session: 1, sequence });
+        LinkRecord { kind: RecordKind::Decision, xid, payload: vec![0; bytes] }
+    }
+
+    fn limits(records: usize, bytes: usize, unacked: usize) -> OutboxLimits {
+        OutboxLimits { batch_records_max: records, batch_bytes_max: bytes, unacked_batches_max: unacked }
+    }
+
+    #[test]
+    fn batches_are_numbered_from_one_and_confirm_their_decisions_when_acknowledged() {
+        let mut outbox = Outbox::new(OutboxLimits::default());
+        assert!(outbox.cut().is_none(), "nothing to send");
+        outbox.push(record(1, 10), Some(1)).unwrap();
+        outbox.push(record(2, 0), None).unwrap();
+        let first = outbox.cut().unwrap().clone();
+        assert_eq!((first.sequence, first.records.len(), first.tickets.clone()), (1, 2, vec![1]));
+        outbox.push(record(3, 10), Some(3)).unwrap();
+        assert_eq!(outbox.cut().unwrap().sequence, 2);
+        assert_eq!(
+            outbox.acknowledge(5),
+            Vec::<Ticket>::new(),
+            "an ack of a batch never cut confirms nothing"
+        );
+        assert_eq!(outbox.unacked_count(), 2);
+        assert_eq!(outbox.acknowledge(1), vec![1]);
+        assert_eq!(outbox.acknowledge(1), Vec::<Ticket>::new(), "a repeated ack confirms nothing more");
+        assert_eq!(outbox.acknowledge(2), vec![3]);
+        assert_eq!(outbox.unacked_count(), 0);
+    }
+
+    #[test]
+    fn a_full_batch_is_cut_by_records_or_bytes() {
+        for (records, bytes, pushes, expected_batches) in [(2, 1 << 20, 5, 2), (100, 25, 5, 2), (1, 1, 3, 2)]
+        {
+            let mut outbox = Outbox::new(limits(records, bytes, 16));
+            for i in 0..pushes {
+                outbox.push(record(i, 10), Some(i)).unwrap();
+            }
+            assert_eq!(outbox.unacked_count(), expected_batches, "{records} records, {bytes} bytes");
+            for batch in outbox.resend_from(1) {
+                assert!(batch.records.len() <= records);
+                let payload: usize = batch.records.iter().map(|r| r.payload.len()).sum();
+                assert!(
+                    payload <= bytes.max(10),
+                    "a batch stays within its bytes unless one record is larger"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_silent_backup_stops_the_primary_at_the_bound_and_its_ack_frees_it() {
+        let mut outbox = Outbox::new(limits(1, 1 << 20, 2));
+        outbox.push(record(1, 1), Some(1)).unwrap();
+        outbox.push(record(2, 1), Some(2)).unwrap(); // cuts batch 1
+        outbox.push(record(3, 1), Some(3)).unwrap(); // cuts batch 2
+        assert!(outbox.is_full(1));
+        assert_eq!(outbox.push(record(4, 1), Some(4)), Err(OutboxFull::Unacknowledged(2)));
+        assert!(outbox.cut().is_none(), "no third batch in flight");
+        assert_eq!(outbox.acknowledge(1), vec![1]);
+        outbox.push(record(4, 1), Some(4)).unwrap(); // cuts batch 3 (record 3)
+        assert_eq!(outbox.resend_from(1).map(|b| b.sequence).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(outbox.resend_from(3).map(|b| b.sequence).collect::<Vec<_>>(), [3]);
+        assert_eq!(outbox.acknowledge(3), vec![2, 3]);
+        assert_eq!(outbox.cut().map(|b| (b.sequence, b.tickets.clone())), Some((4, vec![4])));
+    }
+}
