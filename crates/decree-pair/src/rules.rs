@@ -48,13 +48,20 @@ pub fn fence(seen: Epoch, incoming: Epoch) -> Fence {
 pub enum PeerMessage {
     /// Primary to backup: the records of one batch, numbered from 1 within the epoch.
     Batch { sequence: u64 },
-    /// Primary to backup: the live set sent after the stream started is complete; with
-    /// the batches received since, the backup holds everything the primary holds.
-    CaughtUp,
+    /// Primary to backup: with the batches up to `up_to`, which carried the primary's live
+    /// set after the stream started, the backup holds everything the primary holds. The
+    /// runtime hands it to the rules only once those batches are durable in the backup's
+    /// log and what the primary does not hold was forgotten.
+    CaughtUp { up_to: u64 },
     /// Backup to primary: every batch up to `sequence` is durable in the backup's log.
     Ack { sequence: u64 },
-    /// Either way, when a link opens: who is at the other end and which epoch it knows.
-    Hello,
+    /// When a link opens (the primary dials its backup, both say hello): from the primary,
+    /// the sequence of the next batch it sends, where the backup's stream starts; from the
+    /// backup, what it expects (informational: the primary always sends its live set).
+    Hello { next_sequence: u64 },
+    /// Either way: the peer refused a message of this member's epoch because it has seen
+    /// the one this message carries. Only its epoch matters (a newer one deposes).
+    Refused,
 }
 
 /// What happened to the member.
@@ -91,8 +98,15 @@ pub enum Command {
     AppendThenAck { epoch: Epoch, sequence: u64 },
     /// Acknowledge again a batch already durable (the primary resent it).
     AckAgain { epoch: Epoch, sequence: u64 },
-    /// Ask the primary to resend from `from`: a batch is missing.
+    /// A batch is missing (`from` was expected): close the link; the primary dials again,
+    /// says hello and sends its live set, which holds whatever was missed.
     Resend { epoch: Epoch, from: u64 },
+    /// The primary of `epoch` opened a link and streams from `next_sequence`: start
+    /// collecting the Xids it sends, for the forgetting at the end of the catch-up.
+    Join { epoch: Epoch, next_sequence: u64 },
+    /// A backup opened a link: push the live set into the stream after what is already in
+    /// it, then send `CaughtUp` with the last batch's sequence.
+    SendLiveSet,
     /// Decisions in batches up to `sequence` are confirmed by the backup.
     ConfirmUpTo(u64),
     /// Acknowledge with the backup as well as the local write from now on.
@@ -197,6 +211,8 @@ impl Node {
     fn receive(&mut self, epoch: Epoch, message: PeerMessage) -> Vec<Command> {
         let mut commands = Vec::new();
         match fence(self.seen, epoch) {
+            // A refusal is never refused back: the two would answer each other forever.
+            Fence::Stale if message == PeerMessage::Refused => return Vec::new(),
             Fence::Stale => return vec![Command::Refuse { seen: self.seen }],
             Fence::Current => {}
             Fence::Newer => {
@@ -219,7 +235,13 @@ impl Node {
     fn receive_current(&mut self, message: PeerMessage) -> Vec<Command> {
         let epoch = self.seen;
         match (self.role, message) {
-            (_, PeerMessage::Hello) => Vec::new(),
+            (_, PeerMessage::Refused) => Vec::new(),
+            (Role::Backup, PeerMessage::Hello { next_sequence }) => {
+                self.next_sequence = next_sequence.max(1);
+                self.caught_up = false;
+                vec![Command::Join { epoch, next_sequence: self.next_sequence }]
+            }
+            (Role::Primary { .. }, PeerMessage::Hello { .. }) => vec![Command::SendLiveSet],
             (Role::Backup, PeerMessage::Batch { sequence }) if sequence == self.next_sequence => {
                 self.next_sequence += 1;
                 vec![Command::AppendThenAck { epoch, sequence }]
@@ -233,15 +255,20 @@ impl Node {
                 self.caught_up = false;
                 vec![Command::Resend { epoch, from: self.next_sequence }]
             }
-            (Role::Backup, PeerMessage::CaughtUp) => {
+            (Role::Backup, PeerMessage::CaughtUp { up_to }) if up_to < self.next_sequence => {
                 self.caught_up = true;
                 Vec::new()
+            }
+            (Role::Backup, PeerMessage::CaughtUp { .. }) => {
+                // The live set ends in a batch this member never received.
+                self.caught_up = false;
+                vec![Command::Resend { epoch, from: self.next_sequence }]
             }
             (Role::Primary { .. }, PeerMessage::Ack { sequence }) => vec![Command::ConfirmUpTo(sequence)],
             // A backup gets no acknowledgement; a primary gets no batch of its own epoch
             // (only it mints that epoch) nor a catch-up notice.
             (Role::Backup, PeerMessage::Ack { .. })
-            | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp) => {
+            | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp { .. }) => {
                 vec![Command::ProtocolError]
             }
         }

@@ -72,8 +72,8 @@ pub enum LinkMessage {
     Hello { epoch: Epoch, member: MemberId, node: u32, next_sequence: u64 },
     /// Primary to backup: the records of one batch.
     Batch { epoch: Epoch, sequence: u64, records: Vec<LinkRecord> },
-    /// Primary to backup: the live set is complete.
-    CaughtUp { epoch: Epoch },
+    /// Primary to backup: with the batches up to `up_to`, the live set is complete.
+    CaughtUp { epoch: Epoch, up_to: u64 },
     /// Backup to primary: batches up to `sequence` are durable.
     Ack { epoch: Epoch, sequence: u64 },
     /// Either way: the sender's epoch is older than `seen`; its message was dropped.
@@ -96,17 +96,19 @@ impl LinkMessage {
         }
     }
 
-    /// The epoch the message carries and what the rules see of it. A `Refuse` is read as
-    /// a hello of the newer epoch: the refused member learns it was deposed.
+    /// The epoch the message carries and what the rules see of it (a `Refuse` carries the
+    /// refuser's epoch: a newer one deposes the refused member).
     pub fn rule_view(&self) -> (Epoch, PeerMessage) {
         match self {
-            LinkMessage::Hello { epoch, .. } => (*epoch, PeerMessage::Hello),
+            LinkMessage::Hello { epoch, next_sequence, .. } => {
+                (*epoch, PeerMessage::Hello { next_sequence: *next_sequence })
+            }
             LinkMessage::Batch { epoch, sequence, .. } => {
                 (*epoch, PeerMessage::Batch { sequence: *sequence })
             }
-            LinkMessage::CaughtUp { epoch } => (*epoch, PeerMessage::CaughtUp),
+            LinkMessage::CaughtUp { epoch, up_to } => (*epoch, PeerMessage::CaughtUp { up_to: *up_to }),
             LinkMessage::Ack { epoch, sequence } => (*epoch, PeerMessage::Ack { sequence: *sequence }),
-            LinkMessage::Refuse { seen } => (*seen, PeerMessage::Hello),
+            LinkMessage::Refuse { seen } => (*seen, PeerMessage::Refused),
         }
     }
 
@@ -141,7 +143,10 @@ impl LinkMessage {
                     out.extend_from_slice(&record.payload);
                 }
             }
-            LinkMessage::CaughtUp { epoch } => out.extend_from_slice(&epoch.raw().to_be_bytes()),
+            LinkMessage::CaughtUp { epoch, up_to } => {
+                out.extend_from_slice(&epoch.raw().to_be_bytes());
+                out.extend_from_slice(&up_to.to_be_bytes());
+            }
             LinkMessage::Ack { epoch, sequence } => {
                 out.extend_from_slice(&epoch.raw().to_be_bytes());
                 out.extend_from_slice(&sequence.to_be_bytes());
@@ -194,7 +199,7 @@ impl LinkMessage {
                 }
                 LinkMessage::Batch { epoch, sequence, records }
             }
-            3 => LinkMessage::CaughtUp { epoch: body.epoch()? },
+            3 => LinkMessage::CaughtUp { epoch: body.epoch()?, up_to: body.u64("up_to")? },
             4 => LinkMessage::Ack { epoch: body.epoch()?, sequence: body.u64("sequence")? },
             5 => LinkMessage::Refuse { seen: body.epoch()? },
             other => return Err(LinkError(format!("unknown type {other}"))),
@@ -273,7 +278,7 @@ mod tests {
                     LinkRecord { kind: RecordKind::Outcome, xid: xid(2), payload: vec![1] },
                 ],
             },
-            LinkMessage::CaughtUp { epoch },
+            LinkMessage::CaughtUp { epoch, up_to: 3 },
             LinkMessage::Ack { epoch, sequence: u64::MAX },
             LinkMessage::Refuse { seen: Epoch::from_raw(0x402) },
         ]
@@ -331,7 +336,7 @@ mod tests {
     #[test]
     fn wrong_versions_types_kinds_and_trailing_bytes_are_refused_by_name() {
         let mut buf = Vec::new();
-        LinkMessage::CaughtUp { epoch: Epoch::from_raw(5) }.encode(&mut buf);
+        LinkMessage::CaughtUp { epoch: Epoch::from_raw(5), up_to: 2 }.encode(&mut buf);
         let mut bad = buf.clone();
         bad[4] = 9;
         assert!(LinkMessage::decode(&bad).unwrap_err().0.contains("version 9"));
@@ -379,7 +384,7 @@ mod tests {
     #[test]
     fn a_refusal_tells_the_rules_of_the_newer_epoch() {
         let (epoch, message) = LinkMessage::Refuse { seen: Epoch::from_raw(0x402) }.rule_view();
-        assert_eq!((epoch, message), (Epoch::from_raw(0x402), PeerMessage::Hello));
+        assert_eq!((epoch, message), (Epoch::from_raw(0x402), PeerMessage::Refused));
         let (epoch, message) = LinkMessage::Ack { epoch: Epoch::from_raw(0x301), sequence: 4 }.rule_view();
         assert_eq!((epoch, message), (Epoch::from_raw(0x301), PeerMessage::Ack { sequence: 4 }));
     }

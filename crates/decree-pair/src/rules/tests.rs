@@ -33,10 +33,12 @@ fn states() -> Vec<Node> {
 }
 
 fn messages() -> Vec<PeerMessage> {
-    let mut all = vec![PeerMessage::Hello, PeerMessage::CaughtUp];
-    for sequence in [1, 4, 5, 6, 9] {
+    let mut all = vec![PeerMessage::Refused];
+    for sequence in [0, 1, 4, 5, 6, 9] {
         all.push(PeerMessage::Batch { sequence });
         all.push(PeerMessage::Ack { sequence });
+        all.push(PeerMessage::Hello { next_sequence: sequence });
+        all.push(PeerMessage::CaughtUp { up_to: sequence });
     }
     all
 }
@@ -60,11 +62,13 @@ fn a_message_of_an_older_epoch_is_refused_and_changes_nothing() {
             for message in messages() {
                 let mut after = node;
                 let commands = after.step(Event::Peer { epoch, message }).unwrap();
-                assert_eq!(
-                    commands,
-                    vec![Command::Refuse { seen: node.seen }],
-                    "{node:?} {epoch} {message:?}"
-                );
+                // A refusal is not refused back (the two would answer each other forever).
+                let expected = if message == PeerMessage::Refused {
+                    vec![]
+                } else {
+                    vec![Command::Refuse { seen: node.seen }]
+                };
+                assert_eq!(commands, expected, "{node:?} {epoch} {message:?}");
                 assert_eq!(after, node);
             }
         }
@@ -86,17 +90,30 @@ fn a_newer_epoch_is_persisted_first_and_makes_any_member_a_backup_that_rejoins()
                 assert!(!commands.iter().any(|c| matches!(c, Command::RecoverThenServe(_))));
                 // The message itself is then read as one of the new epoch, by a backup
                 // that expects the new primary's first batch.
+                let last = *commands.last().unwrap();
                 match message {
                     PeerMessage::Batch { sequence: 1 } => {
-                        assert_eq!(*commands.last().unwrap(), Command::AppendThenAck { epoch, sequence: 1 })
+                        assert_eq!(last, Command::AppendThenAck { epoch, sequence: 1 })
                     }
-                    PeerMessage::Batch { .. } => {
-                        assert_eq!(*commands.last().unwrap(), Command::Resend { epoch, from: 1 })
+                    PeerMessage::Batch { sequence: 0 } => {
+                        assert_eq!(last, Command::AckAgain { epoch, sequence: 0 })
                     }
-                    PeerMessage::Ack { .. } => assert_eq!(*commands.last().unwrap(), Command::ProtocolError),
-                    PeerMessage::CaughtUp => assert!(after.caught_up),
-                    PeerMessage::Hello => assert!(!after.caught_up),
+                    PeerMessage::Batch { .. } => assert_eq!(last, Command::Resend { epoch, from: 1 }),
+                    PeerMessage::Ack { .. } => assert_eq!(last, Command::ProtocolError),
+                    PeerMessage::CaughtUp { up_to: 0 } => {
+                        assert!(after.caught_up, "nothing was to be received")
+                    }
+                    PeerMessage::CaughtUp { .. } => {
+                        assert_eq!(last, Command::Resend { epoch, from: 1 });
+                        assert!(!after.caught_up);
+                    }
+                    PeerMessage::Hello { next_sequence } => {
+                        assert_eq!(last, Command::Join { epoch, next_sequence: next_sequence.max(1) });
+                        assert_eq!(after.next_sequence, next_sequence.max(1));
+                    }
+                    PeerMessage::Refused => assert_eq!(last, Command::Rejoin(epoch)),
                 }
+                assert!(!after.caught_up || message == PeerMessage::CaughtUp { up_to: 0 });
             }
         }
     }
@@ -136,11 +153,31 @@ fn messages_of_the_current_epoch_in_the_wrong_role_are_protocol_errors() {
             let wrong = matches!(
                 (node.role, message),
                 (Role::Backup, PeerMessage::Ack { .. })
-                    | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp)
+                    | (Role::Primary { .. }, PeerMessage::Batch { .. } | PeerMessage::CaughtUp { .. })
             );
             assert_eq!(commands == vec![Command::ProtocolError], wrong, "{node:?} {message:?} {commands:?}");
-            if let (Role::Primary { .. }, PeerMessage::Ack { sequence }) = (node.role, message) {
-                assert_eq!(commands, vec![Command::ConfirmUpTo(sequence)]);
+            match (node.role, message) {
+                (Role::Primary { .. }, PeerMessage::Ack { sequence }) => {
+                    assert_eq!(commands, vec![Command::ConfirmUpTo(sequence)])
+                }
+                (Role::Primary { .. }, PeerMessage::Hello { .. }) => {
+                    assert_eq!(commands, vec![Command::SendLiveSet])
+                }
+                (_, PeerMessage::Refused) => {
+                    assert!(commands.is_empty(), "a refusal of the same epoch means nothing")
+                }
+                (Role::Backup, PeerMessage::CaughtUp { up_to }) => {
+                    assert_eq!(after.caught_up, up_to < node.next_sequence);
+                    assert_eq!(commands.is_empty(), up_to < node.next_sequence);
+                }
+                (Role::Backup, PeerMessage::Hello { next_sequence }) => {
+                    assert_eq!(
+                        commands,
+                        vec![Command::Join { epoch: node.seen, next_sequence: next_sequence.max(1) }]
+                    );
+                    assert!(!after.caught_up, "a new stream starts a new catch-up");
+                }
+                _ => {}
             }
             if wrong {
                 assert_eq!(after, node, "a protocol error changes nothing");
@@ -247,17 +284,20 @@ fn a_deposed_primary_returns_as_a_backup_and_its_epoch_is_refused_everywhere() {
         }
         other => panic!("{other:?}"),
     };
+    // Member 1 dials member 2: member 2's hello makes it send its live set.
+    let reply = PeerMessage::Hello { next_sequence: 1 };
+    assert_eq!(one.step(Event::Peer { epoch: first, message: reply }).unwrap(), vec![Command::SendLiveSet]);
     // Member 2 follows: hello, two batches, the end of the catch-up.
-    for message in
-        [PeerMessage::Hello, PeerMessage::Batch { sequence: 1 }, PeerMessage::Batch { sequence: 2 }]
-    {
+    let hello = PeerMessage::Hello { next_sequence: 1 };
+    for message in [hello, PeerMessage::Batch { sequence: 1 }, PeerMessage::Batch { sequence: 2 }] {
         two.step(Event::Peer { epoch: first, message }).unwrap();
     }
     assert!(
         two.step(Event::Promote { forced: false, log_highest: Epoch::NONE }).is_err(),
         "not caught up yet"
     );
-    two.step(Event::Peer { epoch: first, message: PeerMessage::CaughtUp }).unwrap();
+    two.step(Event::Peer { epoch: first, message: PeerMessage::CaughtUp { up_to: 2 } }).unwrap();
+    assert!(two.caught_up);
     assert_eq!(
         one.step(Event::Peer { epoch: first, message: PeerMessage::Ack { sequence: 2 } }).unwrap(),
         vec![Command::ConfirmUpTo(2)]
@@ -275,7 +315,7 @@ fn a_deposed_primary_returns_as_a_backup_and_its_epoch_is_refused_everywhere() {
         two.step(Event::Peer { epoch: first, message: PeerMessage::Batch { sequence: 3 } }).unwrap();
     assert_eq!(refused, vec![Command::Refuse { seen: second }]);
     // ...and member 1 steps down at the first message of the newer epoch.
-    let commands = one.step(Event::Peer { epoch: second, message: PeerMessage::Hello }).unwrap();
+    let commands = one.step(Event::Peer { epoch: second, message: PeerMessage::Refused }).unwrap();
     assert_eq!(commands, vec![Command::PersistSeen(second), Command::StepDown, Command::Rejoin(second)]);
     assert_eq!(one.role, Role::Backup);
     assert_eq!(
