@@ -20,6 +20,7 @@
 //!   since it started or rejoined, unless forced (and a forced promotion is recorded).
 
 pub mod epoch;
+pub mod link;
 pub mod outbox;
 pub mod replica;
 pub mod rules;

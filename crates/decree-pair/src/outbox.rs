@@ -147,6 +147,11 @@ impl Outbox {
         self.unacked.iter().filter(move |b| b.sequence >= from)
     }
 
+    /// The sequence the next batch cut gets.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
+    }
+
     /// Batches waiting for an acknowledgement.
     pub fn unacked_count(&self) -> usize {
         self.unacked.len()

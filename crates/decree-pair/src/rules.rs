@@ -213,6 +213,11 @@ impl Node {
         match fence(self.seen, epoch) {
             // A refusal is never refused back: the two would answer each other forever.
             Fence::Stale if message == PeerMessage::Refused => return Vec::new(),
+            // A backup says hello before it has read the primary's, which tells it of the
+            // newer epoch: the live set follows that hello, so it is sent, not refused.
+            Fence::Stale if self.leads().is_some() && matches!(message, PeerMessage::Hello { .. }) => {
+                return vec![Command::SendLiveSet]
+            }
             Fence::Stale => return vec![Command::Refuse { seen: self.seen }],
             Fence::Current => {}
             Fence::Newer => {

@@ -1,0 +1,279 @@
+//! The backup's end of the link: accepts the primary's connection, applies its batches to
+//! the backup's own log through [`Replica`], and acknowledges each batch once it and every
+//! batch before it are durable there.
+//!
+//! Every frame goes through the rules first ([`Node::step`]); the follower carries out the
+//! commands in order, and a `PersistSeen` is durable (the `PAIR` file) before the next
+//! command runs. `CaughtUp` is handed to the rules only once the batches up to its `up_to`
+//! are durable and every live Xid the primary did not send since its `Hello` is forgotten.
+
+use super::{read_message, spawn_writer, LinkEnd};
+use crate::epoch::{Epoch, MemberId};
+use crate::replica::Replica;
+use crate::rules::{Command, Event, Node, PeerMessage};
+use crate::state_file::{self, PairState};
+use crate::wire::{LinkMessage, RecordKind};
+use decree_core::Xid;
+use decree_log::io::Storage;
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+/// A backup member: its rules, its durable state and its copy of the decisions.
+pub struct Follower {
+    node: Mutex<Node>,
+    state: Mutex<PairState>,
+    replica: Mutex<Replica>,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    node_id: u32,
+}
+
+/// What one link has received since the primary's `Hello`, for the end of the catch-up.
+struct Stream {
+    epoch: Epoch,
+    /// Decisions received since the `Hello`: the primary holds them.
+    received: HashSet<Xid>,
+    /// Batches applied and durable: the highest sequence below which all are durable.
+    durable_up_to: u64,
+    /// Durable batches above a gap (their callbacks came back out of order).
+    durable_above: BTreeSet<u64>,
+}
+
+impl Follower {
+    /// A backup over `replica`'s log in `dir` (whose `PAIR` file it reads or creates), as
+    /// member `member` of node `node_id`.
+    pub fn open(
+        member: MemberId,
+        node_id: u32,
+        replica: Replica,
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+    ) -> Result<Follower, LinkEnd> {
+        let storage_error = |e: decree_log::LogError| LinkEnd::Storage(e.to_string());
+        let state = match state_file::load(storage.as_ref(), &dir).map_err(storage_error)? {
+            Some(state) => {
+                state_file::check_member(&state, member, &dir).map_err(storage_error)?;
+                state
+            }
+            None => {
+                let state = PairState { member, seen: Epoch::NONE, forced: None };
+                state_file::store(storage.as_ref(), &dir, None, &state).map_err(storage_error)?;
+                state
+            }
+        };
+        Ok(Follower {
+            node: Mutex::new(Node::start(member, state.seen)),
+            state: Mutex::new(state),
+            replica: Mutex::new(replica),
+            storage,
+            dir,
+            node_id,
+        })
+    }
+
+    /// The rules' view of this member now.
+    pub fn node(&self) -> Node {
+        *self.node.lock()
+    }
+
+    /// How many decisions the copy holds.
+    pub fn live_count(&self) -> usize {
+        self.replica.lock().live_count()
+    }
+
+    /// Accepts links until `stop`; one link at a time is served (a new primary's link
+    /// waits for the old one to end, which a newer epoch's refusal of it does).
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, from)) = accepted else { continue };
+            let _ = stream.set_nodelay(true);
+            let me = self.clone();
+            let mut link_stop = stop.clone();
+            tokio::select! {
+                _ = link_stop.wait_for(|s| *s) => return,
+                end = me.serve_link(stream) => tracing::info!(%from, "replication link ended: {end}"),
+            }
+        }
+    }
+
+    async fn serve_link(self: Arc<Self>, stream: TcpStream) -> LinkEnd {
+        let (mut reader, writer) = stream.into_split();
+        let out = spawn_writer(writer);
+        let hello = {
+            let node = self.node.lock();
+            LinkMessage::Hello {
+                epoch: node.seen,
+                member: node.member,
+                node: self.node_id,
+                next_sequence: node.next_sequence,
+            }
+        };
+        if out.send(hello).await.is_err() {
+            return LinkEnd::Closed("the writer stopped".into());
+        }
+        let (durable_tx, mut durable_rx) = mpsc::unbounded_channel::<(u64, Result<(), String>)>();
+        let mut stream = Stream {
+            epoch: Epoch::NONE,
+            received: HashSet::new(),
+            durable_up_to: 0,
+            durable_above: BTreeSet::new(),
+        };
+        let mut buf = Vec::new();
+        loop {
+            let message = tokio::select! {
+                message = read_message(&mut reader, &mut buf) => match message {
+                    Ok(message) => message,
+                    Err(end) => return end,
+                },
+                Some((sequence, result)) = durable_rx.recv() => {
+                    if let Err(end) = self.batch_durable(&mut stream, sequence, result, &out).await {
+                        return end;
+                    }
+                    continue;
+                }
+            };
+            if let Err(end) = self.receive(message, &mut stream, &durable_tx, &mut durable_rx, &out).await {
+                return end;
+            }
+        }
+    }
+
+    /// Steps the rules with one frame and carries out their commands.
+    async fn receive(
+        &self,
+        message: LinkMessage,
+        stream: &mut Stream,
+        durable_tx: &mpsc::UnboundedSender<(u64, Result<(), String>)>,
+        durable_rx: &mut mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
+        out: &mpsc::Sender<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        let (epoch, view) = message.rule_view();
+        if let PeerMessage::CaughtUp { up_to } = view {
+            if self.node.lock().seen == epoch {
+                self.finish_catch_up(stream, up_to, durable_rx, out).await?;
+            }
+        }
+        let commands =
+            self.node.lock().step(Event::Peer { epoch, message: view }).expect("only promotions are refused");
+        for command in commands {
+            match command {
+                Command::PersistSeen(seen) => self.persist_seen(seen).await?,
+                Command::Rejoin(_) | Command::StepDown => {}
+                Command::Join { epoch, .. } => {
+                    *stream = Stream {
+                        epoch,
+                        received: HashSet::new(),
+                        durable_up_to: 0,
+                        durable_above: BTreeSet::new(),
+                    };
+                    stream.durable_up_to = self.node.lock().next_sequence - 1;
+                }
+                Command::AppendThenAck { sequence, .. } => {
+                    let LinkMessage::Batch { records, .. } = &message else {
+                        unreachable!("only batches append")
+                    };
+                    stream
+                        .received
+                        .extend(records.iter().filter(|r| r.kind == RecordKind::Decision).map(|r| r.xid));
+                    let tx = durable_tx.clone();
+                    let done = Box::new(move |result: Result<(), decree_log::LogError>| {
+                        let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
+                    });
+                    self.replica.lock().apply(records, done).map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+                }
+                Command::AckAgain { sequence, .. } if sequence <= stream.durable_up_to => {
+                    let _ = out
+                        .send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.durable_up_to })
+                        .await;
+                }
+                Command::AckAgain { .. } => {} // Its first acknowledgement is still coming.
+                Command::Refuse { seen } => {
+                    let _ = out.send(LinkMessage::Refuse { seen }).await;
+                }
+                Command::Resend { from, .. } => {
+                    return Err(LinkEnd::Protocol(format!(
+                        "batch {from} is missing; the primary must dial again"
+                    )))
+                }
+                other => {
+                    return Err(LinkEnd::Protocol(format!("{other:?} cannot happen on a backup's link")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a batch's durability and acknowledges every batch durable without a gap.
+    async fn batch_durable(
+        &self,
+        stream: &mut Stream,
+        sequence: u64,
+        result: Result<(), String>,
+        out: &mpsc::Sender<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        if let Err(e) = result {
+            return Err(LinkEnd::Storage(format!("the backup's log failed: {e}")));
+        }
+        stream.durable_above.insert(sequence);
+        let before = stream.durable_up_to;
+        while stream.durable_above.remove(&(stream.durable_up_to + 1)) {
+            stream.durable_up_to += 1;
+        }
+        if stream.durable_up_to > before {
+            let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.durable_up_to }).await;
+        }
+        Ok(())
+    }
+
+    /// Waits until the batches up to `up_to` are durable, then forgets what the primary did
+    /// not send since its `Hello`.
+    async fn finish_catch_up(
+        &self,
+        stream: &mut Stream,
+        up_to: u64,
+        durable_rx: &mut mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
+        out: &mpsc::Sender<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        if up_to >= self.node.lock().next_sequence {
+            return Ok(()); // A gap: the rules ask for the link to be dialled again.
+        }
+        while stream.durable_up_to < up_to {
+            match durable_rx.recv().await {
+                Some((sequence, result)) => self.batch_durable(stream, sequence, result, out).await?,
+                None => return Err(LinkEnd::Closed("durability reports stopped".into())),
+            }
+        }
+        let dropped =
+            self.replica.lock().retain(&stream.received).map_err(|e| LinkEnd::Storage(e.to_string()))?;
+        tracing::info!(up_to, dropped, "caught up with the primary");
+        // Said even when no batch carried the live set (an empty one), so that the primary
+        // learns the catch-up ended.
+        let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: up_to }).await;
+        Ok(())
+    }
+
+    /// Makes `seen` the highest epoch in `PAIR`, durably, before anything else happens.
+    async fn persist_seen(&self, seen: Epoch) -> Result<(), LinkEnd> {
+        let (previous, next) = {
+            let state = self.state.lock();
+            (*state, PairState { seen, ..*state })
+        };
+        let (storage, dir) = (self.storage.clone(), self.dir.clone());
+        tokio::task::spawn_blocking(move || {
+            state_file::store(storage.as_ref(), &dir, Some(&previous), &next)
+        })
+        .await
+        .map_err(|e| LinkEnd::Storage(e.to_string()))?
+        .map_err(|e| LinkEnd::Storage(e.to_string()))?;
+        *self.state.lock() = next;
+        Ok(())
+    }
+}

@@ -1,0 +1,244 @@
+//! The primary's end of the link: dials the backup, sends its live set and then every
+//! batch the [`Outbox`] cuts, and turns the backup's acknowledgements into confirmed
+//! tickets (the decisions whose clients may now be answered).
+//!
+//! On every link it opens the leader says `Hello` with the sequence of the next batch,
+//! pushes the live set (asked of the server through [`LiveSet`]) into the outbox behind
+//! what is already there, and sends `CaughtUp` after its last batch; when the backup
+//! acknowledges that batch, the leader is strict again. Batches cut before the link opened
+//! and never acknowledged are not resent: the live set holds what of them still matters,
+//! and the backup's acknowledgement of a later batch confirms them too. A refusal of a
+//! newer epoch makes the leader step down and return.
+
+use super::{read_message, spawn_writer, LinkEnd};
+use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
+use crate::rules::{Command, Event, Node, Role};
+use crate::wire::{LinkMessage, LinkRecord};
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+/// What the server gives the leader: its live set for a catch-up, and where confirmed
+/// tickets go.
+pub trait LiveSet: Send + Sync {
+    /// The records of every live decision (and remembered outcome), taken while no new
+    /// record can be pushed, so that the stream and the snapshot miss nothing between them.
+    fn live_records(&self) -> Vec<LinkRecord>;
+    /// These decisions are durable on the backup.
+    fn confirmed(&self, tickets: Vec<Ticket>);
+    /// The leader stepped down: a newer epoch exists.
+    fn deposed(&self, seen: crate::epoch::Epoch);
+}
+
+/// Delay between two dials of an unreachable backup.
+const REDIAL_DELAY: Duration = Duration::from_millis(100);
+
+/// A primary member's link to its backup.
+pub struct Leader {
+    node: Mutex<Node>,
+    outbox: Mutex<Outbox>,
+    wake: Notify,
+    server: Arc<dyn LiveSet>,
+    node_id: u32,
+}
+
+impl Leader {
+    /// The link of `node`, which must lead.
+    pub fn new(node: Node, node_id: u32, limits: OutboxLimits, server: Arc<dyn LiveSet>) -> Leader {
+        assert!(node.leads().is_some(), "only a primary leads a link");
+        Leader {
+            node: Mutex::new(node),
+            outbox: Mutex::new(Outbox::new(limits)),
+            wake: Notify::new(),
+            server,
+            node_id,
+        }
+    }
+
+    /// The rules' view of this member now.
+    pub fn node(&self) -> Node {
+        *self.node.lock()
+    }
+
+    /// Queues a record for the backup; `ticket` names a decision whose answer waits for
+    /// the backup's confirmation. Refused while the backup is too far behind.
+    pub fn ship(&self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {
+        self.outbox.lock().push(record, ticket)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Dials `backup` until `stop` or until deposed, serving each link until it ends.
+    pub async fn run(self: Arc<Self>, backup: SocketAddr, mut stop: watch::Receiver<bool>) -> LinkEnd {
+        loop {
+            if *stop.borrow() {
+                return LinkEnd::Stopped("stopped".into());
+            }
+            let end = match TcpStream::connect(backup).await {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::select! {
+                        _ = stop.wait_for(|s| *s) => return LinkEnd::Stopped("stopped".into()),
+                        end = self.clone().serve_link(stream) => end,
+                    }
+                }
+                Err(e) => LinkEnd::Closed(format!("cannot reach the backup at {backup}: {e}")),
+            };
+            tracing::info!(%backup, "replication link: {end}");
+            if let LinkEnd::Stopped(_) | LinkEnd::Storage(_) = end {
+                return end;
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return LinkEnd::Stopped("stopped".into()),
+                _ = tokio::time::sleep(REDIAL_DELAY) => {}
+            }
+        }
+    }
+
+    async fn serve_link(self: Arc<Self>, stream: TcpStream) -> LinkEnd {
+        let (mut reader, writer) = stream.into_split();
+        let out = spawn_writer(writer);
+        let (epoch, member) = {
+            let node = self.node.lock();
+            (node.seen, node.member)
+        };
+        let next_sequence = self.outbox.lock().next_sequence();
+        let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence };
+        if out.send(hello).await.is_err() {
+            return LinkEnd::Closed("the writer stopped".into());
+        }
+        let mut buf = Vec::new();
+        let mut link =
+            LinkState { sent_up_to: next_sequence - 1, caught_up_to_send: None, caught_up_at: None };
+        loop {
+            tokio::select! {
+                message = read_message(&mut reader, &mut buf) => {
+                    let message = match message {
+                        Ok(message) => message,
+                        Err(end) => return end,
+                    };
+                    if let Err(end) = self.receive(message, &mut link, &out).await {
+                        return end;
+                    }
+                }
+                _ = self.wake.notified() => {}
+            }
+            if let Err(end) = self.send_batches(epoch, &mut link, &out).await {
+                return end;
+            }
+        }
+    }
+
+    /// Steps the rules with one frame of the backup and carries out their commands.
+    async fn receive(
+        &self,
+        message: LinkMessage,
+        link: &mut LinkState,
+        out: &tokio::sync::mpsc::Sender<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        let (epoch, view) = message.rule_view();
+        let commands =
+            self.node.lock().step(Event::Peer { epoch, message: view }).expect("only promotions are refused");
+        for command in commands {
+            match command {
+                Command::SendLiveSet => {
+                    let up_to = self.push_live_set()?;
+                    link.caught_up_to_send = Some(up_to);
+                    link.caught_up_at = Some(up_to);
+                }
+                Command::ConfirmUpTo(sequence) => {
+                    let tickets = self.outbox.lock().acknowledge(sequence);
+                    if !tickets.is_empty() {
+                        self.server.confirmed(tickets);
+                    }
+                    if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none()
+                    {
+                        link.caught_up_at = None;
+                        let strict = self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
+                        if strict.contains(&Command::BecomeStrict) {
+                            tracing::info!("the backup caught up: acknowledging with it from now on");
+                        }
+                    }
+                }
+                Command::Refuse { seen } => {
+                    let _ = out.send(LinkMessage::Refuse { seen }).await;
+                    return Err(LinkEnd::Protocol("the backup spoke for an older epoch".into()));
+                }
+                Command::PersistSeen(seen) => {
+                    // The server records it durably when it handles the deposition.
+                    self.server.deposed(seen);
+                }
+                Command::StepDown | Command::Rejoin(_) | Command::Join { .. } => {}
+                other => {
+                    return Err(LinkEnd::Protocol(format!("{other:?} cannot happen on a primary's link")))
+                }
+            }
+        }
+        if self.node.lock().role == Role::Backup {
+            return Err(LinkEnd::Stopped("deposed by a newer epoch".into()));
+        }
+        Ok(())
+    }
+
+    /// Pushes the live set behind what the outbox holds; returns the sequence whose
+    /// acknowledgement ends the backup's catch-up.
+    fn push_live_set(&self) -> Result<u64, LinkEnd> {
+        let records = self.server.live_records();
+        let up_to = {
+            let mut outbox = self.outbox.lock();
+            for record in records {
+                // The live set is bounded by the live transactions; a backup too far
+                // behind to take it is told so by the link ending.
+                if outbox.push(record, None).is_err() {
+                    return Err(LinkEnd::Closed("the backup is too far behind to take the live set".into()));
+                }
+            }
+            outbox.cut();
+            outbox.next_sequence() - 1
+        };
+        Ok(up_to)
+    }
+
+    /// Sends every batch cut since the last one sent, then `CaughtUp` once the live set's
+    /// last batch has gone.
+    async fn send_batches(
+        &self,
+        epoch: crate::epoch::Epoch,
+        link: &mut LinkState,
+        out: &tokio::sync::mpsc::Sender<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        let batches: Vec<LinkMessage> = {
+            let mut outbox = self.outbox.lock();
+            outbox.cut();
+            outbox
+                .resend_from(link.sent_up_to + 1)
+                .map(|b| LinkMessage::Batch { epoch, sequence: b.sequence, records: b.records.clone() })
+                .collect()
+        };
+        let closed = |_| LinkEnd::Closed("the writer stopped".into());
+        for batch in batches {
+            if let LinkMessage::Batch { sequence, .. } = &batch {
+                link.sent_up_to = *sequence;
+            }
+            out.send(batch).await.map_err(closed)?;
+        }
+        if let Some(up_to) = link.caught_up_to_send.filter(|&up_to| up_to <= link.sent_up_to) {
+            link.caught_up_to_send = None;
+            out.send(LinkMessage::CaughtUp { epoch, up_to }).await.map_err(closed)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one link has sent, and where its catch-up stands.
+struct LinkState {
+    /// The last batch sent on this link.
+    sent_up_to: u64,
+    /// The live set's last batch, until `CaughtUp` naming it is sent.
+    caught_up_to_send: Option<u64>,
+    /// The live set's last batch, until the backup acknowledges it: then it caught up.
+    caught_up_at: Option<u64>,
+}

@@ -1,0 +1,244 @@
+//! The link end to end on loopback: a leader and a follower over real TCP and a real
+//! journal log for the backup, a proxy that cuts the link, a backup restarted, a leader
+//! deposed. The bug these guard against: a decision confirmed to the primary (so answered
+//! to its client) that the backup's disk does not hold, or a deposed primary whose records
+//! a backup still takes.
+
+use super::follower::Follower;
+use super::leader::{Leader, LiveSet};
+use super::LinkEnd;
+use crate::epoch::{Epoch, MemberId};
+use crate::outbox::{OutboxLimits, Ticket};
+use crate::replica::Replica;
+use crate::rules::{Event, Node, Role};
+use crate::state_file::{self, PairState};
+use crate::wire::{LinkRecord, RecordKind};
+use decree_core::{BranchRecord, Decision, Origin, Xid};
+use decree_log::io::StdStorage;
+use decree_log::{EngineKind, LogConfig, SyncPolicy};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+fn m(id: u8) -> MemberId {
+    MemberId::new(id).unwrap()
+}
+
+fn xid(sequence: u64) -> Xid {
+    Xid::decree(Origin { node: 7, incarnation: 0x101, session: 1, sequence })
+}
+
+fn decision(sequence: u64) -> LinkRecord {
+    let d = Decision { xid: xid(sequence), branches: vec![BranchRecord { rm: "pg-a".into(), branch: 0 }] };
+    LinkRecord { kind: RecordKind::Decision, xid: d.xid, payload: d.encode() }
+}
+
+fn completion(sequence: u64) -> LinkRecord {
+    LinkRecord { kind: RecordKind::Completion, xid: xid(sequence), payload: Vec::new() }
+}
+
+/// The primary's server as the leader sees it: a live set, confirmed tickets, a deposition.
+#[derive(Default)]
+struct TestServer {
+    live: Mutex<Vec<LinkRecord>>,
+    confirmed: Mutex<HashSet<Ticket>>,
+    deposed: Mutex<Option<Epoch>>,
+}
+
+impl LiveSet for TestServer {
+    fn live_records(&self) -> Vec<LinkRecord> {
+        self.live.lock().clone()
+    }
+    fn confirmed(&self, tickets: Vec<Ticket>) {
+        self.confirmed.lock().extend(tickets);
+    }
+    fn deposed(&self, seen: Epoch) {
+        *self.deposed.lock() = Some(seen);
+    }
+}
+
+/// Ships decision `i` as the primary's server would: live from now on, its answer waiting
+/// for ticket `i`.
+fn ship_decision(leader: &Leader, server: &TestServer, i: u64) {
+    server.live.lock().push(decision(i));
+    leader.ship(decision(i), Some(i)).unwrap();
+}
+
+/// Ships the completion of `i`: no longer live.
+fn ship_completion(leader: &Leader, server: &TestServer, i: u64) {
+    server.live.lock().retain(|r| r.xid != xid(i));
+    leader.ship(completion(i), None).unwrap();
+}
+
+/// Member 2's follower over a journal log in `dir`, listening on loopback.
+async fn start_follower(dir: &Path, stop: watch::Receiver<bool>) -> (Arc<Follower>, SocketAddr) {
+    let config = LogConfig::new(dir, EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower =
+        Arc::new(Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.to_path_buf()).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(follower.clone().serve(listener, stop));
+    (follower, addr)
+}
+
+/// Member 1, promoted (forced: it never caught up with anyone), leading a link.
+fn leader(server: Arc<TestServer>) -> Arc<Leader> {
+    let mut node = Node::start(m(1), Epoch::NONE);
+    node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+    Arc::new(Leader::new(node, 7, OutboxLimits::default(), server))
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn live_after_reopen(dir: &Path) -> Vec<u64> {
+    let config = LogConfig::new(dir, EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let mut live: Vec<u64> = replica.live().map(|x| x.origin().unwrap().sequence).collect();
+    live.sort();
+    live
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_confirmed_decision_is_in_the_backups_log_and_the_primary_turns_strict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stop_tx, stop) = watch::channel(false);
+    let (follower, addr) = start_follower(dir.path(), stop.clone()).await;
+    let server = Arc::new(TestServer::default());
+    *server.live.lock() = (1..=20).map(decision).collect(); // decided before the link
+    let leader = leader(server.clone());
+    let run = tokio::spawn(leader.clone().run(addr, stop.clone()));
+    eventually("the backup caught up", || follower.node().caught_up).await;
+    eventually("the primary is strict", || leader.node().role == Role::Primary { alone: false }).await;
+    for i in 21..=120 {
+        ship_decision(&leader, &server, i);
+    }
+    for i in 1..=10 {
+        ship_completion(&leader, &server, i);
+    }
+    ship_decision(&leader, &server, 121);
+    eventually("every ticket confirmed", || server.confirmed.lock().len() == 101).await;
+    assert_eq!(follower.live_count(), 111, "20 from the live set + 101 shipped - 10 completed");
+    stop_tx.send(true).unwrap();
+    let _ = run.await;
+    drop(follower);
+    tokio::time::sleep(Duration::from_millis(50)).await; // the follower's task lets go of the log
+    let live = live_after_reopen(dir.path());
+    assert_eq!(live, (11..=121).collect::<Vec<_>>(), "confirmed means on the backup's disk");
+}
+
+/// Forwards loopback TCP to `to` until `cut` is true; connections open at the cut are
+/// dropped, new ones refused until it is false again.
+async fn proxy(to: SocketAddr, cut: watch::Receiver<bool>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else { continue };
+            if *cut.borrow() {
+                continue; // dropped at once
+            }
+            let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else { continue };
+            let mut cut = cut.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = cut.wait_for(|c| *c) => {}
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_stops_confirmations_and_the_backup_catches_up_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let (follower, backup) = start_follower(dir.path(), stop.clone()).await;
+    let (cut_tx, cut) = watch::channel(false);
+    let through = proxy(backup, cut).await;
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    tokio::spawn(leader.clone().run(through, stop.clone()));
+    ship_decision(&leader, &server, 1);
+    eventually("the first decision confirmed", || server.confirmed.lock().contains(&1)).await;
+
+    cut_tx.send(true).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 2..=30 {
+        ship_decision(&leader, &server, i);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let confirmed_while_cut = server.confirmed.lock().len();
+    assert!(confirmed_while_cut < 30, "nothing can be confirmed through a cut link ({confirmed_while_cut})");
+
+    cut_tx.send(false).unwrap();
+    eventually("every ticket confirmed after the link returned", || server.confirmed.lock().len() == 30)
+        .await;
+    eventually("the backup caught up again", || follower.node().caught_up).await;
+    assert_eq!(follower.live_count(), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_backup_gets_the_live_set_and_forgets_what_the_primary_completed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    let (stop_leader_tx, stop_leader) = watch::channel(false);
+    {
+        let (stop_tx, stop) = watch::channel(false);
+        let (first, addr) = start_follower(dir.path(), stop).await;
+        let run = tokio::spawn(leader.clone().run(addr, stop_leader.clone()));
+        for i in 1..=10 {
+            ship_decision(&leader, &server, i);
+        }
+        eventually("confirmed", || server.confirmed.lock().len() == 10).await;
+        assert_eq!(first.live_count(), 10);
+        stop_tx.send(true).unwrap();
+        stop_leader_tx.send(true).unwrap();
+        let _ = run.await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // While the backup was away, the primary completed 1..=5 (their completions never went).
+    *server.live.lock() = (6..=10).map(decision).collect();
+    let (_stop_tx, stop) = watch::channel(false);
+    let (follower, addr) = start_follower(dir.path(), stop.clone()).await;
+    assert_eq!(follower.live_count(), 10, "the backup's disk kept what it had");
+    let leader = self::leader(server.clone());
+    tokio::spawn(leader.clone().run(addr, stop));
+    eventually("the restarted backup caught up", || follower.node().caught_up).await;
+    assert_eq!(follower.live_count(), 5, "what the primary no longer holds was forgotten");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_primary_steps_down_and_the_backup_takes_none_of_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    // The backup has seen a newer epoch (member 2 was promoted once, elsewhere).
+    let newer = Epoch::mint(m(2), &[Epoch::mint(m(1), &[])]);
+    let state = PairState { member: m(2), seen: newer, forced: None };
+    state_file::store(&StdStorage, dir.path(), None, &state).unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let (follower, addr) = start_follower(dir.path(), stop.clone()).await;
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    leader.ship(decision(1), Some(1)).unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(20), leader.clone().run(addr, stop)).await.unwrap();
+    assert!(matches!(end, LinkEnd::Stopped(_)), "{end}");
+    assert_eq!(*server.deposed.lock(), Some(newer));
+    assert_eq!(leader.node().role, Role::Backup);
+    assert!(server.confirmed.lock().is_empty());
+    assert_eq!(follower.live_count(), 0);
+    assert_eq!(follower.node().seen, newer);
+}
