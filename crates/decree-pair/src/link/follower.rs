@@ -35,8 +35,11 @@ pub struct Follower {
 /// What one link has received since the primary's `Hello`, for the end of the catch-up.
 struct Stream {
     epoch: Epoch,
-    /// Decisions received since the `Hello`: the primary holds them.
+    /// Decisions received since the `Hello`, until the catch-up ends: the primary holds
+    /// them. Not kept after it (memory follows the live set, not the history).
     received: HashSet<Xid>,
+    /// Between the primary's `Hello` and the end of the catch-up.
+    joining: bool,
     /// Batches applied and durable: the highest sequence below which all are durable.
     durable_up_to: u64,
     /// Durable batches above a gap (their callbacks came back out of order).
@@ -119,10 +122,14 @@ impl Follower {
         if out.send(hello).await.is_err() {
             return LinkEnd::Closed("the writer stopped".into());
         }
+        // Unbounded because the log's callbacks must never block; it holds at most one
+        // report per batch applied and not yet seen by the loop below, which reads reports
+        // and frames alike.
         let (durable_tx, mut durable_rx) = mpsc::unbounded_channel::<(u64, Result<(), String>)>();
         let mut stream = Stream {
             epoch: Epoch::NONE,
             received: HashSet::new(),
+            joining: false,
             durable_up_to: 0,
             durable_above: BTreeSet::new(),
         };
@@ -171,6 +178,7 @@ impl Follower {
                     *stream = Stream {
                         epoch,
                         received: HashSet::new(),
+                        joining: true,
                         durable_up_to: 0,
                         durable_above: BTreeSet::new(),
                     };
@@ -180,9 +188,10 @@ impl Follower {
                     let LinkMessage::Batch { records, .. } = &message else {
                         unreachable!("only batches append")
                     };
-                    stream
-                        .received
-                        .extend(records.iter().filter(|r| r.kind == RecordKind::Decision).map(|r| r.xid));
+                    if stream.joining {
+                        let decisions = records.iter().filter(|r| r.kind == RecordKind::Decision);
+                        stream.received.extend(decisions.map(|r| r.xid));
+                    }
                     let tx = durable_tx.clone();
                     let done = Box::new(move |result: Result<(), decree_log::LogError>| {
                         let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
@@ -251,8 +260,13 @@ impl Follower {
                 None => return Err(LinkEnd::Closed("durability reports stopped".into())),
             }
         }
+        if !stream.joining {
+            return Ok(()); // A second CaughtUp on one link: nothing more to forget.
+        }
         let dropped =
             self.replica.lock().retain(&stream.received).map_err(|e| LinkEnd::Storage(e.to_string()))?;
+        stream.received = HashSet::new();
+        stream.joining = false;
         tracing::info!(up_to, dropped, "caught up with the primary");
         // Said even when no batch carried the live set (an empty one), so that the primary
         // learns the catch-up ended.
