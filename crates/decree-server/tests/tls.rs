@@ -403,3 +403,25 @@ fn silent_peers_of_the_tls_listener_lose_their_slot_at_the_handshake_bound() {
     );
     server.shutdown().unwrap();
 }
+
+#[test]
+fn the_connection_limit_holds_on_the_tls_listener_and_frees_with_a_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "pair");
+    let server = start_with(dir.path(), Some(pki.tls_config(&[])), |c| c.limits.connections_max = 2);
+    let client = pki.client("app-1", Validity::Current);
+    let first = connect(&server, &pki.ca_file, &client).unwrap();
+    first.ping().unwrap();
+    // The client library keeps one control connection per RemoteDecisions: two of them
+    // take both slots.
+    let second = connect(&server, &pki.ca_file, &client).unwrap();
+    second.ping().unwrap();
+    // Over the limit the socket is closed before any handshake: the client says so.
+    let why = refused(connect(&server, &pki.ca_file, &client));
+    assert!(why.contains("during the TLS handshake"), "{why}");
+    assert_eq!(metric(&metrics(&server), "decree_connections_refused_total"), 1.0);
+    drop(second);
+    common::eventually("a slot is free again", || connect(&server, &pki.ca_file, &client).is_ok());
+    first.ping().expect("the first session never noticed");
+    server.shutdown().unwrap();
+}
