@@ -17,6 +17,10 @@ pub struct Args {
     /// The TOML configuration of the server or application owning the log (see decree.example.toml).
     #[arg(long, short = 'c')]
     pub config: PathBuf,
+    /// Commit or roll back on the log of a pair member anyway (the other member may lead
+    /// and act on the transaction itself; recorded in the heuristics file).
+    #[arg(long, global = true)]
+    pub pair_override: bool,
     /// What to do.
     #[command(subcommand)]
     pub action: Action,
@@ -54,6 +58,9 @@ pub fn run(args: Args) -> CliResult {
     let config = ServerConfig::from_toml_file(&args.config)?;
     let factories = factories_for(&config)?;
     let mut inspector = Inspector::open(&config, factories)?;
+    if args.pair_override {
+        inspector.allow_on_pair_member();
+    }
     match args.action {
         Action::List { format } => {
             let listing = inspector.list();

@@ -39,6 +39,7 @@ use decree_core::{
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
+use decree_pair::PairState;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -226,6 +227,8 @@ pub struct Listing {
     pub rms: Vec<RmStatus>,
     /// Records of the log that are not decisions, and similar oddities.
     pub warnings: Vec<String>,
+    /// The pair state of this log directory, when it belongs to a member of a pair.
+    pub pair: Option<PairState>,
 }
 
 impl Listing {
@@ -234,6 +237,9 @@ impl Listing {
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "log {} (node {})", self.log_dir.display(), self.node);
+        if let Some(pair) = &self.pair {
+            let _ = writeln!(out, "{}", pair_line(pair));
+        }
         for rm in &self.rms {
             match &rm.unreachable {
                 None => {
@@ -343,6 +349,11 @@ impl Listing {
             "rms": rms,
             "in_doubt": in_doubt,
             "warnings": self.warnings,
+            "pair": self.pair.map(|p| serde_json::json!({
+                "member": p.member.get(),
+                "epoch_seen": p.seen.raw(),
+                "forced_promotion_epoch": p.forced.map(|e| e.raw()),
+            })),
         });
         serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
@@ -421,6 +432,10 @@ pub struct Inspector {
     /// The recovery runtime's connection cache (one connection per RM, kept between
     /// commands; an RM that failed is tried again by the next command).
     connections: Connections,
+    /// The pair state when the log belongs to a pair member.
+    pair: Option<PairState>,
+    /// `--pair-override`: act on a pair member's log anyway (recorded).
+    pair_override: bool,
 }
 
 impl Inspector {
@@ -460,6 +475,8 @@ impl Inspector {
             }
         }
         let connections = Connections::new(&factories);
+        let pair = decree_pair::state_file::load(&decree_log::io::StdStorage, &dir)
+            .map_err(|source| AdminError::Log { dir: dir.clone(), source })?;
         // Connections are made by the first scan, so that an unreachable RM costs one
         // connect timeout and is reported by `list` rather than failing here.
         Ok(Inspector {
@@ -473,6 +490,8 @@ impl Inspector {
             warnings,
             rms,
             connections,
+            pair,
+            pair_override: false,
         })
     }
 
@@ -551,7 +570,45 @@ impl Inspector {
             in_doubt,
             rms,
             warnings: self.warnings.clone(),
+            pair: self.pair,
         }
+    }
+
+    /// Lets `commit` and `rollback` act on a pair member's log (`--pair-override`): the
+    /// other member may lead and decide otherwise, so each use is recorded.
+    pub fn allow_on_pair_member(&mut self) {
+        self.pair_override = true;
+    }
+
+    /// Refuses an action on a pair member's log unless overridden, recording an override
+    /// in the heuristics file before anything is touched.
+    fn check_pair(&self, action: &str, xid: &Xid) -> Result<(), AdminError> {
+        let Some(pair) = &self.pair else { return Ok(()) };
+        if !self.pair_override {
+            return Err(AdminError::Refused(format!(
+                "{} belongs to member {} of a pair (highest epoch seen {}): the other member may lead and \
+                 act on {xid} itself, with decisions this log has not seen; resolve it through the pair's \
+                 primary, or stop both members and use --pair-override (recorded in the heuristics file)",
+                self.log_dir.display(),
+                pair.member.get(),
+                pair.seen
+            )));
+        }
+        let path = self.heuristics_path();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let user =
+            std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
+        let line = format!(
+            "{} pair-override {action} {xid} member={} epoch_seen={} user={user} pid={}\n",
+            format_utc(now),
+            pair.member.get(),
+            pair.seen,
+            std::process::id()
+        );
+        append_synced(&path, line.as_bytes())
+            .map_err(|e| AdminError::Heuristics { path: path.clone(), message: e.to_string() })?;
+        tracing::warn!(%xid, action, "acting on a pair member's log; recorded in {}", path.display());
+        Ok(())
     }
 
     /// Commits every prepared branch of `xid` and completes its decision. Without a
@@ -559,6 +616,7 @@ impl Inspector {
     /// records a heuristic and logs a decision first.
     pub fn commit(&mut self, xid: &Xid, force: bool) -> Result<Resolution, AdminError> {
         let global = self.check_xid(xid)?;
+        self.check_pair("commit", &global)?;
         let scan = self.scan();
         let decision = self.decisions.get(&global).cloned();
         let prepared = prepared_of(&scan, &global);
@@ -620,6 +678,7 @@ impl Inspector {
     /// heuristic and completes the decision first.
     pub fn rollback(&mut self, xid: &Xid, force: bool) -> Result<Resolution, AdminError> {
         let global = self.check_xid(xid)?;
+        self.check_pair("rollback", &global)?;
         let scan = self.scan();
         let prepared = prepared_of(&scan, &global);
         let mut heuristic = None;
@@ -909,6 +968,16 @@ fn append_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// "1h02m03s" style durations for the age column.
+/// The listing's line about a pair member's log.
+fn pair_line(pair: &PairState) -> String {
+    let forced = pair.forced.map_or_else(|| "none".to_string(), |e| e.to_string());
+    format!(
+        "pair member {}: highest epoch seen {}, last forced promotion {forced} (resolve through the pair's primary)",
+        pair.member.get(),
+        pair.seen
+    )
+}
+
 fn format_duration(s: u64) -> String {
     let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
     match (d, h, m) {

@@ -271,3 +271,40 @@ fn recover_list_reports_a_torn_tail_and_refuses_lost_data() {
         "{message}"
     );
 }
+
+/// `decree recover` on the log of a pair member: the other member may lead and decide what
+/// this log has not seen, so listing works but acting is refused unless overridden, and an
+/// override is recorded before anything is touched.
+#[test]
+fn a_pair_members_log_is_listed_but_not_resolved_without_an_override() {
+    use decree_pair::{Epoch, MemberId, PairState};
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 3, &[]);
+    std::fs::create_dir_all(&config.log_dir).unwrap();
+    let member = MemberId::new(2).unwrap();
+    let seen = Epoch::mint(member, &[]);
+    let state = PairState { member, seen, forced: Some(seen) };
+    decree_pair::state_file::store(&decree_log::io::StdStorage, &config.log_dir, None, &state).unwrap();
+    let mut inspector = Inspector::open(&config, Vec::new()).expect("opens");
+    let listing = inspector.list();
+    assert_eq!(listing.pair, Some(state));
+    let table = listing.to_table();
+    assert!(table.contains("pair member 2: highest epoch seen 1.2, last forced promotion 1.2"), "{table}");
+    assert!(listing.to_json().contains("\"epoch_seen\": 258"), "{}", listing.to_json());
+
+    let xid = Xid::decree(decree_core::Origin { node: 3, incarnation: seen.raw(), session: 1, sequence: 1 });
+    for refused in [inspector.commit(&xid, false), inspector.rollback(&xid, true)] {
+        let why = refused.expect_err("refused on a pair member").to_string();
+        assert!(why.contains("member 2 of a pair") && why.contains("--pair-override"), "{why}");
+    }
+    let heuristics = inspector.heuristics_path();
+    assert!(!heuristics.exists(), "a refusal records nothing");
+    inspector.allow_on_pair_member();
+    let why = inspector.rollback(&xid, false).expect_err("nothing to roll back").to_string();
+    assert!(why.contains("is not in doubt"), "past the pair check: {why}");
+    let recorded = std::fs::read_to_string(&heuristics).unwrap();
+    assert!(
+        recorded.contains(&format!("pair-override rollback {xid} member=2 epoch_seen=1.2")),
+        "{recorded}"
+    );
+}
