@@ -1,6 +1,7 @@
 //! The backup's end of the link: accepts the primary's connection, applies its batches to
 //! the backup's own log through [`Replica`], and acknowledges each batch once it and every
-//! batch before it are durable there.
+//! batch before it are durable there ([`AckMode::Durable`], the default) or handed to the
+//! log ([`AckMode::Received`]). A failure of the log stops the backup (fail-stop).
 //!
 //! Every frame goes through the rules first ([`Node::step`]); the follower carries out the
 //! commands in order, and a `PersistSeen` is durable (the `PAIR` file) before the next
@@ -22,6 +23,19 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+/// When a backup acknowledges a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckMode {
+    /// Once the batch is durable in the backup's log under its sync policy: an
+    /// acknowledged decision survives the loss of either machine, power included.
+    #[default]
+    Durable,
+    /// Once the batch is in the backup's memory (handed to its log), which writes it with
+    /// its own policy: X Platform's model, faster, and an acknowledged decision survives
+    /// the loss of either machine but not a power loss of both at once.
+    Received,
+}
+
 /// A backup member: its rules, its durable state and its copy of the decisions.
 pub struct Follower {
     node: Mutex<Node>,
@@ -30,6 +44,7 @@ pub struct Follower {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     node_id: u32,
+    ack: AckMode,
 }
 
 /// What one link has received since the primary's `Hello`, for the end of the catch-up.
@@ -40,10 +55,11 @@ struct Stream {
     received: HashSet<Xid>,
     /// Between the primary's `Hello` and the end of the catch-up.
     joining: bool,
-    /// Batches applied and durable: the highest sequence below which all are durable.
-    durable_up_to: u64,
-    /// Durable batches above a gap (their callbacks came back out of order).
-    durable_above: BTreeSet<u64>,
+    /// The highest sequence up to which every batch is acknowledged (durable, or received
+    /// under [`AckMode::Received`]).
+    acked_up_to: u64,
+    /// Acknowledged batches above a gap (their callbacks came back out of order).
+    acked_above: BTreeSet<u64>,
 }
 
 impl Follower {
@@ -75,7 +91,14 @@ impl Follower {
             storage,
             dir,
             node_id,
+            ack: AckMode::Durable,
         })
+    }
+
+    /// Acknowledges batches as `ack` says (durable by default).
+    pub fn with_ack_mode(mut self, ack: AckMode) -> Follower {
+        self.ack = ack;
+        self
     }
 
     /// The rules' view of this member now.
@@ -102,7 +125,14 @@ impl Follower {
             let mut link_stop = stop.clone();
             tokio::select! {
                 _ = link_stop.wait_for(|s| *s) => return,
-                end = me.serve_link(stream) => tracing::info!(%from, "replication link ended: {end}"),
+                end = me.serve_link(stream) => {
+                    tracing::info!(%from, "replication link ended: {end}");
+                    if let LinkEnd::Storage(why) = end {
+                        // Fail-stop: a backup whose log failed acknowledges nothing more.
+                        tracing::error!("the backup stops: {why}");
+                        return;
+                    }
+                }
             }
         }
     }
@@ -130,8 +160,8 @@ impl Follower {
             epoch: Epoch::NONE,
             received: HashSet::new(),
             joining: false,
-            durable_up_to: 0,
-            durable_above: BTreeSet::new(),
+            acked_up_to: 0,
+            acked_above: BTreeSet::new(),
         };
         let mut buf = Vec::new();
         loop {
@@ -141,7 +171,7 @@ impl Follower {
                     Err(end) => return end,
                 },
                 Some((sequence, result)) = durable_rx.recv() => {
-                    if let Err(end) = self.batch_durable(&mut stream, sequence, result, &out).await {
+                    if let Err(end) = self.batch_acked(&mut stream, sequence, result, &out).await {
                         return end;
                     }
                     continue;
@@ -179,10 +209,10 @@ impl Follower {
                         epoch,
                         received: HashSet::new(),
                         joining: true,
-                        durable_up_to: 0,
-                        durable_above: BTreeSet::new(),
+                        acked_up_to: 0,
+                        acked_above: BTreeSet::new(),
                     };
-                    stream.durable_up_to = self.node.lock().next_sequence - 1;
+                    stream.acked_up_to = self.node.lock().next_sequence - 1;
                 }
                 Command::AppendThenAck { sequence, .. } => {
                     let LinkMessage::Batch { records, .. } = &message else {
@@ -193,14 +223,22 @@ impl Follower {
                         stream.received.extend(decisions.map(|r| r.xid));
                     }
                     let tx = durable_tx.clone();
+                    let received = self.ack == AckMode::Received;
                     let done = Box::new(move |result: Result<(), decree_log::LogError>| {
-                        let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
+                        // Under `Received` the batch was acknowledged already: only a
+                        // failure is reported, and it stops the backup.
+                        if !received || result.is_err() {
+                            let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
+                        }
                     });
                     self.replica.lock().apply(records, done).map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+                    if received {
+                        self.batch_acked(stream, sequence, Ok(()), out).await?;
+                    }
                 }
-                Command::AckAgain { sequence, .. } if sequence <= stream.durable_up_to => {
+                Command::AckAgain { sequence, .. } if sequence <= stream.acked_up_to => {
                     let _ = out
-                        .send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.durable_up_to })
+                        .send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to })
                         .await;
                 }
                 Command::AckAgain { .. } => {} // Its first acknowledgement is still coming.
@@ -221,7 +259,7 @@ impl Follower {
     }
 
     /// Records a batch's durability and acknowledges every batch durable without a gap.
-    async fn batch_durable(
+    async fn batch_acked(
         &self,
         stream: &mut Stream,
         sequence: u64,
@@ -231,13 +269,13 @@ impl Follower {
         if let Err(e) = result {
             return Err(LinkEnd::Storage(format!("the backup's log failed: {e}")));
         }
-        stream.durable_above.insert(sequence);
-        let before = stream.durable_up_to;
-        while stream.durable_above.remove(&(stream.durable_up_to + 1)) {
-            stream.durable_up_to += 1;
+        stream.acked_above.insert(sequence);
+        let before = stream.acked_up_to;
+        while stream.acked_above.remove(&(stream.acked_up_to + 1)) {
+            stream.acked_up_to += 1;
         }
-        if stream.durable_up_to > before {
-            let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.durable_up_to }).await;
+        if stream.acked_up_to > before {
+            let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to }).await;
         }
         Ok(())
     }
@@ -254,9 +292,9 @@ impl Follower {
         if up_to >= self.node.lock().next_sequence {
             return Ok(()); // A gap: the rules ask for the link to be dialled again.
         }
-        while stream.durable_up_to < up_to {
+        while stream.acked_up_to < up_to {
             match durable_rx.recv().await {
-                Some((sequence, result)) => self.batch_durable(stream, sequence, result, out).await?,
+                Some((sequence, result)) => self.batch_acked(stream, sequence, result, out).await?,
                 None => return Err(LinkEnd::Closed("durability reports stopped".into())),
             }
         }

@@ -4,7 +4,7 @@
 //! to its client) that the backup's disk does not hold, or a deposed primary whose records
 //! a backup still takes.
 
-use super::follower::Follower;
+use super::follower::{AckMode, Follower};
 use super::leader::{Leader, LiveSet};
 use super::LinkEnd;
 use crate::epoch::{Epoch, MemberId};
@@ -295,4 +295,42 @@ async fn a_backup_crashed_at_any_moment_holds_every_confirmed_decision() {
     }
     eventually("the last tickets confirmed", || server.confirmed.lock().len() as u64 == next - 1).await;
     assert!(checked > 0, "some rounds must have seen confirmations");
+}
+
+/// Under `Durable` a batch is acknowledged only after the backup's sync: with every sync
+/// failing, nothing is confirmed and the backup stops. Under `Received` it is acknowledged
+/// once handed to the backup's log: the same decision is confirmed although its sync then
+/// fails (which stops the backup too: a backup that cannot write acknowledges no more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_acks_wait_for_the_backups_sync_and_received_acks_do_not() {
+    use decree_log::testing::fault::FaultStorage;
+    for mode in [AckMode::Durable, AckMode::Received] {
+        let storage = Arc::new(FaultStorage::new(9));
+        storage.disable_direct_io();
+        let dir = std::path::PathBuf::from("/backup");
+        let config = LogConfig::new(&dir, EngineKind::Journal, SyncPolicy::Immediate);
+        let log = decree_log::engine::open_with_storage(&config, storage.clone()).unwrap();
+        let follower = Follower::open(m(2), 7, Replica::open(Arc::from(log)), storage.clone(), dir).unwrap();
+        let follower = Arc::new(follower.with_ack_mode(mode));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop_tx, stop) = watch::channel(false);
+        let serving = tokio::spawn(follower.clone().serve(listener, stop.clone()));
+        let server = Arc::new(TestServer::default());
+        let leader = leader(server.clone());
+        tokio::spawn(leader.clone().run(addr, stop));
+        ship_decision(&leader, &server, 1);
+        eventually("the first decision confirmed", || server.confirmed.lock().contains(&1)).await;
+        eventually("the backup caught up", || follower.node().caught_up).await;
+
+        storage.fail_syncs_after(0);
+        ship_decision(&leader, &server, 2);
+        tokio::time::timeout(Duration::from_secs(20), serving).await.expect("the backup stops").unwrap();
+        match mode {
+            // Its acknowledgement left before the sync failed; the leader may read it late.
+            AckMode::Received => eventually("2 confirmed", || server.confirmed.lock().contains(&2)).await,
+            // No acknowledgement was ever sent: the backup stopped without one.
+            AckMode::Durable => assert!(!server.confirmed.lock().contains(&2)),
+        }
+    }
 }
