@@ -2,7 +2,7 @@
 //!
 //! This crate only turns messages into bytes and bytes into messages; it does no IO, so
 //! the server (tokio), the blocking client and clients in other languages can share it
-//! and its test vectors (`tests/vectors/messages.json`, described byte by byte in
+//! and its test vectors (`docs/vectors/messages.json`, described byte by byte in
 //! `docs/protocol.md`). Every frame is:
 //!
 //! ```text

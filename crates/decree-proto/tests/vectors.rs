@@ -1,4 +1,4 @@
-//! Checks the protocol test vectors (`tests/vectors/messages.json`, also shown in
+//! Checks the protocol test vectors (`docs/vectors/messages.json`, also shown in
 //! docs/protocol.md): encoding the decoded fields gives exactly the stored bytes, decoding
 //! the bytes gives exactly those fields, and every invalid vector is refused with the
 //! named error. The vectors were produced by an independent encoder (not this crate), so
@@ -14,7 +14,7 @@ use decree_proto::{
 use serde_json::Value;
 
 fn vectors() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/messages.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/vectors/messages.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("vector file")).expect("vector JSON")
 }
 
