@@ -8,6 +8,7 @@
 mod bench;
 mod bench_log;
 mod common;
+mod pair;
 mod recover;
 mod serve;
 
@@ -33,6 +34,10 @@ enum Command {
     Serve(serve::Args),
     /// Inspect and resolve in-doubt transactions by hand (the log's owner must be stopped).
     Recover(recover::Args),
+    /// Make a backup member of a pair its primary (the operator says the peer is down).
+    Promote(pair::PromoteArgs),
+    /// Show a pair member's role, epoch and catch-up state (JSON).
+    Status(pair::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +53,8 @@ fn main() -> ExitCode {
         Command::BenchLog(args) => bench_log::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Recover(args) => recover::run(args),
+        Command::Promote(args) => pair::promote(args),
+        Command::Status(args) => pair::status(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

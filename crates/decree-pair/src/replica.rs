@@ -56,6 +56,12 @@ impl Replica {
         self.live.keys()
     }
 
+    /// The highest incarnation (epoch) any live Xid carries: a promotion mints above it.
+    pub fn highest_incarnation(&self) -> crate::epoch::Epoch {
+        let highest = self.live.keys().filter_map(|x| x.origin()).map(|o| o.incarnation).max();
+        crate::epoch::Epoch::from_raw(highest.unwrap_or(0))
+    }
+
     /// How many transactions this copy holds.
     pub fn live_count(&self) -> usize {
         self.live.len()

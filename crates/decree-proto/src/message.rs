@@ -124,6 +124,9 @@ pub enum ErrorCode {
     /// 18: the listener requires TLS and the client spoke plaintext (sent in plaintext,
     /// before any TLS, so that a plaintext client can read why); the connection is closed.
     TlsRequired,
+    /// 19: this server is the backup member of a pair: its primary serves clients (the
+    /// message names the peer when the configuration does); the connection is closed.
+    NotPrimary,
     /// Any other code, kept for forward compatibility.
     Other(u16),
 }
@@ -150,6 +153,7 @@ impl ErrorCode {
             ErrorCode::OutcomeHeuristic => 16,
             ErrorCode::NotAllowed => 17,
             ErrorCode::TlsRequired => 18,
+            ErrorCode::NotPrimary => 19,
             ErrorCode::Other(c) => c,
         }
     }
@@ -175,6 +179,7 @@ impl ErrorCode {
             16 => ErrorCode::OutcomeHeuristic,
             17 => ErrorCode::NotAllowed,
             18 => ErrorCode::TlsRequired,
+            19 => ErrorCode::NotPrimary,
             c => ErrorCode::Other(c),
         }
     }
@@ -634,10 +639,11 @@ mod tests {
             (16, ErrorCode::OutcomeHeuristic),
             (17, ErrorCode::NotAllowed),
             (18, ErrorCode::TlsRequired),
+            (19, ErrorCode::NotPrimary),
         ] {
             assert_eq!(ErrorCode::from_u16(c), code);
         }
-        assert_eq!(ErrorCode::from_u16(19), ErrorCode::Other(19));
+        assert_eq!(ErrorCode::from_u16(20), ErrorCode::Other(20));
     }
 
     /// A `Decide` body of `count` branches named `name`, written by hand: the encoder

@@ -268,6 +268,24 @@ pub struct TlsConfig {
     pub clients_allowed: Vec<String>,
 }
 
+/// This server as a member of a primary + backup pair (docs/replication.md): it starts as
+/// a backup and leads only once `decree promote` says so.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairConfig {
+    /// This member's id in the pair (1 to 255; the two members differ, the node id is the
+    /// same): the low bits of the epochs it mints.
+    pub member: u8,
+    /// Where this member listens for its primary's link while it is a backup.
+    pub link: SocketAddr,
+    /// The other member's link address, which this member dials while it leads.
+    pub peer_link: SocketAddr,
+    /// The other member's client address (`unix:/path`, `tcp:host:port`), named in the
+    /// `NotPrimary` answer this member gives clients while it is a backup.
+    #[serde(default)]
+    pub peer_clients: Option<String>,
+}
+
 /// Longest list of `tls.clients_allowed`.
 pub const CLIENTS_ALLOWED_MAX: usize = 1024;
 
@@ -319,6 +337,9 @@ pub struct ServerConfig {
     /// TLS on the TCP listener, with client certificates (mutual TLS).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Membership of a primary + backup pair; absent: a single server.
+    #[serde(default)]
+    pub pair: Option<PairConfig>,
     /// Loopback address of the Prometheus text endpoint; off when absent.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
@@ -387,6 +408,7 @@ impl ServerConfig {
             allow_remote: false,
             insecure_plaintext: false,
             tls: None,
+            pair: None,
             metrics: None,
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
@@ -470,6 +492,39 @@ impl ServerConfig {
         Ok(())
     }
 
+    /// Refuses a pair membership that cannot work or that would put the link, which has no
+    /// TLS yet, on another machine's reach.
+    fn validate_pair(&self) -> Result<(), ConfigError> {
+        let Some(pair) = &self.pair else { return Ok(()) };
+        if pair.member == 0 {
+            return Err(ConfigError("pair.member must be between 1 and 255 (0 means no epoch)".into()));
+        }
+        if pair.link == pair.peer_link {
+            return Err(ConfigError(format!(
+                "pair.link and pair.peer_link are the same address {}",
+                pair.link
+            )));
+        }
+        for (name, addr) in [("link", pair.link), ("peer_link", pair.peer_link)] {
+            if !addr.ip().is_loopback() && !self.insecure_plaintext {
+                return Err(ConfigError(format!(
+                    "pair.{name} {addr} is not a loopback address and the link has no TLS yet: keep the pair's \
+                     link on loopback, or set `insecure_plaintext = true` on a network you trust entirely"
+                )));
+            }
+        }
+        if self.engine_kind()? == EngineKind::Volatile {
+            return Err(ConfigError("a pair member needs a durable engine, not volatile".into()));
+        }
+        if self.tls.is_some() {
+            return Err(ConfigError(
+                "[tls] on a pair member is not supported yet: serve the pair's clients on loopback or a Unix socket"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that the configuration can work; call again after overriding fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.engine_kind()?;
@@ -477,6 +532,7 @@ impl ServerConfig {
             return Err(ConfigError("no listener: set `unix` (a socket path) or `tcp` (an address)".into()));
         }
         self.validate_exposure()?;
+        self.validate_pair()?;
         if let Some(addr) = self.metrics {
             if !addr.ip().is_loopback() {
                 return Err(ConfigError(format!("metrics address {addr} must be a loopback address")));

@@ -258,6 +258,7 @@ impl Conn {
         let Some(connection_permit) = self.permit().await else { return Next::Close };
         let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
         let payload = decision.encode();
+        let shipped = state.pair().map(|_| payload.clone());
         let key = state.key_for(&txns, origin.sequence);
         let responses = self.responses.clone();
         let state = state.clone();
@@ -267,13 +268,33 @@ impl Conn {
             key,
             &payload,
             Box::new(move |result| {
-                let message = match result {
+                let send = move |message: Message| {
+                    let response = Response {
+                        request_id: id,
+                        message,
+                        close: false,
+                        _connection_permit: connection_permit,
+                        _total_permit: Some(total_permit),
+                    };
+                    // Never full: every queued response holds one of the channel's permits.
+                    let _ = responses.try_send(response);
+                };
+                match result {
                     Ok(()) => {
-                        // Visible as decided before the client can see DecideOk.
-                        state.decided(&txns, origin.sequence, decision, key);
-                        state.metrics.decides.fetch_add(1, Ordering::Relaxed);
-                        state.metrics.observe_decide(started.elapsed());
-                        Message::DecideOk
+                        let xid = decision.xid;
+                        let accepting = state.clone();
+                        let accept = move || {
+                            // Visible as decided before the client can see DecideOk.
+                            accepting.decided_or_orphan(&txns, origin.sequence, decision, key);
+                            accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
+                            accepting.metrics.observe_decide(started.elapsed());
+                            send(Message::DecideOk)
+                        };
+                        match (state.pair(), shipped) {
+                            // A pair's primary: in strict mode the answer waits for the backup.
+                            (Some(link), Some(payload)) => link.after_local_write(&state, xid, payload, Box::new(accept)),
+                            _ => accept(),
+                        }
                     }
                     Err(e) => {
                         // The record may have reached the disk: in doubt until a restart
@@ -284,18 +305,9 @@ impl Conn {
                         let message = format!(
                             "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"
                         );
-                        Message::Error { code: ErrorCode::LogFailed, message }
+                        send(Message::Error { code: ErrorCode::LogFailed, message })
                     }
-                };
-                let response = Response {
-                    request_id: id,
-                    message,
-                    close: false,
-                    _connection_permit: connection_permit,
-                    _total_permit: Some(total_permit),
-                };
-                // Never full: every queued response holds one of the channel's permits.
-                let _ = responses.try_send(response);
+                }
             }),
         );
         Next::Continue

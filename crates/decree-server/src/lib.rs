@@ -16,6 +16,7 @@ pub mod admin;
 pub mod config;
 mod connection;
 mod metrics;
+mod pair;
 mod recheck;
 mod recovery;
 mod rules;
@@ -24,7 +25,10 @@ mod state;
 pub mod testing;
 pub mod tls;
 
-pub use config::{ConfigError, Limits, RecoveryConfig, RmConfig, ServerConfig, TlsConfig, DEFAULT_TCP_ADDR};
+pub use config::{
+    ConfigError, Limits, PairConfig, RecoveryConfig, RmConfig, ServerConfig, TlsConfig, DEFAULT_TCP_ADDR,
+};
+pub use pair::{control_request, CONTROL_SOCKET};
 
 use connection::Peer;
 use decree_core::{RecoveredDecisions, RmFactory};
@@ -52,6 +56,10 @@ pub enum ServerError {
     /// A listener or the runtime could not be set up; names what and where.
     #[error("{0}")]
     Io(String),
+    /// This pair member led, and a member of a newer epoch deposed it (fail-stop: it
+    /// touched nothing since; restarted, it rejoins as a backup).
+    #[error("deposed by epoch {0}: restart this member to rejoin the pair as a backup")]
+    Deposed(String),
 }
 
 /// Where a started server listens.
@@ -190,8 +198,15 @@ fn start_inner(
                 .enable_all()
                 .build()
                 .map_err(|e| ServerError::Io(format!("cannot start the tokio runtime: {e}")))?;
-            let state = Arc::new(open_state(&config, &log_config, factories, storage)?);
             let listeners = Listeners { tls: tls_inner, stop_on_signals };
+            if config.pair.is_some() {
+                if storage.is_some() {
+                    return Err(ServerError::Io("a pair member runs on the file system only".into()));
+                }
+                return runtime
+                    .block_on(pair::run(config, factories, stop_inner, stop_rx, ready_tx, listeners));
+            }
+            let state = Arc::new(open_state(&config, &log_config, factories, storage, None)?);
             runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, listeners))
         })
         .map_err(|e| ServerError::Io(format!("cannot start the server thread: {e}")))?;
@@ -213,12 +228,13 @@ fn start_inner(
 const OUTCOME_FLUSH_DELAY: Duration = Duration::from_millis(5);
 
 /// Opens the log and the outcome memory beside it and builds the state of this run from
-/// what they hold.
+/// what they hold; `incarnation` overrides the log's (a pair's primary uses its epoch).
 fn open_state(
     config: &ServerConfig,
     log_config: &decree_log::LogConfig,
     factories: Vec<Arc<dyn RmFactory>>,
     storage: Option<Arc<dyn decree_log::io::Storage>>,
+    incarnation: Option<u64>,
 ) -> Result<State, ServerError> {
     let log: Arc<dyn decree_log::Log> = match &storage {
         Some(storage) => Arc::from(decree_log::engine::open_with_storage(log_config, storage.clone())?),
@@ -230,7 +246,8 @@ fn open_state(
     for (key, e) in &recovered.undecodable {
         tracing::error!(key, error = %e, "undecodable record in the log; left as is");
     }
-    Ok(State::new(log, outcomes, config.node, config.limits, config.recovery, factories, recovered))
+    let incarnation = incarnation.unwrap_or_else(|| log.incarnation());
+    Ok(State::new(log, outcomes, config, factories, recovered, incarnation))
 }
 
 /// The outcome memory beside the log of `log_config`: in its directory, on `storage` (the
@@ -324,6 +341,11 @@ async fn serve(
     }
     if let Some(path) = &bound.unix {
         let _ = std::fs::remove_file(path);
+    }
+    if let Some(link) = state.pair() {
+        // Decides waiting for a backup that may never answer would hold their
+        // connections open forever: nobody answers them (their clients ask Outcome).
+        link.abandon_pending();
     }
     // Every connection holds a permit until its in-flight requests are answered.
     let _ = connections.acquire_many(state.limits.connections_max).await;

@@ -44,6 +44,11 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
         if stop.load(Ordering::SeqCst) {
             return;
         }
+        if !state.may_call_rms() {
+            // Deposed by a newer epoch: the server is stopping; touch nothing.
+            next_pass = Instant::now() + periodic;
+            continue;
+        }
         let started = Instant::now();
         let clean = pass(&state, &stop);
         state.pass_ended(started);

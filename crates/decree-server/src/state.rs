@@ -60,6 +60,9 @@ pub(crate) struct SessionTxns {
     pub(crate) decided: Mutex<HashMap<u64, LiveDecision>>,
     /// An outcome of this session was evicted from the memory: "not decided" is unproven.
     evicted: AtomicBool,
+    /// Set by `close_session` under the `decided` lock once its decisions moved to the
+    /// orphans: a pair's decision confirmed later goes to the orphans instead.
+    pub(crate) closed: AtomicBool,
 }
 
 /// Xids answered `LogFailed` in this run.
@@ -95,6 +98,11 @@ pub(crate) struct State {
     /// Set when the recovery worker has work (a session closed, an orphan appeared).
     wake: Mutex<bool>,
     wake_signal: Condvar,
+    /// The link to the backup, when this server leads a pair.
+    pair: std::sync::OnceLock<Arc<crate::pair::PrimaryLink>>,
+    /// Decisions durable here and not yet confirmed by the backup (a pair in strict
+    /// mode): in doubt, never rolled back, never answered as decided.
+    unconfirmed: Mutex<HashSet<Xid>>,
 }
 
 impl State {
@@ -104,13 +112,11 @@ impl State {
     pub(crate) fn new(
         log: Arc<dyn Log>,
         outcomes: OutcomeMemory,
-        node: u32,
-        limits: Limits,
-        recovery: RecoveryConfig,
+        config: &crate::config::ServerConfig,
         factories: Vec<Arc<dyn RmFactory>>,
         recovered: RecoveredDecisions,
+        incarnation: u64,
     ) -> Self {
-        let incarnation = log.incarnation();
         let keys = KeyAllocator::new(recovered.all_keys());
         let mut record_keys = recovered.keys;
         let orphans: HashMap<Xid, LiveDecision> = recovered
@@ -121,6 +127,7 @@ impl State {
                 (xid, LiveDecision { decision, keys, heuristic: None })
             })
             .collect();
+        let (node, limits, recovery) = (config.node, config.limits, config.recovery);
         State {
             log,
             outcomes,
@@ -143,7 +150,66 @@ impl State {
             )),
             wake: Mutex::new(false),
             wake_signal: Condvar::new(),
+            pair: std::sync::OnceLock::new(),
+            unconfirmed: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Makes this state the primary's of a pair: decisions wait for `link`'s confirmation.
+    pub(crate) fn set_pair(&self, link: Arc<crate::pair::PrimaryLink>) {
+        assert!(self.pair.set(link).is_ok(), "a state leads one pair link");
+    }
+
+    /// The pair link, when this server leads a pair.
+    pub(crate) fn pair(&self) -> Option<&Arc<crate::pair::PrimaryLink>> {
+        self.pair.get()
+    }
+
+    /// Whether this server may call resource managers: not once a newer epoch deposed it.
+    pub(crate) fn may_call_rms(&self) -> bool {
+        !matches!(self.pair(), Some(link) if link.is_deposed())
+    }
+
+    /// `xid`'s decision is durable here and waits for the backup's confirmation.
+    pub(crate) fn unconfirm(&self, xid: &Xid) {
+        self.unconfirmed.lock().insert(xid.global());
+    }
+
+    /// `xid`'s decision was confirmed (its session's `decided` or the orphans hold it).
+    pub(crate) fn confirm(&self, xid: &Xid) {
+        self.unconfirmed.lock().remove(&xid.global());
+    }
+
+    /// Records a decision confirmed by the backup: in its session's map, or among the
+    /// orphans if the session closed meanwhile (the `closed` flag is read under the same
+    /// lock `close_session` sets it under, so the decision is never left behind).
+    pub(crate) fn decided_or_orphan(&self, txns: &SessionTxns, sequence: u64, decision: Decision, key: u64) {
+        let decided = txns.decided.lock();
+        if !txns.closed.load(Ordering::SeqCst) {
+            drop(decided);
+            return self.decided(txns, sequence, decision, key);
+        }
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let mut orphans = self.orphans.lock();
+        match orphans.get_mut(&live.decision.xid) {
+            Some(existing) => existing.merge(live),
+            None => {
+                orphans.insert(live.decision.xid, live);
+            }
+        }
+        drop(orphans);
+        drop(decided);
+        self.wake_recovery();
+    }
+
+    /// Every decision this server holds live (sessions' and orphans'): a pair's live set.
+    pub(crate) fn live_decisions(&self) -> Vec<Decision> {
+        let mut all: Vec<Decision> = self.orphans.lock().values().map(|d| d.decision.clone()).collect();
+        let sessions: Vec<Arc<SessionTxns>> = self.live.lock().values().cloned().collect();
+        for txns in sessions {
+            all.extend(txns.decided.lock().values().map(|d| d.decision.clone()));
+        }
+        all
     }
 
     /// Registers a new live session and returns its id.
@@ -165,6 +231,7 @@ impl State {
             // Into the orphans before out of the session (see the module comment): both
             // locks are held for the move, so nobody sees it half done.
             let mut decided = txns.decided.lock();
+            txns.closed.store(true, Ordering::SeqCst);
             handed_over = decided.len();
             let mut orphans = self.orphans.lock();
             for (_, d) in decided.drain() {
@@ -220,6 +287,9 @@ impl State {
 
     /// Whether `xid`'s decision write failed in this run (or may have: past the limit).
     pub(crate) fn is_doubtful(&self, xid: &Xid) -> bool {
+        if self.unconfirmed.lock().contains(&xid.global()) {
+            return true;
+        }
         let doubtful = self.doubtful.lock();
         if doubtful.xids.is_empty() && !doubtful.overflowed {
             return false;
@@ -314,6 +384,7 @@ impl State {
         let remembered = heuristic.map_or(Remembered::Committed, Remembered::Heuristic);
         let log = self.log.clone();
         let xid = *global;
+        let pair = self.pair().cloned();
         let accepted = self.remember(
             global,
             remembered,
@@ -323,6 +394,9 @@ impl State {
                         if let Err(e) = log.complete(key) {
                             tracing::error!(%xid, error = %e, "cannot record completion; the decision stays live");
                         }
+                    }
+                    if let Some(pair) = pair {
+                        pair.ship_completion(&xid);
                     }
                 }
                 Err(e) => {

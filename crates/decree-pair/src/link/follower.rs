@@ -36,6 +36,17 @@ pub enum AckMode {
     Received,
 }
 
+/// Why a promotion did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PromoteError {
+    /// The rules refused it (already leading, or not caught up and not forced).
+    #[error("{0}")]
+    Refused(crate::rules::PromoteRefused),
+    /// The new epoch could not be made durable: nothing changed, the member stays a backup.
+    #[error("the promotion could not be recorded: {0}")]
+    Storage(String),
+}
+
 /// A backup member: its rules, its durable state and its copy of the decisions.
 pub struct Follower {
     node: Mutex<Node>,
@@ -104,6 +115,38 @@ impl Follower {
     /// The rules' view of this member now.
     pub fn node(&self) -> Node {
         *self.node.lock()
+    }
+
+    /// The durable state of this member (`PAIR`).
+    pub fn pair_state(&self) -> PairState {
+        *self.state.lock()
+    }
+
+    /// The operator's promotion: steps the rules (refused on a member that has not caught
+    /// up, unless `forced`) with the highest epoch the copy's Xids carry, and makes the new
+    /// epoch (and a forced promotion) durable in `PAIR` before returning the node, which
+    /// now leads. The caller stops this follower before it serves anything.
+    pub fn promote(&self, forced: bool) -> Result<Node, PromoteError> {
+        let log_highest = self.replica.lock().highest_incarnation();
+        let mut node = self.node.lock();
+        let mut promoted = *node;
+        let commands =
+            promoted.step(Event::Promote { forced, log_highest }).map_err(PromoteError::Refused)?;
+        let mut next = *self.state.lock();
+        for command in commands {
+            match command {
+                Command::PersistSeen(seen) => next.seen = seen,
+                Command::RecordForcedPromotion(epoch) => next.forced = Some(epoch),
+                Command::RecoverThenServe(_) => {}
+                other => unreachable!("a promotion commands no {other:?}"),
+            }
+        }
+        let previous = *self.state.lock();
+        state_file::store(self.storage.as_ref(), &self.dir, Some(&previous), &next)
+            .map_err(|e| PromoteError::Storage(e.to_string()))?;
+        *self.state.lock() = next;
+        *node = promoted;
+        Ok(promoted)
     }
 
     /// How many decisions the copy holds.

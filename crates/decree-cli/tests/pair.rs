@@ -1,0 +1,175 @@
+//! Two `decree serve` processes as a primary + backup pair, promoted by `decree promote`.
+//!
+//! The bug this guards against: a decision acknowledged by the primary that the promoted
+//! backup does not hold after the primary is killed, a backup that serves clients, or a
+//! deposed primary that comes back and leads again. Decisions name the dummy resource
+//! managers, which the servers finish themselves.
+
+use decree_client::RemoteDecisions;
+use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child killed and reaped when the test ends, so that a failed assertion leaves no
+/// server running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One member's files: its configuration, log directory and client socket.
+struct Member {
+    config: PathBuf,
+    socket: PathBuf,
+}
+
+fn member(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str) -> Member {
+    let socket = dir.join(format!("{name}.sock"));
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "node = 5\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
+             [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
+             peer_clients = \"unix:{}\"\n\
+             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
+            dir.join(name).display(),
+            socket.display(),
+            dir.join(format!("{peer}.sock")).display()
+        ),
+    )
+    .unwrap();
+    Member { config, socket }
+}
+
+fn serve(m: &Member) -> Reaped {
+    // A killed member leaves its socket behind; its successor binds it again (the control
+    // socket first, so that once the client socket exists `decree status` is answered).
+    let _ = std::fs::remove_file(&m.socket);
+    // Its log goes beside its configuration, for a failing run to read.
+    let log =
+        std::fs::OpenOptions::new().create(true).append(true).open(m.config.with_extension("log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["serve", "-v", "--config"])
+        .arg(&m.config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts decree serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !m.socket.exists() {
+        assert!(Instant::now() < deadline, "no socket after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Reaped(child)
+}
+
+/// Runs `decree <args> --config <m>`; returns (success, stdout + stderr).
+fn decree(args: &[&str], m: &Member) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(args)
+        .arg("--config")
+        .arg(&m.config)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn status(m: &Member) -> serde_json::Value {
+    let (ok, text) = decree(&["status"], m);
+    let log = std::fs::read_to_string(m.config.with_extension("log")).unwrap_or_default();
+    assert!(ok, "{text}\nits log:\n{log}");
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect(m: &Member) -> Result<RemoteDecisions, String> {
+    RemoteDecisions::connect(&format!("unix:{}", m.socket.display())).map_err(|e| e.to_string())
+}
+
+fn decision(store: &RemoteDecisions, session: u64, sequence: u64) -> Decision {
+    let xid = Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence });
+    let branches = vec![
+        BranchRecord { rm: "dummy-0".into(), branch: 0 },
+        BranchRecord { rm: "dummy-1".into(), branch: 1 },
+    ];
+    Decision { xid, branches }
+}
+
+#[test]
+fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link_a, link_b) = (free_port(), free_port());
+    let a = member(dir.path(), "a", 1, link_a, link_b, "b");
+    let b = member(dir.path(), "b", 2, link_b, link_a, "a");
+    let mut server_a = serve(&a);
+    let _server_b = serve(&b);
+
+    // Both start as backups: neither serves clients, and neither caught up with anyone.
+    let why = connect(&b).err().expect("a backup serves no client");
+    assert!(why.contains("backup member of a pair") && why.contains("a.sock"), "{why}");
+    assert_eq!(status(&a)["role"], "backup");
+    let (ok, why) = decree(&["promote"], &a);
+    assert!(!ok && why.contains("has not caught up"), "{why}");
+
+    // A new pair's first promotion is forced: nobody holds anything yet.
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    assert!(text.contains("member 1 leads epoch 1.1"), "{text}");
+    eventually("the backup caught up", || status(&b)["caught_up"] == true);
+    eventually("the primary is strict", || status(&a)["strict"] == true);
+    let (ok, why) = decree(&["promote", "--force"], &a);
+    assert!(!ok && why.contains("already leads epoch 1.1"), "{why}");
+
+    let store = connect(&a).expect("the primary serves");
+    assert_eq!(store.incarnation(), (1 << 8) | 1, "the epoch is the incarnation");
+    let session = store.open_session().unwrap();
+    let decided: Vec<Xid> = (1..=50)
+        .map(|sequence| {
+            let d = decision(&store, session, sequence);
+            store.decide(&d).expect("acknowledged with the backup");
+            d.xid
+        })
+        .collect();
+
+    // The primary dies; the operator promotes the backup, which caught up.
+    server_a.0.kill().unwrap();
+    server_a.0.wait().unwrap();
+    drop(store);
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(ok, "{text}");
+    assert!(text.contains("member 2 leads epoch 2.2"), "{text}");
+    let store = connect(&b).expect("the new primary serves");
+    for xid in &decided {
+        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    let session = store.open_session().unwrap();
+    store.decide(&decision(&store, session, 1)).expect("the new primary decides alone");
+
+    // The old primary returns: it rejoins as a backup of the newer epoch.
+    let _server_a = serve(&a);
+    eventually("the old primary rejoined as a caught-up backup", || {
+        let s = status(&a);
+        s["role"] == "backup" && s["epoch"] == "2.2" && s["caught_up"] == true
+    });
+    assert!(connect(&a).is_err(), "the old primary serves no client any more");
+    eventually("the new primary is strict again", || status(&b)["strict"] == true);
+    store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
+}

@@ -1,0 +1,433 @@
+//! The server as a member of a primary + backup pair (`[pair]`; docs/replication.md).
+//!
+//! A member starts as a **backup**: its log belongs to decree-pair's `Follower`, which
+//! serves the primary's link; its client listeners answer `NotPrimary`; it runs no
+//! recovery and calls no resource manager. `decree promote` (through the control socket,
+//! `control.sock` in the log directory, mode 0600) steps the rules, which make the new
+//! epoch durable first; the member then stops the follower, reopens its log (what the
+//! follower wrote is the live set, its keys stay taken), builds the server's state with the
+//! epoch as the incarnation, starts the `Leader` toward its peer and serves like a single
+//! server, with one difference on the commit path ([`PrimaryLink::after_local_write`]): in
+//! strict mode a decision durable here is *pending* until the backup confirms it, counted
+//! as doubtful meanwhile (nothing rolls back its branches, `Outcome` never answers it
+//! decided), and only then moves to its session and gets its `DecideOk`. A primary told of
+//! a newer epoch records it and stops with [`crate::ServerError::Deposed`]; restarted, it
+//! comes back as a backup.
+//!
+//! Not here yet: TLS on the link or with `[tls]` (refused by the configuration), the
+//! outcome memory's replication (a new primary answers unknown for what the old one had
+//! finished), redirects in the client library.
+
+use crate::config::{PairConfig, ServerConfig};
+use crate::state::State;
+use crate::{Bound, Listeners, ServerError};
+use decree_core::{Decision, RmFactory, Xid};
+use decree_log::io::StdStorage;
+use decree_pair::link::follower::Follower;
+use decree_pair::link::leader::{Leader, LiveSet};
+use decree_pair::outbox::{OutboxLimits, Ticket};
+use decree_pair::rules::Role;
+use decree_pair::wire::{LinkRecord, RecordKind};
+use decree_pair::{Epoch, MemberId, Replica};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The control socket's name in the log directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// Longest request line the control socket reads.
+const CONTROL_LINE_BYTES_MAX: u64 = 256;
+
+/// A decision durable here that waits for the backup's confirmation.
+struct Pending {
+    xid: Xid,
+    record: LinkRecord,
+    /// Moves the decision to its session (or the orphans) and sends its `DecideOk`.
+    accept: Box<dyn FnOnce() + Send>,
+}
+
+/// What the leader needs of the server, and where its confirmations go.
+struct LinkShared {
+    state: Weak<State>,
+    leader: std::sync::OnceLock<Weak<Leader>>,
+    /// Tickets waiting for the backup; bounded by the server's in-flight decides.
+    pending: Mutex<HashMap<Ticket, Pending>>,
+    /// Pending decisions the outbox could not take yet (the backup is behind).
+    overflow: Mutex<VecDeque<(LinkRecord, Ticket)>>,
+    deposed: Mutex<Option<Epoch>>,
+    on_deposed: Box<dyn Fn(Epoch) + Send + Sync>,
+}
+
+impl LiveSet for LinkShared {
+    fn live_records(&self) -> Vec<LinkRecord> {
+        // The pending lock first, then the state's: a confirmation moves a decision into
+        // the state while holding it, so the snapshot sees it in one place or the other.
+        let pending = self.pending.lock();
+        let mut records: Vec<LinkRecord> = pending.values().map(|p| p.record.clone()).collect();
+        if let Some(state) = self.state.upgrade() {
+            records.extend(state.live_decisions().iter().map(decision_record));
+        }
+        records
+    }
+
+    fn confirmed(&self, tickets: Vec<Ticket>) {
+        let state = self.state.upgrade();
+        let mut pending = self.pending.lock();
+        for ticket in tickets {
+            if let Some(p) = pending.remove(&ticket) {
+                (p.accept)();
+                if let Some(state) = &state {
+                    state.confirm(&p.xid);
+                }
+            }
+        }
+        drop(pending);
+        let Some(leader) = self.leader.get().and_then(Weak::upgrade) else { return };
+        let mut overflow = self.overflow.lock();
+        while let Some((record, ticket)) = overflow.front() {
+            if leader.ship(record.clone(), Some(*ticket)).is_err() {
+                break;
+            }
+            overflow.pop_front();
+        }
+    }
+
+    fn deposed(&self, seen: Epoch) {
+        *self.deposed.lock() = Some(seen);
+        (self.on_deposed)(seen);
+    }
+}
+
+/// A leading member's link to its backup, as the commit path uses it.
+pub(crate) struct PrimaryLink {
+    leader: Arc<Leader>,
+    shared: Arc<LinkShared>,
+    next_ticket: AtomicU64,
+}
+
+impl PrimaryLink {
+    /// A decision of `xid` (its record `payload`) is durable here: in strict mode it waits
+    /// for the backup (`accept` runs on confirmation); alone, `accept` runs now and the
+    /// record follows to whichever backup catches up.
+    pub(crate) fn after_local_write(
+        &self,
+        state: &State,
+        xid: Xid,
+        payload: Vec<u8>,
+        accept: Box<dyn FnOnce() + Send>,
+    ) {
+        let record = LinkRecord { kind: RecordKind::Decision, xid, payload };
+        if self.leader.node().role != (Role::Primary { alone: false }) {
+            // Decided before it is shipped, so that a catch-up's snapshot holds it.
+            accept();
+            let _ = self.leader.ship(record, None);
+            return;
+        }
+        state.unconfirm(&xid);
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        self.shared.pending.lock().insert(ticket, Pending { xid, record: record.clone(), accept });
+        if self.leader.ship(record.clone(), Some(ticket)).is_err() {
+            self.shared.overflow.lock().push_back((record, ticket));
+        }
+    }
+
+    /// `xid` is finished: the backup may forget it (lost when the backup is far behind:
+    /// the next catch-up forgets it then).
+    pub(crate) fn ship_completion(&self, xid: &Xid) {
+        let record = LinkRecord { kind: RecordKind::Completion, xid: *xid, payload: Vec::new() };
+        let _ = self.leader.ship(record, None);
+    }
+
+    /// Whether a newer epoch deposed this member.
+    pub(crate) fn is_deposed(&self) -> bool {
+        self.shared.deposed.lock().is_some()
+    }
+
+    /// The epoch that deposed this member, if one did.
+    pub(crate) fn deposed_by(&self) -> Option<Epoch> {
+        *self.shared.deposed.lock()
+    }
+
+    /// At shutdown: the pending decides are answered by nobody (their clients see the
+    /// connection close and ask `Outcome`), so that their connections can end.
+    pub(crate) fn abandon_pending(&self) {
+        self.shared.pending.lock().clear();
+        self.shared.overflow.lock().clear();
+    }
+}
+
+fn decision_record(decision: &Decision) -> LinkRecord {
+    LinkRecord { kind: RecordKind::Decision, xid: decision.xid, payload: decision.encode() }
+}
+
+/// What the control socket reports and acts on.
+enum Member {
+    Backup(Arc<Follower>),
+    Primary(Arc<Leader>),
+    Changing,
+}
+
+/// A promotion asked through the control socket, and where its answer goes.
+type PromoteRequest = (bool, oneshot::Sender<String>);
+
+/// Runs a pair member until stopped (or deposed): the backup phase, then, once promoted,
+/// the primary phase.
+pub(crate) async fn run(
+    config: ServerConfig,
+    factories: Vec<Arc<dyn RmFactory>>,
+    stop: Arc<watch::Sender<bool>>,
+    mut stop_rx: watch::Receiver<bool>,
+    ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
+    listeners: Listeners,
+) -> Result<(), ServerError> {
+    let pair = config.pair.clone().expect("pair mode has a [pair]");
+    let member_id = MemberId::new(pair.member).expect("validated");
+    let log_config = config.log_config()?;
+    let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
+    let log = decree_log::open(&log_config)?;
+    let follower = Follower::open(
+        member_id,
+        config.node,
+        Replica::open(Arc::from(log)),
+        Arc::new(StdStorage),
+        config.log_dir.clone(),
+    )
+    .map_err(|e| io("pair state", &e))?;
+    let follower = Arc::new(follower);
+    let member = Arc::new(Mutex::new(Member::Backup(follower.clone())));
+    let (promote_tx, mut promote_rx) = mpsc::channel::<PromoteRequest>(4);
+    let control = bind_control(&config.log_dir)?;
+    tokio::spawn(serve_control(control, member.clone(), promote_tx));
+
+    let link = TcpListener::bind(pair.link)
+        .await
+        .map_err(|e| io(&format!("cannot listen on pair.link {}", pair.link), &e))?;
+    let (follower_stop, follower_stop_rx) = watch::channel(false);
+    let following = tokio::spawn(follower.clone().serve(link, follower_stop_rx));
+    let (bound, refusing) = refuse_clients(&config, &pair).await?;
+    tracing::info!(member = pair.member, epoch = %follower.pair_state().seen, "pair member started as a backup");
+    let _ = ready.send((bound.clone(), config.node, 0));
+
+    let mut signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
+    let (node, reply) = loop {
+        tokio::select! {
+            _ = crate::wait_for_stop(&mut stop_rx, signals.take()) => {
+                let _ = follower_stop.send(true);
+                let _ = following.await;
+                remove_sockets(&config, &bound);
+                return Ok(());
+            }
+            Some((forced, reply)) = promote_rx.recv() => match follower.promote(forced) {
+                Ok(node) => break (node, reply),
+                Err(e) => { let _ = reply.send(format!("refused: {e}")); }
+            },
+        }
+    };
+    let epoch = node.seen;
+    *member.lock() = Member::Changing;
+    let _ = follower_stop.send(true);
+    let _ = following.await;
+    for task in refusing {
+        task.abort();
+    }
+    remove_sockets(&config, &bound);
+    // The follower's log must be closed before the state reopens it (one owner).
+    let pair_state = follower.pair_state();
+    drop(follower);
+    let state = Arc::new(crate::open_state(&config, &log_config, factories, None, Some(epoch.raw()))?);
+    let on_deposed = deposition(stop.clone(), config.log_dir.clone(), pair_state);
+    let shared = Arc::new(LinkShared {
+        state: Arc::downgrade(&state),
+        leader: std::sync::OnceLock::new(),
+        pending: Mutex::new(HashMap::new()),
+        overflow: Mutex::new(VecDeque::new()),
+        deposed: Mutex::new(None),
+        on_deposed,
+    });
+    let leader = Arc::new(Leader::new(node, config.node, OutboxLimits::default(), shared.clone()));
+    let _ = shared.leader.set(Arc::downgrade(&leader));
+    let primary = Arc::new(PrimaryLink { leader: leader.clone(), shared, next_ticket: AtomicU64::new(1) });
+    state.set_pair(primary.clone());
+    *member.lock() = Member::Primary(leader.clone());
+    tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
+    tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
+    let _ = reply.send(format!("promoted: member {} leads epoch {epoch}", pair.member));
+    let (unused, _) = std::sync::mpsc::channel();
+    crate::serve(config, state, stop, stop_rx, unused, listeners).await?;
+    match primary.deposed_by() {
+        Some(seen) => Err(ServerError::Deposed(seen.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// What a leader does when a newer epoch deposes it: record that epoch in `PAIR` (so that
+/// after a restart it is refused at once), then stop the server.
+fn deposition(
+    stop: Arc<watch::Sender<bool>>,
+    dir: PathBuf,
+    state: decree_pair::PairState,
+) -> Box<dyn Fn(Epoch) + Send + Sync> {
+    let state = Mutex::new(state);
+    Box::new(move |seen| {
+        let mut current = state.lock();
+        if seen > current.seen {
+            let next = decree_pair::PairState { seen, ..*current };
+            match decree_pair::state_file::store(&StdStorage, &dir, Some(&current), &next) {
+                Ok(()) => *current = next,
+                Err(e) => tracing::error!(error = %e, "cannot record the newer epoch"),
+            }
+        }
+        tracing::error!(%seen, "deposed by a newer epoch: stopping; restart this member to rejoin as a backup");
+        let _ = stop.send(true);
+    })
+}
+
+/// The client listeners of a backup: every connection gets `NotPrimary` and is closed.
+async fn refuse_clients(
+    config: &ServerConfig,
+    pair: &PairConfig,
+) -> Result<(Bound, Vec<tokio::task::JoinHandle<()>>), ServerError> {
+    let why = match &pair.peer_clients {
+        Some(peer) => {
+            format!("this server is a backup member of a pair: its primary serves clients (try {peer})")
+        }
+        None => "this server is a backup member of a pair: its primary serves clients".to_string(),
+    };
+    let mut bound = Bound::default();
+    let mut tasks = Vec::new();
+    if let Some(path) = &config.unix {
+        let listener = crate::bind_unix(path)?;
+        bound.unix = Some(path.clone());
+        let why = why.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(refuse_one(stream, why.clone()));
+            }
+        }));
+    }
+    if let Some(addr) = config.tcp {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
+        bound.tcp = listener.local_addr().ok();
+        tasks.push(tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(refuse_one(stream, why.clone()));
+            }
+        }));
+    }
+    Ok((bound, tasks))
+}
+
+/// Answers one client connection with `NotPrimary` after its first bytes, then closes.
+async fn refuse_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut stream: S, why: String) {
+    let mut first = [0u8; 64];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut first)).await;
+    let mut buf = Vec::new();
+    let message = decree_proto::Message::Error { code: decree_proto::ErrorCode::NotPrimary, message: why };
+    decree_proto::encode_frame(&mut buf, 0, &message);
+    let _ = stream.write_all(&buf).await;
+    let _ = stream.shutdown().await;
+}
+
+fn remove_sockets(config: &ServerConfig, bound: &Bound) {
+    if let Some(path) = &bound.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    let _ = config;
+}
+
+/// Binds the control socket in the log directory with mode 0600.
+fn bind_control(dir: &Path) -> Result<UnixListener, ServerError> {
+    crate::bind_unix(&dir.join(CONTROL_SOCKET))
+}
+
+/// Answers `status` and `promote [--force]`, one line each, for `decree status` and
+/// `decree promote`.
+async fn serve_control(
+    listener: UnixListener,
+    member: Arc<Mutex<Member>>,
+    promote: mpsc::Sender<PromoteRequest>,
+) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let (member, promote) = (member.clone(), promote.clone());
+        tokio::spawn(async move {
+            let (reader, mut writer) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = BufReader::new(reader.take(CONTROL_LINE_BYTES_MAX));
+            if reader.read_line(&mut line).await.is_err() {
+                return;
+            }
+            let answer = match line.trim() {
+                "status" => status_line(&member.lock()),
+                "promote" | "promote --force" => {
+                    let forced = line.trim().ends_with("--force");
+                    let already = match &*member.lock() {
+                        Member::Primary(leader) => Some(leader.node().seen),
+                        _ => None,
+                    };
+                    match already {
+                        Some(epoch) => format!("refused: this member already leads epoch {epoch}"),
+                        None => {
+                            let (tx, rx) = oneshot::channel();
+                            if promote.send((forced, tx)).await.is_err() {
+                                "refused: the server is stopping".to_string()
+                            } else {
+                                rx.await.unwrap_or_else(|_| "refused: the server is stopping".to_string())
+                            }
+                        }
+                    }
+                }
+                other => format!("refused: unknown request {other:?} (status, promote, promote --force)"),
+            };
+            let _ = writer.write_all(format!("{answer}\n").as_bytes()).await;
+        });
+    }
+}
+
+/// The member's state as one JSON line.
+fn status_line(member: &Member) -> String {
+    let (role, node, strict) = match member {
+        Member::Backup(follower) => ("backup", follower.node(), false),
+        Member::Primary(leader) => {
+            let node = leader.node();
+            ("primary", node, node.role == (Role::Primary { alone: false }))
+        }
+        Member::Changing => return "{\"role\":\"changing\"}".to_string(),
+    };
+    serde_json::json!({
+        "role": role,
+        "member": node.member.get(),
+        "epoch": node.seen.to_string(),
+        "epoch_raw": node.seen.raw(),
+        "caught_up": node.caught_up,
+        "strict": strict,
+    })
+    .to_string()
+}
+
+/// Sends one control request to the server whose log is in `dir` and returns its answer
+/// (what `decree promote` and `decree status` do).
+pub fn control_request(dir: &Path, request: &str) -> Result<String, ServerError> {
+    use std::io::{BufRead, Write};
+    let path = dir.join(CONTROL_SOCKET);
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        ServerError::Io(format!(
+            "cannot reach the pair member's control socket {}: {e} (is it running?)",
+            path.display()
+        ))
+    })?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .map_err(|e| ServerError::Io(e.to_string()))?;
+    stream.write_all(format!("{request}\n").as_bytes()).map_err(|e| ServerError::Io(e.to_string()))?;
+    let mut answer = String::new();
+    std::io::BufReader::new(stream).read_line(&mut answer).map_err(|e| ServerError::Io(e.to_string()))?;
+    Ok(answer.trim_end().to_string())
+}
