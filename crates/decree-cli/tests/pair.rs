@@ -140,6 +140,10 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
 
     let store = connect(&a).expect("the primary serves");
     assert_eq!(store.incarnation(), (1 << 8) | 1, "the epoch is the incarnation");
+    // A client given both members finds the primary (the backup refuses it first).
+    let both = format!("unix:{},unix:{}", b.socket.display(), a.socket.display());
+    let follower = RemoteDecisions::connect(&both).expect("whichever member serves");
+    assert_eq!(follower.endpoint().to_string(), format!("unix:{}", a.socket.display()));
     let session = store.open_session().unwrap();
     let decided: Vec<Xid> = (1..=50)
         .map(|sequence| {
@@ -160,6 +164,11 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     for xid in &decided {
         assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
     }
+    // The client given both members asks the new primary, never guessing.
+    assert_eq!(follower.outcome(&decided[49]).unwrap(), Outcome::Committed);
+    assert_eq!(follower.endpoint().to_string(), format!("unix:{}", b.socket.display()));
+    let stale = follower.open_session().expect_err("its Xids would carry the old epoch");
+    assert!(stale.to_string().contains("another member of its pair leads now"), "{stale}");
     let session = store.open_session().unwrap();
     store.decide(&decision(&store, session, 1)).expect("the new primary decides alone");
 

@@ -467,6 +467,7 @@ impl Connection {
             ErrorCode::Busy | ErrorCode::ShuttingDown => self.break_with(message),
             ErrorCode::NotAllowed => self.break_with(format!("refused by the state server: {message}")),
             ErrorCode::TlsRequired => self.break_with(format!("refused by the state server: {message}")),
+            ErrorCode::NotPrimary => self.break_with(format!("not the primary: {message}")),
             _ => self.break_with(format!("state server error {code:?}: {message}")),
         }
     }
@@ -504,9 +505,53 @@ impl Connection {
     }
 }
 
+/// The addresses of a state server, or of the two members of a pair (in the order given;
+/// the one that answered last is tried first), and the opening of a session on whichever
+/// serves: a pair's backup answers `NotPrimary` and the next address is tried.
+#[derive(Debug)]
+struct Addresses {
+    endpoints: Vec<Endpoint>,
+    preferred: std::sync::atomic::AtomicUsize,
+}
+
+impl Addresses {
+    fn new(endpoints: Vec<Endpoint>) -> Result<Addresses, StoreError> {
+        if endpoints.is_empty() {
+            return Err(StoreError::Unreachable("no address to connect to".into()));
+        }
+        Ok(Addresses { endpoints, preferred: std::sync::atomic::AtomicUsize::new(0) })
+    }
+
+    /// The address that answered last.
+    fn preferred(&self) -> &Endpoint {
+        &self.endpoints[self.preferred.load(std::sync::atomic::Ordering::Relaxed) % self.endpoints.len()]
+    }
+
+    /// A session on the first address that serves, starting with the preferred one; the
+    /// error names every address and why it did not serve.
+    fn open(&self, options: &ClientOptions) -> Result<Connection, StoreError> {
+        use std::sync::atomic::Ordering;
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for i in 0..self.endpoints.len() {
+            let index = (start + i) % self.endpoints.len();
+            match Connection::open(&self.endpoints[index], options) {
+                Ok(conn) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                // Refused as a pair's backup, or unreachable: the next address may serve.
+                Err(StoreError::Unreachable(why)) if self.endpoints.len() > 1 => failures.push(why),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Unreachable(failures.join("; ")))
+    }
+}
+
 /// A [`DecisionStore`] backed by a decree state server.
 pub struct RemoteDecisions {
-    endpoint: Endpoint,
+    addresses: Addresses,
     options: ClientOptions,
     node: u32,
     incarnation: u64,
@@ -592,19 +637,28 @@ fn ping_if_idle(conn: &Mutex<Connection>) {
 }
 
 impl RemoteDecisions {
-    /// Connects to `unix:/path` or `tcp:host:port` with default options.
-    pub fn connect(endpoint: &str) -> Result<Self, StoreError> {
-        Self::connect_with(endpoint.parse()?, ClientOptions::default())
+    /// Connects to `unix:/path`, `tcp:host:port` or `tls:host:port` with default options;
+    /// a comma-separated list names the members of a pair (whichever serves is used).
+    pub fn connect(endpoints: &str) -> Result<Self, StoreError> {
+        let list = endpoints.split(',').map(|e| e.trim().parse()).collect::<Result<Vec<Endpoint>, _>>()?;
+        Self::connect_any(list, ClientOptions::default())
     }
 
     /// Connects with explicit options.
     pub fn connect_with(endpoint: Endpoint, options: ClientOptions) -> Result<Self, StoreError> {
-        let control = Connection::open(&endpoint, &options)?;
+        Self::connect_any(vec![endpoint], options)
+    }
+
+    /// Connects to whichever of `endpoints` serves (a pair's primary), with explicit
+    /// options; later connections try the one that served first.
+    pub fn connect_any(endpoints: Vec<Endpoint>, options: ClientOptions) -> Result<Self, StoreError> {
+        let addresses = Addresses::new(endpoints)?;
+        let control = addresses.open(&options)?;
         let Session { node, incarnation, idle_timeout_ms, .. } = control.session;
         let control = Arc::new(Mutex::new(control));
         let sessions = Arc::new(RwLock::new(HashMap::new()));
         let keep_alive = KeepAlive::start(idle_timeout_ms, control.clone(), sessions.clone());
-        Ok(RemoteDecisions { endpoint, options, node, incarnation, control, sessions, keep_alive })
+        Ok(RemoteDecisions { addresses, options, node, incarnation, control, sessions, keep_alive })
     }
 
     /// What became of `xid`: committed, in progress, rolled back, heuristic (a branch
@@ -661,7 +715,7 @@ impl RemoteDecisions {
     fn control(&self) -> parking_lot::MutexGuard<'_, Connection> {
         let mut control = self.control.lock();
         if control.broken.is_some() {
-            match Connection::open(&self.endpoint, &self.options) {
+            match self.addresses.open(&self.options) {
                 Ok(fresh) => *control = fresh,
                 Err(e) => tracing::debug!(error = %e, "control connection not reopened"),
             }
@@ -669,9 +723,9 @@ impl RemoteDecisions {
         control
     }
 
-    /// The endpoint this store talks to.
+    /// The endpoint this store talks to (of a list, the one that served last).
     pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        self.addresses.preferred()
     }
 
     /// The connection of the session that minted `xid`.
@@ -700,11 +754,11 @@ impl DecisionStore for RemoteDecisions {
     }
 
     fn open_session(&self) -> Result<u64, StoreError> {
-        let conn = Connection::open(&self.endpoint, &self.options)?;
+        let conn = self.addresses.open(&self.options)?;
         if conn.session.incarnation != self.incarnation || conn.session.node != self.node {
             return Err(StoreError::Unreachable(format!(
-                "the state server restarted (node {} incarnation {}, this store has node {} incarnation {}): \
-                 connect again",
+                "the state server restarted, or another member of its pair leads now (node {} incarnation {}, \
+                 this store has node {} incarnation {}): connect again",
                 conn.session.node, conn.session.incarnation, self.node, self.incarnation
             )));
         }
