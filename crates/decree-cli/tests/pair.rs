@@ -182,3 +182,113 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     eventually("the new primary is strict again", || status(&b)["strict"] == true);
     store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
 }
+
+/// A loopback TCP proxy whose link can be cut: while cut, open connections are closed and
+/// new ones refused at once.
+struct Proxy {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cut2, open2) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { continue };
+                if cut2.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", to)) else { continue };
+                let mut tracked = open2.lock().unwrap();
+                tracked.push(inbound.try_clone().unwrap());
+                tracked.push(outbound.try_clone().unwrap());
+                for (mut from, mut into) in
+                    [(inbound.try_clone().unwrap(), outbound.try_clone().unwrap()), (outbound, inbound)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, cut, open }
+    }
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for s in self.open.lock().unwrap().drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Decides in a thread (the answer may wait for the backup) and returns its handle.
+fn decide_later(
+    store: &std::sync::Arc<RemoteDecisions>,
+    session: u64,
+    sequence: u64,
+) -> std::thread::JoinHandle<Xid> {
+    let store = store.clone();
+    std::thread::spawn(move || {
+        let d = decision(&store, session, sequence);
+        store.decide(&d).expect("acknowledged once the backup holds it");
+        d.xid
+    })
+}
+
+/// The primary never acknowledges what only its own disk holds: with the link cut, or the
+/// backup killed, a decide waits; when the link returns or the backup restarts, the backup
+/// catches up and the decide is acknowledged; every acknowledged decision is then on the
+/// backup, as its promotion shows.
+#[test]
+fn a_cut_link_or_a_dead_backup_holds_acknowledgements_until_the_backup_holds_the_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link_a, link_b) = (free_port(), free_port());
+    let proxy = Proxy::start(link_b);
+    let a = member(dir.path(), "a", 1, link_a, proxy.port, "b");
+    let b = member(dir.path(), "b", 2, link_b, link_a, "a");
+    let mut server_a = serve(&a);
+    let mut server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    eventually("the primary is strict", || status(&a)["strict"] == true);
+    let store = std::sync::Arc::new(connect(&a).unwrap());
+    let session = store.open_session().unwrap();
+    let mut acknowledged = vec![decide_later(&store, session, 1).join().unwrap()];
+
+    proxy.set_cut(true);
+    let waiting = decide_later(&store, session, 2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiting.is_finished(), "no acknowledgement while the link is cut");
+    proxy.set_cut(false);
+    acknowledged.push(waiting.join().unwrap());
+
+    server_b.0.kill().unwrap();
+    server_b.0.wait().unwrap();
+    let waiting = decide_later(&store, session, 3);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiting.is_finished(), "no acknowledgement while the backup is down");
+    server_b = serve(&b);
+    acknowledged.push(waiting.join().unwrap());
+    eventually("the backup caught up again", || status(&b)["caught_up"] == true);
+
+    // Every acknowledged decision is on the backup: kill the primary, promote it, ask.
+    server_a.0.kill().unwrap();
+    server_a.0.wait().unwrap();
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(ok, "{text}");
+    let new_primary = connect(&b).unwrap();
+    for xid in &acknowledged {
+        assert_eq!(new_primary.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    drop(server_b);
+}
