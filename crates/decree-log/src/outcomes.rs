@@ -452,6 +452,12 @@ impl OutcomeMemory {
         OutcomeMemory { shared, flusher: None, warnings: Vec::new() }
     }
 
+    /// Every remembered id with its outcome (at most the capacity): what a pair's primary
+    /// sends a joining backup.
+    pub fn entries(&self) -> Vec<(Vec<u8>, u8)> {
+        self.shared.state.lock().index.iter().map(|(id, &(_, outcome))| (id.to_vec(), outcome)).collect()
+    }
+
     /// The remembered outcome of `id`, if any; visible as soon as `remember` returns,
     /// before it is durable.
     pub fn lookup(&self, id: &[u8]) -> Option<u8> {

@@ -8,11 +8,14 @@
 //! decode, or a decision filed under another Xid than its own, refuses the batch. Resent
 //! batches are harmless: a decision appended twice is one decision on recovery
 //! (`RecoveredDecisions` joins records of one Xid), a completion of a transaction the copy
-//! does not hold is nothing to do. Not here: the link, the epochs (the rules decide which
-//! batches reach [`Replica::apply`]), the outcome memory's records (refused for now).
+//! does not hold is nothing to do. Outcome records go to the backup's outcome memory when
+//! it keeps one ([`Replica::with_outcomes`]), so that a promoted member answers `Outcome`
+//! for what the old primary had finished. Not here: the link, the epochs (the rules
+//! decide which batches reach [`Replica::apply`]).
 
 use crate::wire::{LinkRecord, RecordKind};
 use decree_core::{Decision, KeyAllocator, RecoveredDecisions, Xid};
+use decree_log::outcomes::OutcomeMemory;
 use decree_log::{DurableCallback, Log, LogError, TxnKey};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -33,6 +36,9 @@ pub enum ReplicaError {
 /// The backup's live decisions over its own log.
 pub struct Replica {
     log: Arc<dyn Log>,
+    /// The backup's outcome memory, which replicated outcome records go to (`None`: they
+    /// are refused, as by a copy without one).
+    outcomes: Option<OutcomeMemory>,
     keys: KeyAllocator,
     /// The keys each live Xid's records are filed under (one, unless an earlier run of the
     /// log filed them under several): a completion completes them all.
@@ -48,7 +54,14 @@ impl Replica {
         for (key, error) in &recovered.undecodable {
             tracing::error!(key, %error, "undecodable record in the backup's log; left as is");
         }
-        Replica { log, keys, live }
+        Replica { log, outcomes: None, keys, live }
+    }
+
+    /// Keeps the outcome records the primary sends in `outcomes` (the memory a promoted
+    /// member answers `Outcome` from).
+    pub fn with_outcomes(mut self, outcomes: OutcomeMemory) -> Replica {
+        self.outcomes = Some(outcomes);
+        self
     }
 
     /// The transactions this copy holds decided and not completed.
@@ -72,9 +85,10 @@ impl Replica {
     /// durable (at once for a batch with none: completions need no sync), or with the
     /// log's error. A refused batch writes nothing and never calls `durable`.
     pub fn apply(&mut self, records: &[LinkRecord], durable: DurableCallback) -> Result<(), ReplicaError> {
-        let decisions = check_batch(records)?;
+        let decisions = check_batch(records, self.outcomes.is_some())?;
+        let outcomes = records.iter().filter(|r| r.kind == RecordKind::Outcome).count();
         let waiter = Arc::new(BatchWaiter {
-            pending: AtomicUsize::new(decisions.len() + 1),
+            pending: AtomicUsize::new(decisions.len() + outcomes + 1),
             outcome: Mutex::new((Ok(()), Some(durable))),
         });
         for (record, decision) in records.iter().zip(decisions_by_index(records.len(), decisions)) {
@@ -90,7 +104,19 @@ impl Replica {
                         self.log.complete(key)?;
                     }
                 }
-                _ => unreachable!("check_batch let only decisions and completions through"),
+                (RecordKind::Outcome, _) => {
+                    let memory =
+                        self.outcomes.as_ref().expect("check_batch refuses outcomes without a memory");
+                    let mut id = Vec::new();
+                    record.xid.global().encode(&mut id);
+                    let waiter = waiter.clone();
+                    memory.remember(
+                        &id,
+                        record.payload[0],
+                        Box::new(move |result| waiter.one_done(result)),
+                    )?;
+                }
+                _ => unreachable!("check_batch let only decisions, completions and outcomes through"),
             }
         }
         waiter.one_done(Ok(()));
@@ -110,8 +136,9 @@ impl Replica {
     }
 }
 
-/// Checks every record of a batch; returns the decision payloads by record index.
-fn check_batch(records: &[LinkRecord]) -> Result<Vec<(usize, &[u8])>, ReplicaError> {
+/// Checks every record of a batch (outcomes only when the copy keeps them); returns the
+/// decision payloads by record index.
+fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<Vec<(usize, &[u8])>, ReplicaError> {
     let mut decisions = Vec::new();
     for (index, record) in records.iter().enumerate() {
         let bad = |reason: String| ReplicaError::BadRecord { index, xid: record.xid.to_string(), reason };
@@ -126,9 +153,13 @@ fn check_batch(records: &[LinkRecord]) -> Result<Vec<(usize, &[u8])>, ReplicaErr
             }
             RecordKind::Completion if record.payload.is_empty() => {}
             RecordKind::Completion => return Err(bad("a completion carries no payload".into())),
-            RecordKind::Outcome => {
-                return Err(bad("outcome records are not replicated by this version of decree".into()))
+            RecordKind::Outcome if !keeps_outcomes => {
+                return Err(bad("this copy keeps no outcome memory".into()))
             }
+            RecordKind::Outcome if record.payload.len() != 1 || record.payload[0] == 0 => {
+                return Err(bad("an outcome record carries one outcome byte, 1 to 255".into()))
+            }
+            RecordKind::Outcome => {}
         }
     }
     Ok(decisions)

@@ -225,7 +225,7 @@ fn start_inner(
 
 /// How long an outcome entry may wait for its batch's sync: finished transactions'
 /// outcomes are off the commit path, and batching them keeps their syncs few.
-const OUTCOME_FLUSH_DELAY: Duration = Duration::from_millis(5);
+pub(crate) const OUTCOME_FLUSH_DELAY: Duration = Duration::from_millis(5);
 
 /// Opens the log and the outcome memory beside it and builds the state of this run from
 /// what they hold; `incarnation` overrides the log's (a pair's primary uses its epoch).

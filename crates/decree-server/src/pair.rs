@@ -14,9 +14,9 @@
 //! a newer epoch records it and stops with [`crate::ServerError::Deposed`]; restarted, it
 //! comes back as a backup.
 //!
-//! Not here yet: TLS on the link or with `[tls]` (refused by the configuration), the
-//! outcome memory's replication (a new primary answers unknown for what the old one had
-//! finished), redirects in the client library.
+//! The outcome memory follows too (each entry as it is remembered, and the whole memory
+//! in every catch-up), so a promoted member answers `Outcome` for what the old primary had
+//! finished. Not here yet: TLS on the link or with `[tls]` (refused by the configuration).
 
 use crate::config::{PairConfig, ServerConfig};
 use crate::state::State;
@@ -72,6 +72,13 @@ impl LiveSet for LinkShared {
         let mut records: Vec<LinkRecord> = pending.values().map(|p| p.record.clone()).collect();
         if let Some(state) = self.state.upgrade() {
             records.extend(state.live_decisions().iter().map(decision_record));
+            // What the primary remembers of finished transactions, so that a promoted
+            // backup answers `Outcome` for them too.
+            for (id, outcome) in state.outcomes.entries() {
+                if let Ok((xid, _)) = Xid::decode(&id) {
+                    records.push(LinkRecord { kind: RecordKind::Outcome, xid, payload: vec![outcome] });
+                }
+            }
         }
         records
     }
@@ -137,6 +144,12 @@ impl PrimaryLink {
         }
     }
 
+    /// The primary remembers `outcome` for the finished `xid`: the backup remembers it too.
+    pub(crate) fn ship_outcome(&self, xid: &Xid, outcome: u8) {
+        let record = LinkRecord { kind: RecordKind::Outcome, xid: *xid, payload: vec![outcome] };
+        let _ = self.leader.ship(record, None);
+    }
+
     /// `xid` is finished: the backup may forget it (lost when the backup is far behind:
     /// the next catch-up forgets it then).
     pub(crate) fn ship_completion(&self, xid: &Xid) {
@@ -191,10 +204,14 @@ pub(crate) async fn run(
     let log_config = config.log_config()?;
     let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
     let log = decree_log::open(&log_config)?;
+    // The backup keeps the outcomes the primary remembers, in the file its own state opens
+    // once promoted.
+    let capacity = config.limits.outcomes_remembered_max;
+    let outcomes = crate::open_outcomes(&log_config, None, capacity, crate::OUTCOME_FLUSH_DELAY)?;
     let follower = Follower::open(
         member_id,
         config.node,
-        Replica::open(Arc::from(log)),
+        Replica::open(Arc::from(log)).with_outcomes(outcomes),
         Arc::new(StdStorage),
         config.log_dir.clone(),
     )
@@ -257,9 +274,15 @@ pub(crate) async fn run(
     *member.lock() = Member::Primary(leader.clone());
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
     tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
-    let _ = reply.send(format!("promoted: member {} leads epoch {epoch}", pair.member));
-    let (unused, _) = std::sync::mpsc::channel();
-    crate::serve(config, state, stop, stop_rx, unused, listeners).await?;
+    // Answered once the client listeners are bound: a client told "promoted" connects at once.
+    let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();
+    let answer = format!("promoted: member {} leads epoch {epoch}", pair.member);
+    tokio::task::spawn_blocking(move || {
+        if bound_rx.recv().is_ok() {
+            let _ = reply.send(answer);
+        }
+    });
+    crate::serve(config, state, stop, stop_rx, listening, listeners).await?;
     match primary.deposed_by() {
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
@@ -393,11 +416,11 @@ async fn serve_control(
 
 /// The member's state as one JSON line.
 fn status_line(member: &Member) -> String {
-    let (role, node, strict) = match member {
-        Member::Backup(follower) => ("backup", follower.node(), false),
+    let (role, node, strict, live) = match member {
+        Member::Backup(follower) => ("backup", follower.node(), false, Some(follower.live_count())),
         Member::Primary(leader) => {
             let node = leader.node();
-            ("primary", node, node.role == (Role::Primary { alone: false }))
+            ("primary", node, node.role == (Role::Primary { alone: false }), None)
         }
         Member::Changing => return "{\"role\":\"changing\"}".to_string(),
     };
@@ -408,6 +431,7 @@ fn status_line(member: &Member) -> String {
         "epoch_raw": node.seen.raw(),
         "caught_up": node.caught_up,
         "strict": strict,
+        "live_decisions": live,
     })
     .to_string()
 }

@@ -421,7 +421,12 @@ impl State {
         let mut id = Vec::with_capacity(40);
         xid.global().encode(&mut id);
         let evicted = match self.outcomes.remember(&id, outcome.to_byte(), durable) {
-            Ok(evicted) => evicted,
+            Ok(evicted) => {
+                if let Some(pair) = self.pair() {
+                    pair.ship_outcome(&xid.global(), outcome.to_byte());
+                }
+                evicted
+            }
             Err(e) => {
                 tracing::error!(%xid, ?outcome, error = %e, "the outcome memory refused an entry");
                 return false;

@@ -87,7 +87,7 @@ fn a_batch_with_a_bad_record_is_refused_whole_and_writes_nothing() {
         (misfiled, "the decision inside is of"),
         (garbage, "undecodable"),
         (loaded, "carries no payload"),
-        (outcome, "not replicated by this version"),
+        (outcome, "keeps no outcome memory"),
     ] {
         let batch = [decision(1), bad];
         let called = Arc::new(AtomicUsize::new(0));
@@ -163,4 +163,35 @@ fn a_failed_sync_reaches_the_batch_and_nothing_is_acknowledged_as_durable() {
         Arc::from(decree_log::engine::open_with_storage(&config, Arc::new(after)).unwrap());
     let live = live(&Replica::open(log));
     assert!(live.starts_with(&[1]), "{live:?}");
+}
+
+#[test]
+fn outcome_records_go_to_the_backups_outcome_memory_durably() {
+    use decree_log::outcomes::OutcomeMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let open_memory = || {
+        OutcomeMemory::open(Arc::new(decree_log::io::StdStorage), dir.path(), 64, std::time::Duration::ZERO)
+            .unwrap()
+    };
+    let mut replica = open(dir.path(), EngineKind::Journal).with_outcomes(open_memory());
+    let outcome =
+        |sequence, byte| LinkRecord { kind: RecordKind::Outcome, xid: xid(sequence), payload: vec![byte] };
+    apply(&mut replica, &[outcome(1, 1), outcome(2, 2)]).unwrap();
+    for bad in [vec![], vec![0], vec![1, 1]] {
+        let record = LinkRecord { kind: RecordKind::Outcome, xid: xid(3), payload: bad };
+        let e = replica.apply(&[record], Box::new(|_| {})).unwrap_err();
+        assert!(e.to_string().contains("one outcome byte"), "{e}");
+    }
+    drop(replica);
+    let memory = open_memory();
+    let id = |sequence| {
+        let mut id = Vec::new();
+        xid(sequence).encode(&mut id);
+        id
+    };
+    assert_eq!(
+        (memory.lookup(&id(1)), memory.lookup(&id(2)), memory.lookup(&id(3))),
+        (Some(1), Some(2), None)
+    );
+    assert_eq!(memory.entries().len(), 2);
 }
