@@ -65,6 +65,11 @@ class Bank:
             return pymysql.connect(**mysql_kwargs(self.dsns["maria"]), autocommit=True)
         return psycopg.connect(self.dsns["pg-b"])
 
+    def closed(self, b: Any) -> bool:
+        """Whether connection ``b`` was closed (the client closes a MariaDB connection whose
+        prepared branch it leaves to the server)."""
+        return not b.open if self.maria else bool(b.closed)
+
     def _sql_b(self, statements: list[str]) -> None:
         b = self.connect_b()
         try:
@@ -122,7 +127,10 @@ class Bank:
         return tx.report
 
     def snapshot(self, node: int) -> Snapshot:
+        """The databases' state; the prepared branches are listed before the data is read,
+        so that a branch committed in between cannot look like a transfer in one database."""
         p = self.prefix
+        prepared = prepared_branches(self.dsns, node)
         with psycopg.connect(self.dsns["pg-a"], autocommit=True) as a:
             total = int(a.execute(f"SELECT sum(balance) FROM {p}_accounts").fetchone()[0])  # type: ignore[index]
             in_a = {int(r[0]) for r in a.execute(f"SELECT id FROM {p}_transfers")}
@@ -140,7 +148,7 @@ class Bank:
                 in_b = {int(r[0]) for r in b.execute(f"SELECT id FROM {p}_transfers")}
         finally:
             b.close()
-        return Snapshot(total, in_a, in_b, prepared_branches(self.dsns, node))
+        return Snapshot(total, in_a, in_b, prepared)
 
     def settled(self, node: int, acknowledged: set[int], timeout: float = 60.0) -> Snapshot:
         """The snapshot once the server has finished every branch of ``node`` (or the last

@@ -81,7 +81,9 @@ class Server:
     on the same log, killable with SIGKILL."""
 
     def __init__(self, rms: list[tuple[str, str, str]], *, extra: str = "", tcp: bool = False) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="decree-py-"))
+        # Under the build directory rather than /tmp, where other processes tidy up.
+        base = REPO / "target" if (REPO / "target").is_dir() else None
+        self.dir = Path(tempfile.mkdtemp(prefix="decree-py-", dir=base))
         self.socket = self.dir / "decree.sock"
         self.node = random.randint(1_000_000, 2**31 - 1)
         self.metrics_port = free_port()
@@ -158,8 +160,12 @@ class Server:
         return out
 
     def cleanup(self) -> None:
+        """Stops the server and deletes its directory (kept with DECREE_PY_KEEP=1)."""
         self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("DECREE_PY_KEEP") == "1":
+            print(f"kept {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +93,14 @@ class BranchAdapter(abc.ABC):
     def rollback(self) -> None:
         """Rolls the branch back in whatever state it is; raises when that cannot be confirmed."""
 
+    @property
+    def holds_prepared(self) -> bool:
+        """Whether the connection holds a prepared branch no other connection can finish."""
+        return False
+
     def abandon(self) -> None:
-        """Called after phase two left the branch to the server: lets go of anything that
-        would keep the server from finishing it (nothing by default)."""
+        """Lets go of anything that would keep the server from finishing the branch
+        (nothing by default); called before the branch is left to the server."""
 
 
 def _connection_lost_pg(connection: Any) -> bool:
@@ -192,6 +198,11 @@ class PsycopgBranch(BranchAdapter):
             self._state = state
             raise
 
+
+DETACH_WAIT_MAX = 10.0
+"""The longest wait for MariaDB to detach a closed connection's prepared branch."""
+TRX_SNAPSHOT_PAUSE = 0.15
+"""The pause before each look at INNODB_TRX, longer than the 100 ms it is cached."""
 
 _MYSQL_CONNECTION_LOST = frozenset({0, 2006, 2013, 2014, 2045, 2055})
 _XAER_NOTA = 1397
@@ -323,10 +334,72 @@ class PyMySQLBranch(BranchAdapter):
         except Exception as e:
             log.debug("%s: rollback after a failed commit: %s", self.rm, e)
 
+    @property
+    def holds_prepared(self) -> bool:
+        return self._state in ("prepared", "in_doubt", "ended")
+
     def abandon(self) -> None:
-        # A prepared branch stays attached to this connection: close it so that the
-        # server can finish the branch from its own connection.
+        """Closes the connection of a prepared (or possibly prepared) branch, which stays
+        attached to it (MariaDB lets no other connection finish it), and waits until the
+        server has detached it. MariaDB 10.11 lists the branch for other connections before
+        it detaches the InnoDB transaction from the closing thread, and an XA COMMIT by name
+        in between answers OK and commits nothing; so the server (told by the session's
+        close) must not try before the old connection is gone (docs/measurements.md)."""
+        if not self.holds_prepared:
+            return
+        self._state = "idle"
+        thread_id = self._thread_id()
         self._close()
+        if thread_id is not None:
+            self._wait_detached(thread_id)
+
+    def _thread_id(self) -> int | None:
+        try:
+            return int(self.connection.thread_id())
+        except Exception:
+            return None
+
+    def _wait_detached(self, thread_id: int) -> None:
+        """Waits (at most DETACH_WAIT_MAX s) until connection ``thread_id`` has left the
+        process list and no InnoDB transaction is tied to it, looking from a new connection
+        with the same settings; without one, waits one pause."""
+        import pymysql
+
+        deadline = time.monotonic() + DETACH_WAIT_MAX
+        c = self.connection
+        try:
+            probe = pymysql.connect(
+                host=c.host, port=c.port, user=c.user, password=c.password, database=c.db,
+                unix_socket=c.unix_socket, autocommit=True, connect_timeout=5,
+                **({"ssl": c.ctx} if getattr(c, "_ssl_required", False) else {}),
+            )
+        except Exception as e:
+            log.warning("%s: cannot watch connection %d detach (%s); waiting %.2f s", self.rm, thread_id, e,
+                        TRX_SNAPSHOT_PAUSE)
+            time.sleep(TRX_SNAPSHOT_PAUSE)
+            return
+        try:
+            with probe.cursor() as cur:
+                while time.monotonic() < deadline:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (thread_id,))
+                    if cur.fetchone()[0] == 0:
+                        break
+                    time.sleep(0.005)
+                while time.monotonic() < deadline:
+                    time.sleep(TRX_SNAPSHOT_PAUSE)  # INNODB_TRX is a snapshot kept 100 ms.
+                    try:
+                        cur.execute(
+                            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s",
+                            (thread_id,),
+                        )
+                    except pymysql.err.Error as e:
+                        log.debug("%s: INNODB_TRX not readable (%s); the pause is the only margin", self.rm, e)
+                        return
+                    if cur.fetchone()[0] == 0:
+                        return
+                log.warning("%s: connection %d still not detached after %.0f s", self.rm, thread_id, DETACH_WAIT_MAX)
+        finally:
+            probe.close()
 
     def _close(self) -> None:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import ssl
 import threading
@@ -205,6 +206,32 @@ class ServerConnection:
     @property
     def broken(self) -> bool:
         return self._broken is not None
+
+    def alive(self) -> bool:
+        """Whether the server still holds this session: nothing unsolicited has arrived (a
+        server that restarted or closed the session leaves an end of stream to read). A
+        pooled session is checked before a transaction uses it, because a transaction of a
+        session that is gone could only end with ``Outcome``."""
+        sock = self._sock
+        if self.broken or sock is None:
+            return False
+        with self.lock:
+            try:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if not readable:
+                    return True
+                sock.setblocking(False)
+                try:
+                    data = sock.recv(1)
+                finally:
+                    sock.settimeout(self.options.reply_timeout)
+            except ssl.SSLWantReadError:
+                return True  # a TLS record without application data (a session ticket).
+            except (OSError, ValueError) as e:
+                self.close_now(f"connection check failed: {e}")
+                return False
+            self.close_now("closed by the server" if not data else "unsolicited bytes from the server")
+            return False
 
     def next_xid(self) -> p.Xid:
         """The global Xid of this session's next transaction (nothing is sent)."""

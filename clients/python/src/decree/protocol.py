@@ -527,7 +527,9 @@ def decode_body(kind: MessageType, body: bytes) -> Message:
         return _decode_decide(body)
     if kind in (MessageType.DECIDE_OK, MessageType.PING, MessageType.PONG):
         _exact(kind, body, 0)
-        return {MessageType.DECIDE_OK: DecideOk, MessageType.PING: Ping, MessageType.PONG: Pong}[kind]()
+        if kind == MessageType.DECIDE_OK:
+            return DecideOk()
+        return Ping() if kind == MessageType.PING else Pong()
     if kind == MessageType.COMPLETE:
         return Complete(_xid_only(kind, body))
     if kind == MessageType.OUTCOME:

@@ -24,12 +24,13 @@ next transaction connects again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from . import protocol as p
@@ -90,13 +91,9 @@ def connect(
     """A transaction manager on the state server at ``endpoint`` (``unix:/path``,
     ``tcp:host:port`` or ``tls:host:port``). Opens one session at once, so that a wrong
     address or a refused certificate fails here."""
-    options = Options(
-        node_expected=node_expected,
-        connect_timeout=connect_timeout,
-        reply_timeout=reply_timeout,
-        tls=tls,
-        **({"client_name": client_name} if client_name is not None else {}),
-    )
+    options = Options(node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls)
+    if client_name is not None:
+        options = dataclasses.replace(options, client_name=client_name)
     tm = TransactionManager(Endpoint.parse(endpoint), options, outcome_timeout=outcome_timeout)
     tm._release(tm._acquire())
     return tm
@@ -137,8 +134,9 @@ class TransactionManager:
                 conn = self._pool.pop() if self._pool else None
             if conn is None:
                 return self._open()
-            if not conn.broken:
+            if conn.alive():
                 return conn
+            conn.close()
 
     def _release(self, conn: ServerConnection) -> None:
         if conn.broken or self._closed:
@@ -201,19 +199,28 @@ class TransactionManager:
         finally:
             self._release(conn)
 
-    def _resolve(self, xid: p.Xid, cause: BaseException) -> p.Outcome:
+    def _resolve(self, xid: p.Xid, cause: BaseException, release: Callable[[], bool] | None = None) -> p.Outcome:
         """The answer to a Decide whose reply was lost: Outcome on new connections, asked
-        again while the server says in progress or cannot be reached, up to the deadline."""
+        again while the server says in progress or cannot be reached, up to the deadline.
+        On a first "unknown", ``release`` lets go of branches the server cannot reach (it
+        returns whether there were any), and the question is asked again until the
+        deadline, since the server may then finish them and remember the outcome."""
         deadline = time.monotonic() + self.outcome_timeout
         delay = 0.05
         last: BaseException = cause
+        released = False
         while True:
             conn: ServerConnection | None = None
             try:
                 conn = self._open()
                 answer = conn.outcome(xid)
                 log.info("%s: the answer to Decide was lost (%s); Outcome says %s", xid, cause, answer.name)
-                if answer != p.Outcome.IN_PROGRESS:
+                if answer == p.Outcome.UNKNOWN and not released and release is not None and release():
+                    released = True
+                    log.info("%s: released the branches the server could not reach; asking again", xid)
+                elif answer == p.Outcome.UNKNOWN and released and time.monotonic() + delay <= deadline:
+                    pass  # the server may still finish the released branches.
+                elif answer != p.Outcome.IN_PROGRESS:
                     return answer
             except (Unavailable, ProtocolError, ServerError) as e:
                 log.info("%s: Outcome not answered yet: %s", xid, e)
@@ -398,7 +405,16 @@ class Transaction:
         assert session is not None
         # The old session must end for the server to answer; it is never used again.
         session.close_now(f"the answer to Decide was lost: {cause}")
-        answer = self.tm._resolve(self.xid, cause)
+
+        def release_attached() -> bool:
+            # A MariaDB branch stays attached to the connection that prepared it, where the
+            # server can neither commit nor roll it back; "unknown" may be only that.
+            held = [b for b in self._branches if b.adapter.holds_prepared]
+            for b in held:
+                b.adapter.abandon()
+            return bool(held)
+
+        answer = self.tm._resolve(self.xid, cause, release_attached)
         if answer == p.Outcome.COMMITTED:
             report = self._phase_two(send_complete=False)
             return CommitReport(
