@@ -316,7 +316,7 @@ class ServerConnection:
             return
         try:
             if time.monotonic() - self.last_sent >= idle_for:
-                self._exchange(p.Ping(), locked=True)
+                self._exchange(p.Ping())
         except Exception as e:
             log.warning("keep-alive ping of session %d failed: %s", self.session, e)
         finally:
@@ -331,9 +331,10 @@ class ServerConnection:
 
     def _request(self, message: p.Message) -> p.Message:
         with self.lock:
-            return self._exchange(message, locked=True)
+            return self._exchange(message)
 
-    def _exchange(self, message: p.Message, locked: bool = False) -> p.Message:
+    def _exchange(self, message: p.Message) -> p.Message:
+        """Sends ``message`` (after the buffered completions) and reads its reply; the caller holds ``lock``."""
         if self._broken is not None or self._sock is None:
             raise Unavailable(f"connection to {self.endpoint} is broken: {self._broken}")
         rid = self._take_id()
