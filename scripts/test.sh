@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: starts throwaway PostgreSQL and MariaDB servers on loopback
 # (installing them from the distribution's packages when missing and running as root),
-# runs every workspace test against them, and stops them again, whatever the outcome.
+# runs every workspace test against them, then the Python client's tests
+# (scripts/test-python.sh: a real `decree serve` and the same databases), and stops the
+# databases again, whatever the outcome. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +12,4 @@ trap 'scripts/test-dbs.sh stop' EXIT
 eval "$(scripts/test-dbs.sh env)"
 
 cargo test --workspace --release "$@"
+scripts/test-python.sh

@@ -1,0 +1,50 @@
+"""decree: atomic commits across databases, coordinated by the application and made
+durable by the decree state server (``decree serve``).
+
+Start with :func:`connect`; docs/guide.md walks through a complete program and
+docs/protocol.md is the protocol this package implements.
+"""
+
+from .branches import BranchAdapter, PsycopgBranch, PyMySQLBranch
+from .connection import Endpoint, Options, ServerConnection, TlsConfig, __version__
+from .errors import (
+    DecreeError,
+    HeuristicError,
+    HeuristicReport,
+    OutcomeUnknown,
+    ProtocolError,
+    RolledBack,
+    ServerError,
+    Unavailable,
+    UsageError,
+)
+from .protocol import ErrorCode, Heuristic, Outcome, Xid
+from .tm import CommitReport, Transaction, TransactionManager, connect
+
+__all__ = [
+    "BranchAdapter",
+    "CommitReport",
+    "DecreeError",
+    "Endpoint",
+    "ErrorCode",
+    "Heuristic",
+    "HeuristicError",
+    "HeuristicReport",
+    "Options",
+    "Outcome",
+    "OutcomeUnknown",
+    "ProtocolError",
+    "PsycopgBranch",
+    "PyMySQLBranch",
+    "RolledBack",
+    "ServerConnection",
+    "ServerError",
+    "TlsConfig",
+    "Transaction",
+    "TransactionManager",
+    "Unavailable",
+    "UsageError",
+    "Xid",
+    "__version__",
+    "connect",
+]

@@ -1,0 +1,423 @@
+"""Branches: one database connection's part of a transaction, driven by the coordinator.
+
+A branch adapter runs the statements of docs/protocol.md ("Branches in the databases") on
+the application's own connection, so that the application's SQL on that connection is
+the branch:
+
+- :class:`PsycopgBranch`, for psycopg 3 (and any DB-API connection with the two-phase
+  extension: ``tpc_begin``, ``tpc_prepare``, ``tpc_commit``, ``tpc_rollback``): decree's
+  gid string is passed to ``tpc_begin``, which the driver uses unchanged as the
+  PostgreSQL gid, so the branch is prepared by the driver's own ``PREPARE TRANSACTION``
+  and recognised by the server's recovery. The connection must not be in autocommit mode.
+- :class:`PyMySQLBranch`, for PyMySQL (MariaDB, MySQL), which has no two-phase extension:
+  the adapter sends ``XA START/END/PREPARE/COMMIT/ROLLBACK`` with the xid in decree's
+  form itself. The connection must be in autocommit mode (``autocommit=True``): with it
+  off, MariaDB answers ``XAER_OUTSIDE`` instead of "unknown XID" to a commit by name.
+
+Each call ends in one of three ways, which the coordinator turns into the transaction's
+outcome: it succeeded, it failed and the branch is rolled back (:class:`BranchFailed`), or
+its answer was lost and the branch may be prepared or committed (:class:`BranchInDoubt`).
+Phase two returns a :class:`PhaseTwo` instead: done, not done yet (the server finishes
+it), or decided on its own (heuristic).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UsageError
+from .protocol import Heuristic, Xid
+
+log = logging.getLogger("decree")
+
+
+class BranchFailed(Exception):
+    """The branch is rolled back (a failed statement, a "no" vote); nothing of it is prepared."""
+
+
+class BranchInDoubt(Exception):
+    """The answer was lost: the branch may be prepared (or, for a one-phase commit, committed)."""
+
+
+class Step(enum.Enum):
+    DONE = "done"
+    PENDING = "pending"
+    HEURISTIC = "heuristic"
+
+
+@dataclass(frozen=True)
+class PhaseTwo:
+    """What one commit of a prepared branch did."""
+
+    step: Step
+    detail: str = ""
+    heuristic: Heuristic | None = None
+
+
+DONE = PhaseTwo(Step.DONE)
+
+
+class BranchAdapter(abc.ABC):
+    """One connection's branch; the coordinator calls start, then prepare and commit (or a
+    one-phase commit), or rollback, from the thread that runs the transaction."""
+
+    def __init__(self, connection: Any, rm: str) -> None:
+        if not isinstance(rm, str) or not 1 <= len(rm.encode()) <= 64:
+            raise UsageError(f"a resource manager name is 1 to 64 bytes, not {rm!r}")
+        self.connection = connection
+        self.rm = rm
+        self.xid: Xid | None = None
+
+    @abc.abstractmethod
+    def start(self, xid: Xid) -> None:
+        """Starts the branch ``xid`` on the connection (before the application's SQL)."""
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Phase one; BranchFailed or BranchInDoubt when the branch is not surely prepared."""
+
+    @abc.abstractmethod
+    def commit_one_phase(self) -> None:
+        """Commits the branch, the transaction's only one, without preparing it."""
+
+    @abc.abstractmethod
+    def commit_prepared(self) -> PhaseTwo:
+        """Phase two of a prepared branch."""
+
+    @abc.abstractmethod
+    def rollback(self) -> None:
+        """Rolls the branch back in whatever state it is; raises when that cannot be confirmed."""
+
+    @property
+    def holds_prepared(self) -> bool:
+        """Whether the connection holds a prepared branch no other connection can finish."""
+        return False
+
+    def abandon(self) -> None:
+        """Lets go of anything that would keep the server from finishing the branch
+        (nothing by default); called before the branch is left to the server."""
+
+
+def _connection_lost_pg(connection: Any) -> bool:
+    return bool(getattr(connection, "closed", False) or getattr(connection, "broken", False))
+
+
+class PsycopgBranch(BranchAdapter):
+    """A PostgreSQL branch on a psycopg 3 connection, through the driver's TPC API."""
+
+    def __init__(self, connection: Any, rm: str) -> None:
+        super().__init__(connection, rm)
+        self._state = "idle"
+
+    def _status(self) -> int:
+        return int(self.connection.info.transaction_status)
+
+    def start(self, xid: Xid) -> None:
+        from psycopg.pq import TransactionStatus
+
+        conn = self.connection
+        if conn.autocommit:
+            raise UsageError(f"{self.rm}: a psycopg connection in a decree transaction must not be in autocommit mode")
+        if self._status() != TransactionStatus.IDLE:
+            raise UsageError(
+                f"{self.rm}: the connection already has a transaction open; enlist it before its first "
+                "statement (or commit or roll back first)"
+            )
+        self.xid = xid
+        conn.tpc_begin(xid.pg_gid())
+        self._state = "active"
+
+    def _aborted(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self._status() == TransactionStatus.INERROR
+
+    def prepare(self) -> None:
+        import psycopg
+
+        if self._aborted():
+            # PostgreSQL would answer PREPARE TRANSACTION with a silent ROLLBACK.
+            raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
+        try:
+            self.connection.tpc_prepare()
+        except psycopg.Error as e:
+            if _connection_lost_pg(self.connection):
+                self._state = "in_doubt"
+                raise BranchInDoubt(f"{self.rm}: PREPARE TRANSACTION lost its answer: {e}") from e
+            self._state = "failed"
+            raise BranchFailed(f"{self.rm}: PREPARE TRANSACTION failed: {e}") from e
+        self._state = "prepared"
+
+    def commit_one_phase(self) -> None:
+        import psycopg
+
+        if self._aborted():
+            self.rollback()
+            raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
+        try:
+            self.connection.tpc_commit()
+        except psycopg.Error as e:
+            if _connection_lost_pg(self.connection):
+                self._state = "in_doubt"
+                raise BranchInDoubt(f"{self.rm}: COMMIT lost its answer: {e}") from e
+            self._state = "idle"
+            raise BranchFailed(f"{self.rm}: COMMIT failed: {e}") from e
+        self._state = "idle"
+
+    def commit_prepared(self) -> PhaseTwo:
+        import psycopg
+
+        try:
+            self.connection.tpc_commit()
+        except psycopg.Error as e:
+            if getattr(e, "sqlstate", None) == "42704":
+                self._state = "idle"
+                return PhaseTwo(Step.DONE, f"{self.rm}: already committed ({e})")
+            return PhaseTwo(Step.PENDING, f"{self.rm}: COMMIT PREPARED failed: {e}")
+        self._state = "idle"
+        return DONE
+
+    def rollback(self) -> None:
+        import psycopg
+
+        state, self._state = self._state, "idle"
+        if state == "idle":
+            return
+        if state == "active" and _connection_lost_pg(self.connection):
+            return  # PostgreSQL rolled the open transaction back with the session.
+        try:
+            self.connection.tpc_rollback()  # ROLLBACK, or ROLLBACK PREPARED once prepared.
+        except psycopg.Error as e:
+            if getattr(e, "sqlstate", None) == "42704" or state == "active" and _connection_lost_pg(self.connection):
+                return  # never prepared, or already rolled back.
+            self._state = state
+            raise
+
+
+DETACH_WAIT_MAX = 10.0
+"""The longest wait for MariaDB to detach a closed connection's prepared branch."""
+TRX_SNAPSHOT_PAUSE = 0.15
+"""The pause before each look at INNODB_TRX, longer than the 100 ms it is cached."""
+
+_MYSQL_CONNECTION_LOST = frozenset({0, 2006, 2013, 2014, 2045, 2055})
+_XAER_NOTA = 1397
+_XA_RB = frozenset({1402, 1613, 1614})
+
+
+def _mysql_code(e: BaseException) -> int:
+    args = getattr(e, "args", ())
+    return args[0] if args and isinstance(args[0], int) else 0
+
+
+class PyMySQLBranch(BranchAdapter):
+    """A MariaDB/MySQL branch on a PyMySQL connection: the adapter sends the XA statements."""
+
+    def __init__(self, connection: Any, rm: str) -> None:
+        super().__init__(connection, rm)
+        self._state = "idle"
+        self._x = ""
+
+    def _run(self, sql: str) -> None:
+        with self.connection.cursor() as cur:
+            cur.execute(sql)
+
+    def _lost(self, e: BaseException) -> bool:
+        import pymysql
+
+        return isinstance(e, pymysql.err.InterfaceError) or _mysql_code(e) in _MYSQL_CONNECTION_LOST
+
+    def start(self, xid: Xid) -> None:
+        if not self.connection.get_autocommit():
+            raise UsageError(
+                f"{self.rm}: open the PyMySQL connection with autocommit=True; XA branches need it "
+                "(MariaDB answers XAER_OUTSIDE to a commit by name otherwise)"
+            )
+        self.xid, self._x = xid, xid.mysql_xid()
+        self._run(f"XA START {self._x}")
+        self._state = "active"
+
+    def prepare(self) -> None:
+        import pymysql
+
+        try:
+            self._run(f"XA END {self._x}")
+            self._state = "ended"
+            self._run(f"XA PREPARE {self._x}")
+        except pymysql.err.Error as e:
+            if self._lost(e):
+                self._state = "in_doubt"
+                raise BranchInDoubt(f"{self.rm}: XA PREPARE lost its answer: {e}") from e
+            self._state = "failed"
+            raise BranchFailed(f"{self.rm}: XA END/PREPARE failed: {e}") from e
+        self._state = "prepared"
+
+    def commit_one_phase(self) -> None:
+        import pymysql
+
+        try:
+            self._run(f"XA END {self._x}")
+            self._state = "ended"
+            self._run(f"XA COMMIT {self._x} ONE PHASE")
+        except pymysql.err.Error as e:
+            if self._lost(e):
+                self._state = "idle"
+                raise BranchInDoubt(f"{self.rm}: XA COMMIT ONE PHASE lost its answer: {e}") from e
+            self.rollback_quietly()
+            raise BranchFailed(f"{self.rm}: XA COMMIT ONE PHASE failed: {e}") from e
+        self._state = "idle"
+
+    def _listed(self) -> bool:
+        """Whether XA RECOVER (on this connection) still lists the branch."""
+        assert self.xid is not None
+        with self.connection.cursor() as cur:
+            cur.execute("XA RECOVER")
+            rows = cur.fetchall()
+        return any(
+            Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) == self.xid for r in rows
+        )
+
+    def commit_prepared(self) -> PhaseTwo:
+        import pymysql
+
+        try:
+            self._run(f"XA COMMIT {self._x}")
+        except pymysql.err.Error as e:
+            code = _mysql_code(e)
+            if code in _XA_RB:
+                self._state = "idle"
+                return PhaseTwo(Step.HEURISTIC, f"{self.rm}: rolled back on its own: {e}", Heuristic.ROLLED_BACK)
+            if code == _XAER_NOTA:
+                try:
+                    listed = self._listed()
+                except pymysql.err.Error as e2:
+                    return PhaseTwo(Step.PENDING, f"{self.rm}: XA COMMIT: {e}; XA RECOVER failed: {e2}")
+                if not listed:
+                    self._state = "idle"
+                    return PhaseTwo(Step.DONE, f"{self.rm}: already committed ({e})")
+            return PhaseTwo(Step.PENDING, f"{self.rm}: XA COMMIT failed: {e}")
+        self._state = "idle"
+        return DONE
+
+    def rollback(self) -> None:
+        import pymysql
+
+        state, self._state = self._state, "idle"
+        if state == "idle":
+            return
+        if state in ("active", "ended", "failed"):
+            # Not prepared: XA ROLLBACK, or else closing the session rolls it back.
+            try:
+                if state == "active":
+                    self._run(f"XA END {self._x}")
+                self._run(f"XA ROLLBACK {self._x}")
+            except pymysql.err.Error as e:
+                log.debug("%s: rollback of a branch that was not prepared: %s; closing the connection", self.rm, e)
+                self._close()
+            return
+        try:
+            self._run(f"XA ROLLBACK {self._x}")
+        except pymysql.err.Error as e:
+            if _mysql_code(e) in _XA_RB or _mysql_code(e) == _XAER_NOTA:
+                return  # rolled back already (on its own connection, "unknown" means gone).
+            self._state = state
+            self._close()  # detaches a prepared branch so that the server can roll it back.
+            raise
+
+    def rollback_quietly(self) -> None:
+        try:
+            self.rollback()
+        except Exception as e:
+            log.debug("%s: rollback after a failed commit: %s", self.rm, e)
+
+    @property
+    def holds_prepared(self) -> bool:
+        return self._state in ("prepared", "in_doubt", "ended")
+
+    def abandon(self) -> None:
+        """Closes the connection of a prepared (or possibly prepared) branch, which stays
+        attached to it (MariaDB lets no other connection finish it), and waits until the
+        server has detached it. MariaDB 10.11 lists the branch for other connections before
+        it detaches the InnoDB transaction from the closing thread, and an XA COMMIT by name
+        in between answers OK and commits nothing; so the server (told by the session's
+        close) must not try before the old connection is gone (docs/measurements.md)."""
+        if not self.holds_prepared:
+            return
+        self._state = "idle"
+        thread_id = self._thread_id()
+        self._close()
+        if thread_id is not None:
+            self._wait_detached(thread_id)
+
+    def _thread_id(self) -> int | None:
+        try:
+            return int(self.connection.thread_id())
+        except Exception:
+            return None
+
+    def _wait_detached(self, thread_id: int) -> None:
+        """Waits (at most DETACH_WAIT_MAX s) until connection ``thread_id`` has left the
+        process list and no InnoDB transaction is tied to it, looking from a new connection
+        with the same settings; without one, waits one pause."""
+        import pymysql
+
+        deadline = time.monotonic() + DETACH_WAIT_MAX
+        c = self.connection
+        try:
+            probe = pymysql.connect(
+                host=c.host, port=c.port, user=c.user, password=c.password, database=c.db,
+                unix_socket=c.unix_socket, autocommit=True, connect_timeout=5,
+                **({"ssl": c.ctx} if getattr(c, "_ssl_required", False) else {}),
+            )
+        except Exception as e:
+            log.warning("%s: cannot watch connection %d detach (%s); waiting %.2f s", self.rm, thread_id, e,
+                        TRX_SNAPSHOT_PAUSE)
+            time.sleep(TRX_SNAPSHOT_PAUSE)
+            return
+        try:
+            with probe.cursor() as cur:
+                while time.monotonic() < deadline:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (thread_id,))
+                    if cur.fetchone()[0] == 0:
+                        break
+                    time.sleep(0.005)
+                while time.monotonic() < deadline:
+                    time.sleep(TRX_SNAPSHOT_PAUSE)  # INNODB_TRX is a snapshot kept 100 ms.
+                    try:
+                        cur.execute(
+                            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s",
+                            (thread_id,),
+                        )
+                    except pymysql.err.Error as e:
+                        log.debug("%s: INNODB_TRX not readable (%s); the pause is the only margin", self.rm, e)
+                        return
+                    if cur.fetchone()[0] == 0:
+                        return
+                log.warning("%s: connection %d still not detached after %.0f s", self.rm, thread_id, DETACH_WAIT_MAX)
+        finally:
+            probe.close()
+
+    def _close(self) -> None:
+        try:
+            self.connection.close()
+        except Exception as e:
+            log.debug("%s: closing the connection: %s", self.rm, e)
+
+
+def adapter_for(connection: Any, rm: str) -> BranchAdapter:
+    """The adapter of a driver's connection: psycopg 3 or PyMySQL, or an adapter as is."""
+    if isinstance(connection, BranchAdapter):
+        return connection
+    module = type(connection).__module__
+    if module.startswith("psycopg"):
+        return PsycopgBranch(connection, rm)
+    if module.startswith("pymysql"):
+        return PyMySQLBranch(connection, rm)
+    raise UsageError(
+        f"cannot enlist a {type(connection).__module__}.{type(connection).__name__}: "
+        "pass a psycopg 3 or PyMySQL connection, or a decree.BranchAdapter"
+    )

@@ -1,0 +1,399 @@
+"""One connection to the state server, which is one server session.
+
+A :class:`ServerConnection` connects to ``unix:/path``, ``tcp:host:port`` or
+``tls:host:port`` (TLS 1.3 with a client certificate, through the standard ``ssl``
+module), says ``Hello`` offering protocol versions 1 and 2, and then carries one request
+at a time from the thread that holds it: ``decide``, ``outcome``, ``ping``, and lazy
+``complete`` (buffered, sent in front of the next request, at 16 buffered, or at close).
+
+Any IO failure, timeout or protocol violation breaks the connection: it is closed, and
+the call in progress and every later call raise. A server that refuses the version list
+as malformed (one older than protocol version 2) gets a plain ``Hello`` on a new
+connection, and the session speaks version 1; on such a session the answers unknown and
+heuristic come as errors 15 and 16 and are returned as the same :class:`Outcome` values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import protocol as p
+from .errors import ProtocolError, ServerError, Unavailable, UsageError
+
+log = logging.getLogger("decree")
+
+COMPLETES_BUFFERED_MAX = 16
+"""Completions buffered on one connection before they are sent on their own."""
+
+_CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18})
+"""Error codes after which the server closes the connection."""
+
+__version__ = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the server listens: ``unix:/path``, ``tcp:host:port`` or ``tls:host:port``."""
+
+    kind: str
+    address: str
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        kind, sep, address = text.partition(":")
+        if not sep or kind not in ("unix", "tcp", "tls") or not address:
+            raise UsageError(f"endpoint {text!r} must be unix:/path, tcp:host:port or tls:host:port")
+        if kind != "unix":
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise UsageError(f"endpoint {text!r} needs {kind}:host:port")
+        return cls(kind, address)
+
+    @property
+    def host(self) -> str:
+        host = self.address.rpartition(":")[0]
+        return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.address}"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """What a ``tls:`` endpoint needs: the CA that signed the server's certificate, and
+    this client's certificate and key (mutual TLS). ``context`` replaces all three with a
+    ready ``ssl.SSLContext``; ``server_hostname`` overrides the name checked in the
+    server's certificate (the endpoint's host by default)."""
+
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+
+    def make_context(self) -> ssl.SSLContext:
+        if self.context is not None:
+            return self.context
+        if self.certfile is None:
+            raise UsageError("a tls: endpoint needs a client certificate (TlsConfig certfile and keyfile)")
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.cafile)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_cert_chain(self.certfile, self.keyfile)
+        return context
+
+
+@dataclass(frozen=True)
+class Options:
+    """How connections are made and how long they wait."""
+
+    node_expected: int = 0
+    """The node id the server must have; 0 accepts any."""
+    client_name: str = field(default_factory=lambda: f"decree-python/{__version__} pid {os.getpid()}")
+    """The name the server logs for this client (at most 255 bytes are sent)."""
+    connect_timeout: float = 5.0
+    reply_timeout: float | None = 30.0
+    """The longest wait for a reply; past it the connection breaks (a decide is then resolved
+    with ``Outcome``)."""
+    tls: TlsConfig | None = None
+    versions: tuple[int, ...] = p.PROTOCOL_VERSIONS
+
+
+class ServerConnection:
+    """One open server session. Use it from one thread at a time; ``lock`` is held for
+    each request (the keep-alive takes only connections nobody holds)."""
+
+    def __init__(self, endpoint: Endpoint, options: Options) -> None:
+        self.endpoint = endpoint
+        self.options = options
+        self.lock = threading.Lock()
+        self.node = self.incarnation = self.session = 0
+        self.version = 1
+        self.frame_bytes_max = p.FRAME_BYTES_MAX
+        self.inflight_max = 1
+        self.idle_timeout_ms = 0
+        self.last_sent = time.monotonic()
+        self._sock: socket.socket | None = None
+        self._decoder = p.FrameDecoder()
+        self._next_id = 1
+        self._sequence = 0
+        self._completes: list[bytes] = []
+        self._broken: str | None = None
+
+    # --- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, options: Options) -> ServerConnection:
+        """Connects and greets; falls back to a plain Hello for a server older than version 2."""
+        conn = cls(endpoint, options)
+        try:
+            conn._greet(options.versions)
+        except ServerError as e:
+            if e.code != p.ErrorCode.MALFORMED or not options.versions:
+                raise
+            log.info("%s refused the version list (%s): speaking protocol version 1", endpoint, e.server_message)
+            conn = cls(endpoint, options)
+            conn._greet(())
+        return conn
+
+    def _connect(self) -> socket.socket:
+        ep, opts = self.endpoint, self.options
+        try:
+            if ep.kind == "unix":
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(opts.connect_timeout)
+                try:
+                    sock.connect(ep.address)
+                except BaseException:
+                    sock.close()
+                    raise
+            else:
+                sock = socket.create_connection((ep.host, ep.port), timeout=opts.connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if ep.kind == "tls":
+                    if opts.tls is None:
+                        sock.close()
+                        raise UsageError(f"{ep} needs TLS settings (tls=decree.TlsConfig(...))")
+                    hostname = opts.tls.server_hostname or ep.host
+                    try:
+                        sock = opts.tls.make_context().wrap_socket(sock, server_hostname=hostname)
+                    except BaseException:
+                        sock.close()
+                        raise
+        except (OSError, ssl.SSLError) as e:
+            raise Unavailable(f"cannot connect to {ep}: {e}") from e
+        sock.settimeout(opts.reply_timeout)
+        return sock
+
+    def _greet(self, versions: tuple[int, ...]) -> None:
+        self._sock = self._connect()
+        hello = p.Hello(self.options.node_expected, self.options.client_name, tuple(versions))
+        reply = self._exchange(hello)
+        if isinstance(reply, p.Error):
+            self.close_now(f"refused: {reply.message}")
+            raise ServerError(reply.code, reply.message)
+        if not isinstance(reply, p.HelloOk):
+            raise self._violation(f"expected HelloOk, got {type(reply).__name__}")
+        if reply.negotiated is None:
+            self.version = 1
+        elif reply.negotiated.version not in versions:
+            raise self._violation(f"the server chose protocol version {reply.negotiated.version}, not offered")
+        else:
+            self.version = reply.negotiated.version
+            self.idle_timeout_ms = reply.negotiated.idle_timeout_ms
+        if reply.session == 0:
+            raise self._violation("HelloOk with session 0")
+        self.node, self.incarnation, self.session = reply.node, reply.incarnation, reply.session
+        self.frame_bytes_max = min(reply.frame_bytes_max, p.FRAME_BYTES_MAX)
+        self.inflight_max = reply.inflight_max
+        log.debug(
+            "session %d of node %d incarnation %d on %s (protocol version %d)",
+            self.session, self.node, self.incarnation, self.endpoint, self.version,
+        )
+
+    # --- requests ---------------------------------------------------------------------------
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    def alive(self) -> bool:
+        """Whether the server still holds this session: nothing unsolicited has arrived (a
+        server that restarted or closed the session leaves an end of stream to read). A
+        pooled session is checked before a transaction uses it, because a transaction of a
+        session that is gone could only end with ``Outcome``."""
+        sock = self._sock
+        if self.broken or sock is None:
+            return False
+        with self.lock:
+            try:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if not readable:
+                    return True
+                sock.setblocking(False)
+                try:
+                    data = sock.recv(1)
+                finally:
+                    sock.settimeout(self.options.reply_timeout)
+            except ssl.SSLWantReadError:
+                return True  # a TLS record without application data (a session ticket).
+            except (OSError, ValueError) as e:
+                self.close_now(f"connection check failed: {e}")
+                return False
+            self.close_now("closed by the server" if not data else "unsolicited bytes from the server")
+            return False
+
+    def next_xid(self) -> p.Xid:
+        """The global Xid of this session's next transaction (nothing is sent)."""
+        self._sequence += 1
+        return p.Xid.decree(self.node, self.incarnation, self.session, self._sequence)
+
+    def decide(self, xid: p.Xid, branches: tuple[p.Branch, ...]) -> None:
+        """Sends Decide and waits for DecideOk. ServerError for an Error answer; Unavailable
+        when the connection broke (the decision may or may not be durable)."""
+        reply = self._request(p.Decide(xid, branches))
+        if isinstance(reply, p.DecideOk):
+            return
+        if isinstance(reply, p.Error):
+            raise ServerError(reply.code, reply.message)
+        raise self._violation(f"expected DecideOk, got {type(reply).__name__}")
+
+    def outcome(self, xid: p.Xid) -> p.Outcome:
+        """Asks what became of ``xid`` (version-1 errors 15 and 16 read as unknown and heuristic)."""
+        reply = self._request(p.OutcomeQuery(xid.global_xid()))
+        if isinstance(reply, p.OutcomeIs):
+            return reply.outcome
+        if isinstance(reply, p.Error):
+            if reply.code == p.ErrorCode.OUTCOME_UNKNOWN:
+                return p.Outcome.UNKNOWN
+            if reply.code == p.ErrorCode.OUTCOME_HEURISTIC:
+                return p.Outcome.HEURISTIC
+            raise ServerError(reply.code, reply.message)
+        raise self._violation(f"expected OutcomeIs, got {type(reply).__name__}")
+
+    def ping(self) -> None:
+        reply = self._request(p.Ping())
+        if isinstance(reply, p.Error):
+            raise ServerError(reply.code, reply.message)
+        if not isinstance(reply, p.Pong):
+            raise self._violation(f"expected Pong, got {type(reply).__name__}")
+
+    def complete(self, xid: p.Xid, heuristic: p.Heuristic | None = None) -> None:
+        """Buffers the completion of ``xid`` (no reply on success); a version-1 session
+        sends a plain Complete where version 2 sends CompleteHeuristic."""
+        message: p.Message
+        if heuristic is not None and self.version >= 2:
+            message = p.CompleteHeuristic(xid.global_xid(), heuristic)
+        else:
+            message = p.Complete(xid.global_xid())
+        with self.lock:
+            if self.broken:
+                return  # the server finishes the transaction itself once the session is gone.
+            self._completes.append(p.encode_frame(self._take_id(), message))
+            if len(self._completes) >= COMPLETES_BUFFERED_MAX:
+                self._send(b"")
+
+    def flush(self) -> None:
+        """Sends the buffered completions now."""
+        with self.lock:
+            if self._completes and not self.broken:
+                self._send(b"")
+
+    def close(self) -> None:
+        """Sends what is buffered, then closes (the server sees the session end)."""
+        if self._sock is None:
+            return
+        try:
+            self.flush()
+        except Exception as e:  # the session ends either way; the server redoes phase two.
+            log.debug("completions not sent at close of session %d: %s", self.session, e)
+        self.close_now("closed by the client")
+
+    def close_now(self, why: str) -> None:
+        """Closes without sending anything more."""
+        if self._broken is None:
+            self._broken = why
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def ping_if_idle(self, idle_for: float) -> None:
+        """Keep-alive: pings when nobody holds the connection and nothing was sent for ``idle_for`` s."""
+        if self.broken or not self.lock.acquire(blocking=False):
+            return
+        try:
+            if time.monotonic() - self.last_sent >= idle_for:
+                self._exchange(p.Ping())
+        except Exception as e:
+            log.warning("keep-alive ping of session %d failed: %s", self.session, e)
+        finally:
+            self.lock.release()
+
+    # --- frames -----------------------------------------------------------------------------
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    def _request(self, message: p.Message) -> p.Message:
+        with self.lock:
+            return self._exchange(message)
+
+    def _exchange(self, message: p.Message) -> p.Message:
+        """Sends ``message`` (after the buffered completions) and reads its reply; the caller holds ``lock``."""
+        if self._broken is not None or self._sock is None:
+            raise Unavailable(f"connection to {self.endpoint} is broken: {self._broken}")
+        rid = self._take_id()
+        frame = p.encode_frame(rid, message)
+        if len(frame) > self.frame_bytes_max:
+            raise UsageError(f"a {type(message).__name__} of {len(frame)} bytes exceeds the server's frame limit")
+        self._send(frame)
+        while True:
+            got = self._read_frame()
+            if got.request_id == rid:
+                return got.message
+            if isinstance(got.message, p.Error):
+                if got.request_id == 0:
+                    self.close_now(f"error {got.message.code}: {got.message.message}")
+                    raise ServerError(got.message.code, got.message.message)
+                # An answer to a buffered Complete (success has none): never a decision.
+                log.warning(
+                    "session %d: the server refused a completion (request %d): error %d %s",
+                    self.session, got.request_id, got.message.code, got.message.message,
+                )
+                if got.message.code in _CLOSING_CODES:
+                    self.close_now("the server closed the session")
+                    raise ServerError(got.message.code, got.message.message)
+                continue
+            raise self._violation(f"a {type(got.message).__name__} for request {got.request_id}, not {rid}")
+
+    def _send(self, frame: bytes) -> None:
+        data = b"".join(self._completes) + frame
+        self._completes.clear()
+        assert self._sock is not None
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            self.close_now(f"write failed: {e}")
+            raise Unavailable(f"connection to {self.endpoint} broke while sending: {e}") from e
+        self.last_sent = time.monotonic()
+
+    def _read_frame(self) -> p.Frame:
+        assert self._sock is not None
+        while True:
+            try:
+                frame = self._decoder.next()
+            except p.FrameError as e:
+                raise self._violation(str(e)) from e
+            if frame is not None:
+                return frame
+            try:
+                data = self._sock.recv(65536)
+            except socket.timeout as e:
+                self.close_now("reply timed out")
+                raise Unavailable(f"no reply from {self.endpoint} within {self.options.reply_timeout} s") from e
+            except OSError as e:
+                self.close_now(f"read failed: {e}")
+                raise Unavailable(f"connection to {self.endpoint} broke: {e}") from e
+            if not data:
+                self.close_now("closed by the server")
+                raise Unavailable(f"{self.endpoint} closed the connection")
+            self._decoder.feed(data)
+
+    def _violation(self, why: str) -> ProtocolError:
+        self.close_now(f"protocol violation: {why}")
+        return ProtocolError(f"{self.endpoint}: {why}")

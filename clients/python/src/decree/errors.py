@@ -1,0 +1,118 @@
+"""The exceptions of the decree client: what became of a transaction, and why.
+
+::
+
+    DecreeError
+     ├── RolledBack          the transaction is rolled back; nothing of it is committed
+     ├── OutcomeUnknown      it may be committed or not; never retry it blindly
+     ├── HeuristicError      a branch decided on its own; an operator must look
+     ├── ProtocolError       the server's bytes broke the protocol (a bug, or not decree)
+     ├── ServerError         the server answered an Error frame (``code``, ``message``)
+     ├── Unavailable         the server cannot be reached (nothing was decided)
+     └── UsageError          the API was used wrongly (nothing was sent)
+
+The first three are the answers a transaction can end with; each carries the global
+``xid`` (``None`` when the transaction never got that far). Nothing is swallowed: a failure
+of a rollback that follows a failure is attached as ``rollback_errors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .protocol import Heuristic, Xid
+
+
+class DecreeError(Exception):
+    """The base of every exception this package raises."""
+
+
+class RolledBack(DecreeError):
+    """The transaction is rolled back: no branch of it is committed.
+
+    ``rm`` and ``branch`` name the branch whose failure caused it (``None`` when the cause
+    was not a branch, e.g. the server refused the decision or answered "rolled back" to
+    ``Outcome``); ``cause`` is the underlying exception, also chained as ``__cause__``.
+    Retrying the work as a new transaction is safe.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        xid: Xid | None = None,
+        rm: str | None = None,
+        branch: int | None = None,
+        cause: BaseException | None = None,
+        rollback_errors: list[BaseException] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.xid = xid
+        self.rm = rm
+        self.branch = branch
+        self.cause = cause
+        self.rollback_errors = rollback_errors or []
+
+
+class OutcomeUnknown(DecreeError):
+    """The transaction may have committed or not, and the client could not find out.
+
+    Its branches are left as they are: the server settles them by its rules (or an
+    operator with ``decree recover``). Ask again later with ``TransactionManager.outcome``;
+    never apply the work again without knowing.
+    """
+
+    def __init__(self, message: str, *, xid: Xid | None = None, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.xid = xid
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class HeuristicReport:
+    """A branch that decided on its own."""
+
+    rm: str
+    branch: int
+    outcome: Heuristic
+    detail: str
+
+
+class HeuristicError(DecreeError):
+    """At least one branch decided on its own against the decision (or the server says so).
+
+    ``reports`` lists the branches this client saw (empty when the server's ``Outcome``
+    answer is all that is known).
+    """
+
+    def __init__(self, message: str, *, xid: Xid | None = None, reports: list[HeuristicReport] | None = None) -> None:
+        super().__init__(message)
+        self.xid = xid
+        self.reports = reports or []
+
+
+class ProtocolError(DecreeError):
+    """The server sent something the protocol does not allow (or is not a decree server)."""
+
+
+class ServerError(DecreeError):
+    """The server answered with an Error frame: ``code`` (see ``decree.ErrorCode``) and ``message``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        from .protocol import ErrorCode
+
+        try:
+            name = ErrorCode(code).name
+        except ValueError:
+            name = f"code {code}"
+        super().__init__(f"server error {code} ({name}): {message}")
+        self.code = code
+        self.server_message = message
+
+
+class Unavailable(DecreeError):
+    """The server cannot be reached, or the connection broke before anything was decided."""
+
+
+class UsageError(DecreeError):
+    """The API was used in a way that cannot work; nothing was sent."""

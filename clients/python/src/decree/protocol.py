@@ -1,0 +1,609 @@
+"""The decree wire protocol: frames, messages and Xids, as docs/protocol.md describes them.
+
+Pure functions and values, no IO: :func:`encode_frame` turns a message into the bytes of
+one frame, :class:`FrameDecoder` turns a byte stream back into messages and refuses
+anything the document calls invalid, naming the kind of error (``TooLarge``,
+``TooShort``, ``Version``, ``UnknownType``, ``Malformed``, as in the vector file).
+Every integer is big-endian. The branch ids of the databases (the PostgreSQL gid, the
+MariaDB/MySQL XA xid) are methods of :class:`Xid`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Union
+
+FRAME_VERSION = 1
+"""The byte at offset 4 of every frame, for every protocol version."""
+
+PROTOCOL_VERSIONS: tuple[int, ...] = (1, 2)
+"""The protocol versions this client speaks; it offers them in every Hello."""
+
+FRAME_BYTES_MAX = 65536
+"""The largest frame, length field included; a server may announce a lower limit."""
+
+HEADER_BYTES = 14
+"""length u32, version u8, type u8, request id u64."""
+
+DECREE_FORMAT_ID = 0x64637265
+"""The format id of decree's Xids ("dcre")."""
+
+DECREE_GTRID_BYTES = 28
+"""node u32, incarnation u64, session u64, sequence u64."""
+
+PART_BYTES_MAX = 64
+"""The longest gtrid or bqual (XA)."""
+
+CLIENT_NAME_BYTES_MAX = 255
+"""The longest client name of a Hello, in bytes of UTF-8."""
+
+HELLO_VERSIONS_MAX = 16
+"""The most protocol versions one Hello may offer."""
+
+RM_NAME_BYTES_MAX = 64
+"""The longest resource-manager name of a decision."""
+
+BRANCHES_MAX = 512
+"""The most branches of one decision."""
+
+GID_PREFIX = "decree:"
+"""The prefix of decree's PostgreSQL gids."""
+
+DECISION_MAGIC = b"DCD1"
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I32 = struct.Struct(">i")
+_HEADER = struct.Struct(">IBBQ")
+_GTRID = struct.Struct(">IQQQ")
+
+
+class MessageType(enum.IntEnum):
+    """The type byte of a frame."""
+
+    HELLO = 0x01
+    HELLO_OK = 0x02
+    DECIDE = 0x03
+    DECIDE_OK = 0x04
+    COMPLETE = 0x05
+    OUTCOME = 0x06
+    OUTCOME_IS = 0x07
+    PING = 0x08
+    PONG = 0x09
+    COMPLETE_HEURISTIC = 0x0A
+    ERROR = 0x7F
+
+
+class Outcome(enum.IntEnum):
+    """What became of a transaction (the OutcomeIs byte)."""
+
+    COMMITTED = 1
+    IN_PROGRESS = 2
+    ROLLED_BACK = 3
+    UNKNOWN = 4
+    """Protocol version 2 (version 1: Error 15)."""
+    HEURISTIC = 5
+    """Protocol version 2 (version 1: Error 16)."""
+
+
+class Heuristic(enum.IntEnum):
+    """The combined outcome of branches that decided on their own (CompleteHeuristic)."""
+
+    COMMITTED = 1
+    ROLLED_BACK = 2
+    MIXED = 3
+
+    def combine(self, other: Heuristic | None) -> Heuristic:
+        """The outcome after one more branch: the same stays, different ones are mixed."""
+        if other is None or other == self:
+            return self
+        return Heuristic.MIXED
+
+
+class ErrorCode(enum.IntEnum):
+    """The codes of the Error message."""
+
+    MALFORMED = 1
+    FRAME_TOO_LARGE = 2
+    UNKNOWN_TYPE = 3
+    VERSION = 4
+    PROTOCOL = 5
+    LOG_FAILED = 6
+    WRONG_SESSION = 7
+    NODE_MISMATCH = 8
+    SHUTTING_DOWN = 9
+    BUSY = 10
+    UNKNOWN_RM = 11
+    BRANCH_QUALIFIER = 12
+    DUPLICATE_BRANCH = 13
+    NO_BRANCHES = 14
+    OUTCOME_UNKNOWN = 15
+    OUTCOME_HEURISTIC = 16
+    NOT_ALLOWED = 17
+    TLS_REQUIRED = 18
+
+
+class FrameError(Exception):
+    """Bytes that are not a valid frame; ``kind`` is the vector file's name of the error."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+# --- Xids -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a decree gtrid says: who minted the Xid, in which life, session and order."""
+
+    node: int
+    incarnation: int
+    session: int
+    sequence: int
+
+
+@dataclass(frozen=True)
+class Xid:
+    """An XA transaction id: format id, gtrid and bqual (each part at most 64 bytes)."""
+
+    format_id: int
+    gtrid: bytes
+    bqual: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not -(2**31) <= self.format_id < 2**31:
+            raise ValueError(f"format id {self.format_id} is not a 32-bit signed integer")
+        for part, value in (("gtrid", self.gtrid), ("bqual", self.bqual)):
+            if len(value) > PART_BYTES_MAX:
+                raise ValueError(f"{part} is {len(value)} bytes, XA allows at most {PART_BYTES_MAX}")
+
+    @classmethod
+    def decree(cls, node: int, incarnation: int, session: int, sequence: int) -> Xid:
+        """decree's global Xid (empty bqual) of one transaction."""
+        return cls(DECREE_FORMAT_ID, _GTRID.pack(node, incarnation, session, sequence), b"")
+
+    def branch(self, number: int) -> Xid:
+        """The Xid of branch ``number``: the same gtrid, the number as a 2-byte bqual."""
+        if not 0 <= number < 2**16:
+            raise ValueError(f"branch number {number} does not fit in 2 bytes")
+        return Xid(self.format_id, self.gtrid, _U16.pack(number))
+
+    def global_xid(self) -> Xid:
+        """The same transaction without a branch qualifier."""
+        return Xid(self.format_id, self.gtrid, b"")
+
+    @property
+    def origin(self) -> Origin | None:
+        """The origin of a decree Xid, ``None`` for any other transaction manager's."""
+        if self.format_id != DECREE_FORMAT_ID or len(self.gtrid) != DECREE_GTRID_BYTES:
+            return None
+        return Origin(*_GTRID.unpack(self.gtrid))
+
+    @property
+    def branch_number(self) -> int | None:
+        """The branch number of a branch Xid (2-byte bqual), else ``None``."""
+        return _U16.unpack(self.bqual)[0] if len(self.bqual) == 2 else None
+
+    def encode(self) -> bytes:
+        """The binary form of Decide, Complete and Outcome."""
+        return _I32.pack(self.format_id) + bytes((len(self.gtrid), len(self.bqual))) + self.gtrid + self.bqual
+
+    @classmethod
+    def decode(cls, buf: bytes | memoryview, at: int = 0) -> tuple[Xid, int]:
+        """Reads the binary form at ``at``; returns the Xid and the offset after it."""
+        if len(buf) - at < 6:
+            raise FrameError("Malformed", "binary Xid shorter than 6 bytes")
+        (format_id,) = _I32.unpack_from(buf, at)
+        g, b = buf[at + 4], buf[at + 5]
+        end = at + 6 + g + b
+        if len(buf) < end:
+            raise FrameError("Malformed", "binary Xid truncated")
+        if g > PART_BYTES_MAX or b > PART_BYTES_MAX:
+            raise FrameError("Malformed", f"Xid part of {max(g, b)} bytes, XA allows at most 64")
+        return cls(format_id, bytes(buf[at + 6 : at + 6 + g]), bytes(buf[at + 6 + g : end])), end
+
+    def pg_gid(self) -> str:
+        """The PostgreSQL gid: ``decree:<format 8 hex>:<gtrid hex>:<bqual hex>``, lowercase."""
+        return f"{GID_PREFIX}{self.format_id & 0xFFFFFFFF:08x}:{self.gtrid.hex()}:{self.bqual.hex()}"
+
+    @classmethod
+    def from_pg_gid(cls, gid: str) -> Xid:
+        """Parses a gid of decree's form; only the exact lowercase form is accepted."""
+        if not gid.startswith(GID_PREFIX):
+            raise ValueError(f"not a decree gid: {gid!r}")
+        parts = gid[len(GID_PREFIX) :].split(":")
+        if len(parts) != 3 or len(parts[0]) != 8:
+            raise ValueError(f"not a decree gid: {gid!r}")
+        try:
+            format_id = int(parts[0], 16)
+            xid = cls(format_id - (1 << 32) if format_id >= 1 << 31 else format_id, bytes.fromhex(parts[1]), bytes.fromhex(parts[2]))
+        except ValueError as e:
+            raise ValueError(f"not a decree gid: {gid!r} ({e})") from None
+        if xid.pg_gid() != gid:
+            raise ValueError(f"not decree's exact gid form (lowercase hex): {gid!r}")
+        return xid
+
+    def mysql_xid(self) -> str:
+        """The xid of MariaDB's and MySQL's XA statements: ``X'<gtrid>',X'<bqual>',<format>``."""
+        if self.format_id < 0:
+            raise ValueError("MariaDB and MySQL accept only non-negative XA format ids")
+        return f"X'{self.gtrid.hex()}',X'{self.bqual.hex()}',{self.format_id}"
+
+    @classmethod
+    def from_xa_recover(cls, format_id: int, gtrid_length: int, bqual_length: int, data: bytes) -> Xid:
+        """The Xid of one ``XA RECOVER`` row (``data`` is gtrid and bqual back to back)."""
+        if len(data) != gtrid_length + bqual_length:
+            raise ValueError(f"data is {len(data)} bytes, lengths say {gtrid_length}+{bqual_length}")
+        return cls(format_id, bytes(data[:gtrid_length]), bytes(data[gtrid_length:]))
+
+    def __str__(self) -> str:
+        return self.pg_gid()
+
+
+# --- Messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch of a decision: its number (the bqual) and its resource manager's name."""
+
+    branch: int
+    rm: str
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    """The HelloOk trailer: the session's protocol version and the server's idle bound."""
+
+    version: int
+    idle_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Hello:
+    node_expected: int
+    client: str
+    versions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class HelloOk:
+    node: int
+    incarnation: int
+    session: int
+    frame_bytes_max: int
+    inflight_max: int
+    negotiated: Negotiated | None = None
+
+
+@dataclass(frozen=True)
+class Decide:
+    xid: Xid
+    branches: tuple[Branch, ...]
+
+
+@dataclass(frozen=True)
+class DecideOk:
+    pass
+
+
+@dataclass(frozen=True)
+class Complete:
+    xid: Xid
+
+
+@dataclass(frozen=True)
+class CompleteHeuristic:
+    xid: Xid
+    heuristic: Heuristic
+
+
+@dataclass(frozen=True)
+class OutcomeQuery:
+    """The ``Outcome`` request (named so to leave :class:`Outcome` to the answer's values)."""
+
+    xid: Xid
+
+
+@dataclass(frozen=True)
+class OutcomeIs:
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Pong:
+    pass
+
+
+@dataclass(frozen=True)
+class Error:
+    code: int
+    message: str = field(default="")
+
+    @property
+    def name(self) -> str:
+        try:
+            return ErrorCode(self.code).name
+        except ValueError:
+            return f"code {self.code}"
+
+
+Message = Union[
+    Hello, HelloOk, Decide, DecideOk, Complete, CompleteHeuristic, OutcomeQuery, OutcomeIs, Ping, Pong, Error
+]
+
+_TYPE_OF: dict[type, MessageType] = {
+    Hello: MessageType.HELLO,
+    HelloOk: MessageType.HELLO_OK,
+    Decide: MessageType.DECIDE,
+    DecideOk: MessageType.DECIDE_OK,
+    Complete: MessageType.COMPLETE,
+    CompleteHeuristic: MessageType.COMPLETE_HEURISTIC,
+    OutcomeQuery: MessageType.OUTCOME,
+    OutcomeIs: MessageType.OUTCOME_IS,
+    Ping: MessageType.PING,
+    Pong: MessageType.PONG,
+    Error: MessageType.ERROR,
+}
+
+
+def message_type(message: Message) -> MessageType:
+    """The type byte of ``message``."""
+    return _TYPE_OF[type(message)]
+
+
+def _utf8_cut(text: str, limit: int) -> bytes:
+    """``text`` in UTF-8, cut to at most ``limit`` bytes on a character boundary."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return raw
+    return raw[:limit].decode("utf-8", errors="ignore").encode()
+
+
+def check_decision(xid: Xid, branches: tuple[Branch, ...]) -> None:
+    """Refuses a decision the server would refuse or that the record cannot hold."""
+    if xid.bqual:
+        raise ValueError(f"a decision names the global transaction; {xid} has a bqual")
+    if not branches:
+        raise ValueError("a decision names at least one branch")
+    if len(branches) > BRANCHES_MAX:
+        raise ValueError(f"{len(branches)} branches exceed BRANCHES_MAX = {BRANCHES_MAX}")
+    seen: set[int] = set()
+    for b in branches:
+        if not 0 <= b.branch < 2**16:
+            raise ValueError(f"branch number {b.branch} does not fit in 2 bytes")
+        if b.branch in seen:
+            raise ValueError(f"branch number {b.branch} is used twice")
+        seen.add(b.branch)
+        name = b.rm.encode()
+        if not 1 <= len(name) <= RM_NAME_BYTES_MAX:
+            raise ValueError(f"resource manager name {b.rm!r} is not 1 to {RM_NAME_BYTES_MAX} bytes")
+
+
+def encode_body(message: Message) -> bytes:
+    """The body of ``message`` (the frame without its 14-byte header)."""
+    if isinstance(message, Hello):
+        name = _utf8_cut(message.client, CLIENT_NAME_BYTES_MAX)
+        out = _U32.pack(message.node_expected) + bytes((len(name),)) + name
+        if message.versions:
+            if len(message.versions) > HELLO_VERSIONS_MAX or len(set(message.versions)) != len(message.versions):
+                raise ValueError(f"a Hello offers 1 to {HELLO_VERSIONS_MAX} distinct versions: {message.versions}")
+            out += bytes((len(message.versions),)) + bytes(message.versions)
+        return out
+    if isinstance(message, HelloOk):
+        out = _U32.pack(message.node) + _U64.pack(message.incarnation) + _U64.pack(message.session)
+        out += _U32.pack(message.frame_bytes_max) + _U32.pack(message.inflight_max)
+        if message.negotiated is not None:
+            out += bytes((message.negotiated.version,)) + _U32.pack(message.negotiated.idle_timeout_ms)
+        return out
+    if isinstance(message, Decide):
+        check_decision(message.xid, message.branches)
+        parts = [DECISION_MAGIC, message.xid.encode(), _U16.pack(len(message.branches))]
+        for b in message.branches:
+            name = b.rm.encode()
+            parts.append(_U16.pack(b.branch) + bytes((len(name),)) + name)
+        return b"".join(parts)
+    if isinstance(message, (Complete, OutcomeQuery)):
+        return message.xid.encode()
+    if isinstance(message, CompleteHeuristic):
+        return message.xid.encode() + bytes((int(message.heuristic),))
+    if isinstance(message, OutcomeIs):
+        return bytes((int(message.outcome),))
+    if isinstance(message, (DecideOk, Ping, Pong)):
+        return b""
+    if isinstance(message, Error):
+        return _U16.pack(message.code) + _utf8_cut(message.message, FRAME_BYTES_MAX // 2)
+    raise TypeError(f"not a message: {message!r}")
+
+
+def encode_frame(request_id: int, message: Message) -> bytes:
+    """The whole frame of ``message`` with ``request_id``."""
+    body = encode_body(message)
+    return _HEADER.pack(HEADER_BYTES - 4 + len(body), FRAME_VERSION, message_type(message), request_id) + body
+
+
+def _malformed(kind: MessageType, reason: str) -> FrameError:
+    return FrameError("Malformed", f"{kind.name}: {reason}")
+
+
+def _exact(kind: MessageType, body: bytes, length: int) -> None:
+    if len(body) != length:
+        raise _malformed(kind, f"body is {len(body)} bytes, expected {length}")
+
+
+def _xid_only(kind: MessageType, body: bytes) -> Xid:
+    xid, end = Xid.decode(body)
+    if end != len(body):
+        raise _malformed(kind, f"{len(body) - end} trailing bytes after the Xid")
+    return xid
+
+
+def _text(kind: MessageType, raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _malformed(kind, f"{what} is not UTF-8") from None
+
+
+def _decode_hello(body: bytes) -> Hello:
+    kind = MessageType.HELLO
+    if len(body) < 5:
+        raise _malformed(kind, "body shorter than 5 bytes")
+    (node_expected,) = _U32.unpack_from(body)
+    n = body[4]
+    if len(body) < 5 + n:
+        raise _malformed(kind, "client name length exceeds the body")
+    client = _text(kind, body[5 : 5 + n], "client name")
+    rest = body[5 + n :]
+    versions: tuple[int, ...] = ()
+    if rest:
+        count = rest[0]
+        if not 1 <= count <= HELLO_VERSIONS_MAX:
+            raise _malformed(kind, f"version count {count} is not between 1 and {HELLO_VERSIONS_MAX}")
+        if len(rest) - 1 != count:
+            raise _malformed(kind, f"version count {count} does not match the {len(rest) - 1} bytes after it")
+        versions = tuple(rest[1:])
+        if len(set(versions)) != count:
+            raise _malformed(kind, "a version is offered twice")
+    return Hello(node_expected, client, versions)
+
+
+def _decode_hello_ok(body: bytes) -> HelloOk:
+    if len(body) not in (28, 33):
+        raise _malformed(MessageType.HELLO_OK, f"body is {len(body)} bytes, expected 28 or 33")
+    node, incarnation, session, frame_max, inflight = struct.unpack_from(">IQQII", body)
+    negotiated = None
+    if len(body) == 33:
+        negotiated = Negotiated(body[28], _U32.unpack_from(body, 29)[0])
+    return HelloOk(node, incarnation, session, frame_max, inflight, negotiated)
+
+
+def _decode_decide(body: bytes) -> Decide:
+    kind = MessageType.DECIDE
+    if not body.startswith(DECISION_MAGIC):
+        raise _malformed(kind, "missing DCD1 magic")
+    xid, at = Xid.decode(body, 4)
+    if len(body) - at < 2:
+        raise _malformed(kind, "branch count missing")
+    (count,) = _U16.unpack_from(body, at)
+    at += 2
+    if count > BRANCHES_MAX:
+        raise _malformed(kind, f"{count} branches exceed BRANCHES_MAX = {BRANCHES_MAX}")
+    branches = []
+    for _ in range(count):
+        if len(body) - at < 3:
+            raise _malformed(kind, "branch truncated")
+        (number,) = _U16.unpack_from(body, at)
+        n = body[at + 2]
+        if n > RM_NAME_BYTES_MAX:
+            raise _malformed(kind, f"resource manager name of {n} bytes exceeds {RM_NAME_BYTES_MAX}")
+        at += 3
+        if len(body) - at < n:
+            raise _malformed(kind, "branch name truncated")
+        branches.append(Branch(number, _text(kind, body[at : at + n], "branch name")))
+        at += n
+    if at != len(body):
+        raise _malformed(kind, "trailing bytes after the last branch")
+    return Decide(xid, tuple(branches))
+
+
+def decode_body(kind: MessageType, body: bytes) -> Message:
+    """The message of a frame of type ``kind`` with ``body``; FrameError when it does not parse."""
+    if kind == MessageType.HELLO:
+        return _decode_hello(body)
+    if kind == MessageType.HELLO_OK:
+        return _decode_hello_ok(body)
+    if kind == MessageType.DECIDE:
+        return _decode_decide(body)
+    if kind in (MessageType.DECIDE_OK, MessageType.PING, MessageType.PONG):
+        _exact(kind, body, 0)
+        if kind == MessageType.DECIDE_OK:
+            return DecideOk()
+        return Ping() if kind == MessageType.PING else Pong()
+    if kind == MessageType.COMPLETE:
+        return Complete(_xid_only(kind, body))
+    if kind == MessageType.OUTCOME:
+        return OutcomeQuery(_xid_only(kind, body))
+    if kind == MessageType.COMPLETE_HEURISTIC:
+        if not body:
+            raise _malformed(kind, "empty body")
+        try:
+            heuristic = Heuristic(body[-1])
+        except ValueError:
+            raise _malformed(kind, f"unknown heuristic outcome {body[-1]}") from None
+        return CompleteHeuristic(_xid_only(kind, body[:-1]), heuristic)
+    if kind == MessageType.OUTCOME_IS:
+        _exact(kind, body, 1)
+        try:
+            return OutcomeIs(Outcome(body[0]))
+        except ValueError:
+            raise _malformed(kind, f"unknown outcome {body[0]}") from None
+    if kind == MessageType.ERROR:
+        if len(body) < 2:
+            raise _malformed(kind, "body shorter than the 2-byte code")
+        return Error(_U16.unpack_from(body)[0], _text(kind, body[2:], "message"))
+    raise FrameError("UnknownType", f"type {int(kind)}")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame."""
+
+    request_id: int
+    message: Message
+    frame_bytes: int
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames, checking each header as soon as it arrives.
+
+    ``feed`` bytes as they come, then take frames with ``next`` until it returns ``None``.
+    A length above ``frame_bytes_max`` is refused after 4 bytes, a wrong version or type
+    after 6, before the body is buffered. After an error the stream cannot be resumed.
+    """
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as a frame."""
+        return len(self._buf)
+
+    def next(self) -> Frame | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (length,) = _U32.unpack_from(buf)
+        frame_bytes = length + 4
+        if frame_bytes > self.frame_bytes_max:
+            raise FrameError("TooLarge", f"frame of {frame_bytes} bytes exceeds the limit of {self.frame_bytes_max}")
+        if length < HEADER_BYTES - 4:
+            raise FrameError("TooShort", f"length {length} is shorter than the header")
+        if len(buf) < 6:
+            return None
+        if buf[4] != FRAME_VERSION:
+            raise FrameError("Version", f"frame version {buf[4]}")
+        try:
+            kind = MessageType(buf[5])
+        except ValueError:
+            raise FrameError("UnknownType", f"type {buf[5]:#04x}") from None
+        if len(buf) < frame_bytes:
+            return None
+        (request_id,) = _U64.unpack_from(buf, 6)
+        body = bytes(buf[HEADER_BYTES:frame_bytes])
+        del buf[:frame_bytes]
+        return Frame(request_id, decode_body(kind, body), frame_bytes)

@@ -1,0 +1,189 @@
+"""What the tests share: a real ``decree serve`` started from the repository's build, and
+the throwaway databases of scripts/test-dbs.sh.
+
+Without the databases (``DECREE_TEST_PG_A``, ``DECREE_TEST_PG_B``, ``DECREE_TEST_MARIADB``)
+or the binary (``target/release/decree``, or ``DECREE_BIN``) a test that needs them is
+skipped with the reason; with ``CI=true`` it fails instead, so that CI cannot pass by
+skipping. Every server gets a random node id: other test runs share the databases, and a
+server's recovery only touches branches of its own node.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+CI = os.environ.get("CI", "") in ("true", "1")
+
+
+def need(what: str, hint: str) -> None:
+    """Skips the test (fails it under CI=true) because ``what`` is missing."""
+    message = f"{what} is missing: {hint}"
+    if CI:
+        pytest.fail(f"CI=true but {message}")
+    pytest.skip(message)
+
+
+def env_dsn(var: str) -> str:
+    value = os.environ.get(var, "")
+    if not value:
+        need(var, 'run scripts/test-dbs.sh start && eval "$(scripts/test-dbs.sh env)"')
+    return value
+
+
+def decree_bin() -> Path:
+    path = Path(os.environ.get("DECREE_BIN", REPO / "target" / "release" / "decree"))
+    if not path.is_file():
+        need(str(path), "build it with cargo build --release -p decree-cli (or set DECREE_BIN)")
+    return path
+
+
+def pg_kwargs(dsn: str) -> dict[str, str]:
+    """``host=... port=...`` as keyword arguments (psycopg takes the DSN itself too)."""
+    return dict(part.split("=", 1) for part in dsn.split())
+
+
+def mysql_kwargs(url: str) -> dict[str, Any]:
+    """PyMySQL keyword arguments of a ``mysql://user[:password]@host:port/db`` URL."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    return {
+        "host": u.hostname or "127.0.0.1",
+        "port": u.port or 3306,
+        "user": u.username or "root",
+        "password": u.password or "",
+        "database": u.path.lstrip("/"),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One ``decree serve`` process on a Unix socket in a temporary directory; restartable
+    on the same log, killable with SIGKILL."""
+
+    def __init__(self, rms: list[tuple[str, str, str]], *, extra: str = "", tcp: bool = False) -> None:
+        # Under the build directory rather than /tmp, where other processes tidy up.
+        base = REPO / "target" if (REPO / "target").is_dir() else None
+        self.dir = Path(tempfile.mkdtemp(prefix="decree-py-", dir=base))
+        self.socket = self.dir / "decree.sock"
+        self.node = random.randint(1_000_000, 2**31 - 1)
+        self.metrics_port = free_port()
+        self.tcp_port = free_port() if tcp else None
+        lines = [
+            f"node = {self.node}",
+            f'log_dir = "{self.dir / "log"}"',
+            f'unix = "{self.socket}"',
+            f'metrics = "127.0.0.1:{self.metrics_port}"',
+        ]
+        if self.tcp_port:
+            lines.append(f'tcp = "127.0.0.1:{self.tcp_port}"')
+        lines.append(extra)
+        if "[recovery]" not in extra:
+            lines += ["[recovery]", "periodic_pass_ms = 2000", "recheck_after_close_ms = 200", "rechecks_after_close = 4"]
+        for name, kind, dsn in rms:
+            lines += ["[[rm]]", f'name = "{name}"', f'kind = "{kind}"', f'dsn = "{dsn}"']
+        self.config = self.dir / "decree.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix:{self.socket}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        log = open(self.dir / f"serve-{self.starts}.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(decree_bin()), "serve", "--config", str(self.config), "-v"], stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"decree serve exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(self.socket))
+                if self.tcp_port:
+                    socket.create_connection(("127.0.0.1", self.tcp_port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"decree serve did not listen within 20 s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        text = b"".join(f.read_bytes() for f in sorted(self.dir.glob("serve-*.log")))
+        return text.decode(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, whatever it was doing."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def cleanup(self) -> None:
+        """Stops the server and deletes its directory (kept with DECREE_PY_KEEP=1)."""
+        self.stop()
+        if os.environ.get("DECREE_PY_KEEP") == "1":
+            print(f"kept {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dsns() -> dict[str, str]:
+    return {
+        "pg-a": env_dsn("DECREE_TEST_PG_A"),
+        "pg-b": env_dsn("DECREE_TEST_PG_B"),
+        "maria": env_dsn("DECREE_TEST_MARIADB"),
+    }
+
+
+def rm_entries(dsns: dict[str, str]) -> list[tuple[str, str, str]]:
+    return [("pg-a", "postgres", dsns["pg-a"]), ("pg-b", "postgres", dsns["pg-b"]), ("maria", "mariadb", dsns["maria"])]
+
+
+@pytest.fixture(scope="module")
+def server(dsns: dict[str, str]) -> Iterator[Server]:
+    s = Server(rm_entries(dsns))
+    s.start()
+    yield s
+    s.cleanup()
