@@ -32,7 +32,7 @@ log = logging.getLogger("decree")
 COMPLETES_BUFFERED_MAX = 16
 """Completions buffered on one connection before they are sent on their own."""
 
-_CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18})
+_CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18, 19})
 """Error codes after which the server closes the connection."""
 
 __version__ = "0.1.0"

@@ -124,6 +124,7 @@ class ErrorCode(enum.IntEnum):
     OUTCOME_HEURISTIC = 16
     NOT_ALLOWED = 17
     TLS_REQUIRED = 18
+    NOT_PRIMARY = 19
 
 
 class FrameError(Exception):

@@ -89,12 +89,14 @@ def connect(
     outcome_timeout: float = 30.0,
 ) -> TransactionManager:
     """A transaction manager on the state server at ``endpoint`` (``unix:/path``,
-    ``tcp:host:port`` or ``tls:host:port``). Opens one session at once, so that a wrong
+    ``tcp:host:port`` or ``tls:host:port``; a comma-separated list names the two members
+    of a pair, and whichever serves is used). Opens one session at once, so that a wrong
     address or a refused certificate fails here."""
     options = Options(node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls)
     if client_name is not None:
         options = dataclasses.replace(options, client_name=client_name)
-    tm = TransactionManager(Endpoint.parse(endpoint), options, outcome_timeout=outcome_timeout)
+    endpoints = [Endpoint.parse(e.strip()) for e in endpoint.split(",")]
+    tm = TransactionManager(endpoints, options, outcome_timeout=outcome_timeout)
     tm._release(tm._acquire())
     return tm
 
@@ -102,8 +104,13 @@ def connect(
 class TransactionManager:
     """Opens transactions; keeps a pool of server sessions, one per running transaction."""
 
-    def __init__(self, endpoint: Endpoint, options: Options, *, outcome_timeout: float = 30.0) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self, endpoint: Endpoint | list[Endpoint], options: Options, *, outcome_timeout: float = 30.0
+    ) -> None:
+        self.endpoints = endpoint if isinstance(endpoint, list) else [endpoint]
+        if not self.endpoints:
+            raise UsageError("no endpoint to connect to")
+        self._preferred = 0
         self.options = options
         self.outcome_timeout = outcome_timeout
         self._pool: list[ServerConnection] = []
@@ -115,8 +122,13 @@ class TransactionManager:
 
     # --- sessions ---------------------------------------------------------------------------
 
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint that served last (of a pair's two, the primary)."""
+        return self.endpoints[self._preferred % len(self.endpoints)]
+
     def _open(self) -> ServerConnection:
-        conn = ServerConnection.open(self.endpoint, self.options)
+        conn = self._open_any()
         with self._lock:
             self._sessions.add(conn)
             if conn.idle_timeout_ms and self._keepalive is None:
@@ -125,6 +137,29 @@ class TransactionManager:
                 )
                 self._keepalive.start()
         return conn
+
+    def _open_any(self) -> ServerConnection:
+        """A session on the first endpoint that serves, starting with the one that served
+        last: a pair's backup answers NotPrimary (error 19), an unreachable member fails to
+        connect, and the next endpoint is tried."""
+        failures = []
+        for i in range(len(self.endpoints)):
+            index = (self._preferred + i) % len(self.endpoints)
+            try:
+                conn = ServerConnection.open(self.endpoints[index], self.options)
+            except ServerError as e:
+                if e.code != p.ErrorCode.NOT_PRIMARY or len(self.endpoints) == 1:
+                    raise
+                failures.append(str(e))
+                continue
+            except Unavailable as e:
+                if len(self.endpoints) == 1:
+                    raise
+                failures.append(str(e))
+                continue
+            self._preferred = index
+            return conn
+        raise Unavailable("no member of the pair serves: " + "; ".join(failures))
 
     def _acquire(self) -> ServerConnection:
         if self._closed:
