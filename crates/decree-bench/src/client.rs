@@ -95,6 +95,51 @@ impl FromStr for Mode {
     }
 }
 
+/// The most servers `--replicas` may ask for: one, or a primary + backup pair.
+pub const REPLICAS_MAX: usize = 2;
+
+/// What one run measures: a mode and how many servers hold the decisions (1, or 2 for a
+/// primary + backup pair), so that `--mode` and `--replicas` lists alternate as one list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// Where the transaction manager runs.
+    pub mode: Mode,
+    /// Servers holding each decision: 1, or 2 for a pair the benchmark starts itself.
+    pub replicas: usize,
+}
+
+impl Variant {
+    /// A single server (or the embedded mode).
+    pub fn single(mode: Mode) -> Self {
+        Variant { mode, replicas: 1 }
+    }
+
+    /// The name in reports: the mode's for one server, `unix-pair` for a pair.
+    pub fn name(&self) -> String {
+        match self.replicas {
+            1 => self.mode.name().to_string(),
+            2 => format!("{}-pair", self.mode.name()),
+            n => format!("{}-x{n}", self.mode.name()),
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl FromStr for Variant {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.strip_suffix("-pair") {
+            Some(mode) => Ok(Variant { mode: mode.parse()?, replicas: 2 }),
+            None => Ok(Variant::single(s.parse()?)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +154,15 @@ mod tests {
         assert_eq!(Mode::Embedded.scheme(), None);
         let e = "ssl".parse::<Mode>().unwrap_err().to_string();
         assert!(e.contains("expected embedded, unix, tcp or tls"), "{e}");
+    }
+
+    #[test]
+    fn variants_are_named_after_their_mode_and_parse_back() {
+        let pair = Variant { mode: Mode::Unix, replicas: 2 };
+        assert_eq!((Variant::single(Mode::Unix).name(), pair.name()), ("unix".into(), "unix-pair".into()));
+        for variant in [pair, Variant::single(Mode::Tcp), Variant { mode: Mode::Tcp, replicas: 2 }] {
+            assert_eq!(variant.to_string().parse::<Variant>().unwrap(), variant);
+        }
+        assert!("ssl-pair".parse::<Variant>().is_err());
     }
 }

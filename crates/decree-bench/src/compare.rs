@@ -1,6 +1,8 @@
 //! Modes side by side: the figures of alternated rounds, as medians with their range, and
 //! each mode's ratios to the first mode of `--mode` (`decree bench --mode tcp,tls
-//! --rounds 3`: what TLS costs next to plaintext TCP).
+//! --rounds 3`: what TLS costs next to plaintext TCP). A mode here is a [`Variant`]: with
+//! `--replicas 1,2` a single server and a primary + backup pair alternate the same way
+//! (`--mode unix --replicas 1,2`: what the backup costs next to one server).
 //!
 //! On a shared or virtual machine the speed drifts by tens of percent within a minute, so
 //! one run of each mode says little. Every round runs every mode once, each round starting
@@ -9,7 +11,7 @@
 //! highest. Computation only: the runs are made in [`crate::tx`], the lines printed by
 //! [`crate::report`].
 
-use crate::client::Mode;
+use crate::client::Variant;
 use crate::tx::BenchPoint;
 use serde::Serialize;
 
@@ -53,8 +55,10 @@ pub struct ModeSummary {
     pub rpo_ms: u64,
     /// Threads of the runs.
     pub threads: usize,
-    /// The mode summarised.
+    /// The mode summarised (`unix-pair` for a pair).
     pub mode: String,
+    /// Servers holding each decision (2 for a pair).
+    pub replicas: usize,
     /// Rounds with a run of this mode.
     pub rounds: usize,
     /// Completed cycles per second.
@@ -77,6 +81,13 @@ pub struct ModeSummary {
     /// tls only: 95th percentile of the same, in us.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_p95_us: Option<Spread>,
+    /// A pair only: milliseconds from `promote` to the first decision acknowledged by the
+    /// promoted member, one promotion per run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotion_ms: Option<Spread>,
+    /// A pair only: milliseconds from `promote` until the primary was strict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict_ms: Option<Spread>,
     /// The mode the ratios divide by (the first of `--mode`); `None` for that mode itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub versus: Option<String>,
@@ -112,11 +123,11 @@ fn ratio(runs: &[&BenchPoint], reference: &[&BenchPoint], figure: Figure) -> Opt
     Spread::of(&ratios)
 }
 
-/// One summary per mode of `modes` that has runs in `points` (the runs of one engine, RPO
-/// and thread count, every round), in the order of `modes`; the ratios of every mode but
-/// the first are to the first.
-pub fn summaries(modes: &[Mode], points: &[BenchPoint]) -> Vec<ModeSummary> {
-    let runs_of = |mode: &Mode| points.iter().filter(|p| p.mode == mode.name()).collect::<Vec<_>>();
+/// One summary per variant of `modes` that has runs in `points` (the runs of one engine,
+/// RPO and thread count, every round), in the order of `modes`; the ratios of every
+/// variant but the first are to the first.
+pub fn summaries(modes: &[Variant], points: &[BenchPoint]) -> Vec<ModeSummary> {
+    let runs_of = |mode: &Variant| points.iter().filter(|p| p.mode == mode.name()).collect::<Vec<_>>();
     let reference = modes.first().map(runs_of).unwrap_or_default();
     let mut out = Vec::new();
     for (index, mode) in modes.iter().enumerate() {
@@ -132,7 +143,8 @@ pub fn summaries(modes: &[Mode], points: &[BenchPoint]) -> Vec<ModeSummary> {
             engine: first.engine.clone(),
             rpo_ms: first.rpo_ms,
             threads: first.threads,
-            mode: mode.name().into(),
+            mode: mode.name(),
+            replicas: mode.replicas,
             rounds: runs.len(),
             tps: spread(&runs, tps).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
             total_p95_us: spread(&runs, total_p95).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
@@ -141,7 +153,9 @@ pub fn summaries(modes: &[Mode], points: &[BenchPoint]) -> Vec<ModeSummary> {
             connect_p95_us: spread(&runs, |p| p.handshake.map(|h| h.connect.p95)),
             resumed_p50_us: spread(&runs, |p| p.handshake.and_then(|h| h.resumed).map(|r| r.p50)),
             resumed_p95_us: spread(&runs, |p| p.handshake.and_then(|h| h.resumed).map(|r| r.p95)),
-            versus: (index > 0).then(|| modes[0].name().to_string()),
+            promotion_ms: spread(&runs, |p| p.promotion.map(|p| p.first_decision_ms)),
+            strict_ms: spread(&runs, |p| p.promotion.map(|p| p.strict_ms)),
+            versus: (index > 0).then(|| modes[0].name()),
             tps_ratio: compared(tps),
             total_p95_ratio: compared(total_p95),
             commit_p50_ratio: compared(commit_p50),
@@ -153,6 +167,8 @@ pub fn summaries(modes: &[Mode], points: &[BenchPoint]) -> Vec<ModeSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::Mode;
+    use crate::pair::Promotion;
     use crate::stats::Summary;
     use crate::tx::{RunLatencies, RunResult};
     use decree_log::EngineKind;
@@ -197,7 +213,7 @@ mod tests {
             run(Mode::Tcp, 3, 500.0, 200.0),
             run(Mode::Tls, 3, 475.0, 240.0),
         ];
-        let both = summaries(&[Mode::Tcp, Mode::Tls], &points);
+        let both = summaries(&[Variant::single(Mode::Tcp), Variant::single(Mode::Tls)], &points);
         assert_eq!(both.len(), 2);
         let (tcp, tls) = (&both[0], &both[1]);
         assert_eq!((tcp.mode.as_str(), tcp.rounds, tcp.versus.as_deref()), ("tcp", 3, None));
@@ -214,6 +230,36 @@ mod tests {
         let json = serde_json::to_value(tls).expect("JSON");
         assert_eq!((json["summary"].as_str(), json["versus"].as_str()), (Some("modes"), Some("tcp")));
         assert!(json.get("commit_p50_us").is_none(), "{json}");
-        assert!(summaries(&[Mode::Unix], &points).is_empty(), "no runs, no summary");
+        assert!(summaries(&[Variant::single(Mode::Unix)], &points).is_empty(), "no runs, no summary");
+    }
+
+    #[test]
+    fn a_pair_is_compared_to_the_single_server_with_its_promotion_times() {
+        let pair = Variant { mode: Mode::Unix, replicas: 2 };
+        let promoted = |mut point: BenchPoint, first_decision_ms: f64| {
+            (point.mode, point.replicas) = (pair.name(), 2);
+            point.promotion = Some(Promotion { answered_ms: 1.0, first_decision_ms, strict_ms: 40.0 });
+            point
+        };
+        let points = vec![
+            run(Mode::Unix, 1, 1000.0, 100.0),
+            promoted(run(Mode::Unix, 1, 700.0, 150.0), 5.0),
+            promoted(run(Mode::Unix, 2, 600.0, 200.0), 9.0),
+            run(Mode::Unix, 2, 1000.0, 100.0),
+        ];
+        let both = summaries(&[Variant::single(Mode::Unix), pair], &points);
+        let (single, paired) = (&both[0], &both[1]);
+        assert_eq!((single.mode.as_str(), single.replicas, single.promotion_ms), ("unix", 1, None));
+        assert_eq!((paired.mode.as_str(), paired.replicas, paired.rounds), ("unix-pair", 2, 2));
+        assert_eq!(paired.versus.as_deref(), Some("unix"));
+        assert_eq!(paired.promotion_ms, Some(Spread { median: 7.0, min: 5.0, max: 9.0 }));
+        assert_eq!(paired.strict_ms.map(|s| s.median), Some(40.0));
+        let tps = paired.tps_ratio.expect("a ratio per round");
+        assert!((tps.median - 0.65).abs() < 1e-9 && (tps.min - 0.6).abs() < 1e-9, "{tps:?}");
+        let json = serde_json::to_value(paired).expect("JSON");
+        assert_eq!(
+            (json["replicas"].as_u64(), json["promotion_ms"]["median"].as_f64()),
+            (Some(2), Some(7.0))
+        );
     }
 }

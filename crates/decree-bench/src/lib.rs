@@ -13,7 +13,8 @@
 //! the charts; [`rate`] is the fixed-rate variant of the workload, and [`round_trip`] its
 //! same-run floor (a bare request and reply over the same transport at the same rate);
 //! [`handshake`] times opening a connection to the server (which the runs never pay), and
-//! [`compare`] sets the modes of alternated rounds side by side (plaintext against TLS);
+//! [`compare`] sets the modes of alternated rounds side by side (plaintext against TLS,
+//! a single server against a primary + backup pair, [`pair`]);
 //! [`write_floor`] is the same-run floor of a durable commit (one synced write). [`rm_bench`] measures
 //! the cost of atomicity with real databases (decree 2PC against two local commits).
 //! Nothing here asserts on speed; tests check that the counts add up.
@@ -29,6 +30,7 @@ pub mod handshake;
 pub mod host_cpu;
 pub mod log_bench;
 pub mod log_use;
+pub mod pair;
 pub mod rate;
 pub mod remote;
 pub mod report;

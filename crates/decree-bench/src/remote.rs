@@ -16,14 +16,18 @@
 //! client that died. [`RemoteTarget::handshakes`] times opening a connection, which the
 //! runs never see (see [`crate::handshake`]).
 //!
+//! With `replicas: 2` (`--replicas 2`, Unix socket only) the target starts a primary +
+//! backup pair instead ([`crate::pair`]), promotes its member 1 and runs through it.
+//!
 //! [`BenchTarget::finish`] checks, through the server's metrics, that the server made
 //! exactly one decision durable and completed exactly one transaction per commit (with two
-//! or more RMs). Against a server given by address, whose counters other clients share,
-//! it checks nothing.
+//! or more RMs; a pair's primary also counts its promotion's one probe). Against a server
+//! given by address, whose counters other clients share, it checks nothing.
 
 use crate::client::{BenchClient, BenchTarget, Mode};
 use crate::embedded::{TmClient, RMS_MAX};
 use crate::handshake::{self, Connector, Handshake, HANDSHAKE_CONNECTIONS};
+use crate::pair::{self, Promotion, PROBE_DECISIONS};
 use crate::BenchError;
 use decree_client::{ClientOptions, ClientTlsFiles, Endpoint, RemoteDecisions};
 use decree_core::testing::DummyFactory;
@@ -62,6 +66,9 @@ pub struct RemoteSpec {
     pub rms: usize,
     /// Benchmark threads, each holding one connection.
     pub threads: usize,
+    /// Servers holding each decision: 1, or 2 for a primary + backup pair (the
+    /// benchmark's own server, over the Unix socket, only).
+    pub replicas: usize,
 }
 
 /// A coordinator over a state server, shared by the clients of one run.
@@ -73,12 +80,18 @@ pub struct RemoteTarget {
     committed: Arc<AtomicU64>,
     metrics: Option<SocketAddr>,
     connector: Connector,
+    /// Decisions the server counted before the run (a pair's promotion probe).
+    probe_decisions: u64,
+    promotion: Option<Promotion>,
+    // The single server, or the pair's primary (stopped before its backup).
     server: Option<ServerHandle>,
+    backup: Option<ServerHandle>,
     // The socket or the throwaway CA's files, removed after the server stopped.
     _dir: Option<tempfile::TempDir>,
 }
 
-fn client_error(context: &str, e: impl std::fmt::Display) -> BenchError {
+/// A failure talking to a state server, with what was being done.
+pub(crate) fn client_error(context: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Client { context: context.into(), message: e.to_string() }
 }
 
@@ -95,13 +108,13 @@ impl RemoteTarget {
         let started = match &spec.connect {
             Some(address) => Started {
                 endpoint: address.clone(),
-                server: None,
-                dir: None,
                 tls_files: (spec.mode == Mode::Tls).then(|| spec.tls_files.clone()),
+                ..Started::default()
             },
             None => start_server(log, spec, shared.clone())?,
         };
-        let metrics = started.server.as_ref().and_then(ServerHandle::metrics_addr);
+        let metrics =
+            started.metrics.or_else(|| started.server.as_ref().and_then(ServerHandle::metrics_addr));
         let connector = connector(&started)?;
         let store: Arc<dyn DecisionStore> = Arc::new(
             RemoteDecisions::connect_with(connector.endpoint.clone(), connector.options.clone()).map_err(
@@ -117,9 +130,17 @@ impl RemoteTarget {
             committed: Arc::new(AtomicU64::new(0)),
             metrics,
             connector,
+            probe_decisions: if started.promotion.is_some() { PROBE_DECISIONS } else { 0 },
+            promotion: started.promotion,
             server: started.server,
+            backup: started.backup,
             _dir: started.dir,
         })
+    }
+
+    /// What promoting the pair's member 1 took; `None` for a single server.
+    pub fn promotion(&self) -> Option<Promotion> {
+        self.promotion
     }
 
     /// Times opening a connection to the server the way the run's clients do (see
@@ -128,22 +149,34 @@ impl RemoteTarget {
         handshake::measure(&self.connector, HANDSHAKE_CONNECTIONS)
     }
 
-    /// Stops the server this target started, if any, and reports how it stopped.
+    /// Stops the server this target started, if any (a pair's primary, then its backup),
+    /// and reports how it stopped.
     pub fn shutdown(mut self) -> Result<(), BenchError> {
-        match self.server.take() {
-            Some(server) => server.shutdown().map_err(|e| client_error("stopping the state server", e)),
-            None => Ok(()),
+        for (server, what) in
+            [(self.server.take(), "the state server"), (self.backup.take(), "the pair's backup")]
+        {
+            if let Some(server) = server {
+                server.shutdown().map_err(|e| client_error(&format!("stopping {what}"), e))?;
+            }
         }
+        Ok(())
     }
 }
 
 /// Where the run's server is and what the clients need to reach it.
+#[derive(Default)]
 struct Started {
     endpoint: String,
     server: Option<ServerHandle>,
     dir: Option<tempfile::TempDir>,
     /// The client's TLS files in the tls mode.
     tls_files: Option<ClientTlsFiles>,
+    /// A pair's backup (`server` is its primary).
+    backup: Option<ServerHandle>,
+    /// The metrics endpoint, where the server's handle does not know it (a pair's).
+    metrics: Option<SocketAddr>,
+    /// What promoting a pair's primary took.
+    promotion: Option<Promotion>,
 }
 
 /// The endpoint and client options of `started` (its TLS files read once, shared by every
@@ -197,7 +230,26 @@ fn start_server(
             .map_err(|e| BenchError::io("cannot create a private directory", std::env::temp_dir(), e))
     };
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    if spec.replicas != 1 && (spec.mode, spec.replicas) != (Mode::Unix, 2) {
+        return Err(BenchError::Option(format!(
+            "{} replicas in the {} mode: a pair (2) runs over the Unix socket only",
+            spec.replicas, spec.mode
+        )));
+    }
     let (dir, tls_files) = match spec.mode {
+        Mode::Unix if spec.replicas == 2 => {
+            let dir = private_dir()?;
+            let started = pair::start(&config, dir.path(), factories)?;
+            return Ok(Started {
+                endpoint: started.endpoint,
+                server: Some(started.primary),
+                dir: Some(dir),
+                backup: Some(started.backup),
+                metrics: Some(started.metrics),
+                promotion: Some(started.promotion),
+                ..Started::default()
+            });
+        }
         Mode::Unix => {
             let dir = private_dir()?;
             config.unix = Some(dir.path().join("decree.sock"));
@@ -227,7 +279,7 @@ fn start_server(
         (None, Some(addr)) => format!("tcp:{addr}"),
         (None, None) => return Err(client_error("starting the state server", "it listens nowhere")),
     };
-    Ok(Started { endpoint, server: Some(server), dir, tls_files })
+    Ok(Started { endpoint, server: Some(server), dir, tls_files, ..Started::default() })
 }
 
 impl BenchTarget for RemoteTarget {
@@ -244,7 +296,7 @@ impl BenchTarget for RemoteTarget {
         }
         let Some(metrics) = self.metrics else { return Ok(()) };
         let committed = self.committed.load(Ordering::Relaxed);
-        let expected = if self.rms >= 2 { committed } else { 0 };
+        let expected = if self.rms >= 2 { committed } else { 0 } + self.probe_decisions;
         // Completions travel after the replies (buffered by the client, flushed when a
         // session closes): wait until the server has seen them all.
         let deadline = Instant::now() + SETTLE_WAIT;
@@ -257,9 +309,9 @@ impl BenchTarget for RemoteTarget {
                     return Err(client_error(
                         "checking the state server after the run",
                         format!(
-                            "{committed} commits with {} RMs, expected {expected} decisions, but the server \
-                             counted {} decisions and {} completions",
-                            self.rms, counters.decisions, counters.completions
+                            "{committed} commits with {} RMs (and {} probe), expected {expected} decisions, but \
+                             the server counted {} decisions and {} completions",
+                            self.rms, self.probe_decisions, counters.decisions, counters.completions
                         ),
                     ));
                 }

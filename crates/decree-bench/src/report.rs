@@ -6,6 +6,7 @@
 
 use crate::compare::{ModeSummary, Spread};
 use crate::log_bench::{LogPoint, RAW_ENGINE};
+use crate::pair::Promotion;
 use crate::stats::Summary;
 use crate::tx::{BenchPoint, Skipped};
 use crate::write_floor::{journal_floor, WriteFloor, RAW_DIRECT_IDLE};
@@ -74,7 +75,7 @@ impl LogTable {
 /// the connection times of a state server's run).
 pub fn bench_header() -> String {
     format!(
-        "{:<12} {:<8} {:>6} {:>7} {:>10} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n{}",
+        "{:<12} {:<9} {:>6} {:>7} {:>10} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n{}",
         "engine",
         "mode",
         "rpo_ms",
@@ -88,13 +89,14 @@ pub fn bench_header() -> String {
         "p99_us",
         "avg_us",
         "stddev_us",
-        "-".repeat(127)
+        "-".repeat(128)
     )
 }
 
 /// The block of one run: open, begin, commit, close and total lines; for a state server,
 /// then the time to open a connection to it (`connect`: a full TLS handshake in the tls
-/// mode) and, in the tls mode, to open one that resumes a TLS session (`resumed`).
+/// mode) and, in the tls mode, to open one that resumes a TLS session (`resumed`); for a
+/// pair, then its promotion line ([`promotion_line`]).
 pub fn bench_block(point: &BenchPoint) -> String {
     let mut out = String::new();
     let mut calls: Vec<(&str, &Summary)> = vec![
@@ -122,24 +124,36 @@ pub fn bench_block(point: &BenchPoint) -> String {
         };
         let _ = writeln!(
             out,
-            "{engine:<12} {mode:<8} {rpo:>6} {threads:>7} {tps:>10} {call:<7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            "{engine:<12} {mode:<9} {rpo:>6} {threads:>7} {tps:>10} {call:<7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
             s.p25, s.p50, s.p75, s.p95, s.p99, s.avg, s.stddev
         );
     }
+    if let Some(promotion) = &point.promotion {
+        let _ = writeln!(out, "{}", promotion_line(promotion));
+    }
     out
+}
+
+/// What promoting a pair's member 1 took before a run, each time from sending `promote`.
+pub fn promotion_line(p: &Promotion) -> String {
+    format!(
+        "promotion: first decision acknowledged by the promoted member {:.1} ms after promote (answered \
+         {:.1} ms, strict with its backup {:.1} ms)",
+        p.first_decision_ms, p.answered_ms, p.strict_ms
+    )
 }
 
 /// The characteristic curve as text, one line per run: what LIXA's charts plot (tps
 /// against the p95 of the total latency the TM adds), in milliseconds.
 pub fn bench_summary(points: &[BenchPoint]) -> String {
     let mut out = format!(
-        "{:<12} {:<8} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12}\n",
+        "{:<12} {:<9} {:>6} {:>7} {:>10} {:>12} {:>12} {:>12}\n",
         "engine", "mode", "rpo_ms", "threads", "tps", "total_p50_ms", "total_p95_ms", "total_p99_ms"
     );
     for p in points {
         let _ = writeln!(
             out,
-            "{:<12} {:<8} {:>6} {:>7} {:>10.1} {:>12.3} {:>12.3} {:>12.3}",
+            "{:<12} {:<9} {:>6} {:>7} {:>10.1} {:>12.3} {:>12.3} {:>12.3}",
             p.engine,
             p.mode,
             p.rpo_ms,
@@ -157,7 +171,7 @@ pub fn bench_summary(points: &[BenchPoint]) -> String {
 /// the scheduled time and the service time of tx_commit, in microseconds.
 pub fn rate_summary(points: &[BenchPoint]) -> String {
     let mut out = format!(
-        "{:<14} {:<8} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>10} {:>11} {:>11} {:>12}\n",
+        "{:<14} {:<9} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9} {:>10} {:>11} {:>11} {:>12}\n",
         "engine",
         "mode",
         "rpo_ms",
@@ -175,7 +189,7 @@ pub fn rate_summary(points: &[BenchPoint]) -> String {
         let Some(r) = &p.rate else { continue };
         let _ = writeln!(
             out,
-            "{:<14} {:<8} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            "{:<14} {:<9} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
             p.engine,
             p.mode,
             p.rpo_ms,
@@ -201,7 +215,7 @@ pub fn round_trip_summary(points: &[BenchPoint]) -> String {
     for r in points.iter().filter_map(|p| p.round_trip_floor.as_ref()) {
         let _ = writeln!(
             out,
-            "{:<14} {:<8} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
+            "{:<14} {:<9} {:>6} {:>7} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>10.1} {:>11.1} {:>11.1} {:>12.1}",
             r.reference,
             r.transport,
             "-",
@@ -299,6 +313,14 @@ pub fn mode_summary_lines(s: &ModeSummary) -> String {
     }
     if let (Some(p50), Some(p95)) = (&s.resumed_p50_us, &s.resumed_p95_us) {
         let _ = write!(out, "; resuming a TLS session: p50 {:.1} us, p95 {:.1} us", p50.median, p95.median);
+    }
+    if let (Some(first), Some(strict)) = (&s.promotion_ms, &s.strict_ms) {
+        let _ = write!(
+            out,
+            "\n    promotion to the first decision acknowledged {}; strict with its backup {}",
+            spread_text(first, 1, " ms"),
+            spread_text(strict, 1, " ms")
+        );
     }
     if let (Some(versus), Some(tps)) = (&s.versus, &s.tps_ratio) {
         let _ = write!(out, "\n    {}/{versus}: tps {}", s.mode, spread_text(tps, 2, "x"));

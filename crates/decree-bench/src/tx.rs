@@ -8,13 +8,16 @@
 //! log directory, for every combination of engine and RPO asked for, and per mode: with
 //! several modes or rounds, every thread count runs `rounds` rounds of every mode, each
 //! round starting with the next mode (as `rm_bench` does), and [`crate::compare`] sets the
-//! modes side by side after the last round.
+//! modes side by side after the last round. `--replicas 1,2` multiplies the modes: each
+//! mode runs on a single server and on a primary + backup pair ([`crate::pair`]), the
+//! [`Variant`]s alternating in every round like the modes.
 
-use crate::client::{BenchTarget, Mode};
+use crate::client::{BenchTarget, Mode, Variant, REPLICAS_MAX};
 use crate::compare::{self, ModeSummary};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
 use crate::handshake::Handshake;
 use crate::log_use::{LogUse, LogWrites};
+use crate::pair::Promotion;
 use crate::rate::Schedule;
 use crate::remote::{RemoteSpec, RemoteTarget};
 use crate::round_trip::RoundTripPoint;
@@ -295,6 +298,10 @@ pub struct BenchSpec {
     /// Where the transaction manager runs; with several, they alternate in every round so
     /// that they are compared under the same drift of a noisy machine.
     pub modes: Vec<Mode>,
+    /// Servers per state-server run: 1, or 2 for a primary + backup pair the benchmark
+    /// starts itself (`--mode unix`); with both, every mode runs with each, alternated in
+    /// every round and compared to the first ([`BenchSpec::variants`]).
+    pub replicas: Vec<usize>,
     /// Rounds of every mode per thread count (1 to [`ROUNDS_MAX`]).
     pub rounds: usize,
     /// Parent of the per-run log directories (each is created fresh and removed after).
@@ -309,6 +316,17 @@ pub struct BenchSpec {
     pub tls_files: ClientTlsFiles,
     /// Fixed-rate mode: transactions per second over all threads (no think times).
     pub rate: Option<f64>,
+}
+
+impl BenchSpec {
+    /// What each round runs, in order: every mode with every replica count (`--mode unix
+    /// --replicas 1,2`: unix, then unix-pair); the first is the reference of the ratios.
+    pub fn variants(&self) -> Vec<Variant> {
+        self.modes
+            .iter()
+            .flat_map(|&mode| self.replicas.iter().map(move |&replicas| Variant { mode, replicas }))
+            .collect()
+    }
 }
 
 /// The fixed-rate figures of a run (see [`crate::rate`] for the two latencies).
@@ -356,8 +374,10 @@ pub struct BenchPoint {
     pub engine: String,
     /// Recovery point objective in milliseconds.
     pub rpo_ms: u64,
-    /// Where the TM ran.
+    /// Where the TM ran: the mode, `-pair` after it for a primary + backup pair.
     pub mode: String,
+    /// Servers holding each decision (2 for a pair; 1 otherwise, the embedded mode too).
+    pub replicas: usize,
     /// Dummy resource managers per transaction.
     pub rms: usize,
     /// Threads of the run.
@@ -399,6 +419,9 @@ pub struct BenchPoint {
     /// (state-server modes only), see [`crate::handshake`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handshake: Option<Handshake>,
+    /// A pair's run only: what promoting its member 1 took before the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<Promotion>,
 }
 
 impl BenchPoint {
@@ -408,6 +431,7 @@ impl BenchPoint {
             engine: engine.name().into(),
             rpo_ms,
             mode: mode.name().into(),
+            replicas: 1,
             rms,
             threads: run.threads,
             cycles: run.cycles,
@@ -424,6 +448,7 @@ impl BenchPoint {
             log_writes: run.log_use.as_ref().and_then(|used| used.per_commit(run.cycles)),
             round: 1,
             handshake: None,
+            promotion: None,
         }
     }
 
@@ -468,9 +493,9 @@ impl Skipped {
         }
     }
 
-    /// The same, naming the mode of the run too.
-    pub fn in_mode(self, mode: Mode) -> Self {
-        Skipped { mode: Some(mode.name().into()), ..self }
+    /// The same, naming the mode of the run too (`unix-pair` for a pair).
+    pub fn in_mode(self, variant: Variant) -> Self {
+        Skipped { mode: Some(variant.name()), ..self }
     }
 }
 
@@ -501,6 +526,7 @@ pub(crate) fn fresh_dir(parent: &Path, name: &str) -> Result<PathBuf, BenchError
 /// Rejects a spec that cannot run, before any run starts.
 pub fn check(spec: &BenchSpec) -> Result<(), BenchError> {
     check_modes(spec)?;
+    check_replicas(spec)?;
     if let Some(rate) = spec.rate {
         if !(rate.is_finite() && rate > 0.0 && rate <= crate::rate::RATE_MAX) {
             return Err(BenchError::Option(format!(
@@ -573,6 +599,40 @@ fn check_modes(spec: &BenchSpec) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// The replica counts: each 1 or 2, none twice, and a pair only where the benchmark starts
+/// it itself on a durable log and reaches it over the Unix socket.
+fn check_replicas(spec: &BenchSpec) -> Result<(), BenchError> {
+    let refuse = |message: String| Err(BenchError::Option(message));
+    if spec.replicas.is_empty() {
+        return refuse("--replicas: expected at least one count".into());
+    }
+    if let Some(bad) = spec.replicas.iter().find(|&&r| r == 0 || r > REPLICAS_MAX) {
+        return refuse(format!(
+            "--replicas {bad}: expected 1 (a single server) or 2 (a primary + backup pair)"
+        ));
+    }
+    if let Some(twice) =
+        spec.replicas.iter().enumerate().find_map(|(i, r)| spec.replicas[..i].contains(r).then_some(r))
+    {
+        return refuse(format!("--replicas lists {twice} twice"));
+    }
+    if !spec.replicas.contains(&2) {
+        return Ok(());
+    }
+    if let Some(mode) = spec.modes.iter().find(|&&m| m != Mode::Unix) {
+        return refuse(format!(
+            "--replicas 2 runs a pair over the Unix socket only: drop --mode {mode} (use --mode unix)"
+        ));
+    }
+    if spec.connect.is_some() {
+        return refuse("--replicas 2 starts its own pair: drop --connect".into());
+    }
+    if let Some(engine) = spec.engines.iter().find(|&&e| e == EngineKind::Volatile) {
+        return refuse(format!("--replicas 2 needs a durable engine: a pair member cannot run {engine}"));
+    }
+    Ok(())
+}
+
 /// Runs every combination of `spec`, calling `report` after each step. An engine that
 /// cannot be opened, or whose run fails, is reported as skipped (with `failed` telling the
 /// two apart) and the other combinations go on; bad options and errors of the harness's
@@ -606,14 +666,15 @@ fn run_rounds(
     progress: &ProgressBar,
     report: &mut impl FnMut(Step),
 ) -> Result<bool, BenchError> {
-    let mut points = Vec::with_capacity(spec.rounds * spec.modes.len());
+    let variants = spec.variants();
+    let mut points = Vec::with_capacity(spec.rounds * variants.len());
     for round in 1..=spec.rounds {
-        for index in compare::round_order(round - 1, spec.modes.len()) {
-            let mode = spec.modes[index];
+        for index in compare::round_order(round - 1, variants.len()) {
+            let variant = variants[index];
             let counter =
                 if spec.rounds > 1 { format!(" round {round}/{}", spec.rounds) } else { String::new() };
-            progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads} {mode}{counter}"));
-            match run_one(spec, engine, rpo_ms, threads, mode, progress)? {
+            progress.set_message(format!("{engine} rpo={rpo_ms}ms threads={threads} {variant}{counter}"));
+            match run_one(spec, engine, rpo_ms, threads, variant, progress)? {
                 Ok(mut point) => {
                     point.round = round;
                     points.push((*point).clone());
@@ -626,25 +687,26 @@ fn run_rounds(
             }
         }
     }
-    if spec.rounds > 1 || spec.modes.len() > 1 {
-        for summary in compare::summaries(&spec.modes, &points) {
+    if spec.rounds > 1 || variants.len() > 1 {
+        for summary in compare::summaries(&variants, &points) {
             report(Step::Compared(Box::new(summary)));
         }
     }
     Ok(true)
 }
 
-/// One run of `mode` on a fresh log directory, removed after it: its report line, or why
-/// it was skipped; bad options and the harness's own directory errors are errors.
+/// One run of `variant` on a fresh log directory (a pair's two logs below it), removed
+/// after it: its report line, or why it was skipped; bad options and the harness's own
+/// directory errors are errors.
 fn run_one(
     spec: &BenchSpec,
     engine: EngineKind,
     rpo_ms: u64,
     threads: usize,
-    mode: Mode,
+    variant: Variant,
     progress: &ProgressBar,
 ) -> Result<Result<Box<BenchPoint>, Skipped>, BenchError> {
-    let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}-{mode}"))?;
+    let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}-{variant}"))?;
     let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
     let (t1, t2) = match spec.rate {
         Some(_) => (ThinkRange::ZERO, ThinkRange::ZERO),
@@ -652,51 +714,59 @@ fn run_one(
     };
     let run_spec = RunSpec { threads, stop: spec.stop, t1, t2, seed: spec.seed, rate: spec.rate };
     // The target (log, server and coordinator) is dropped before its directory is removed.
-    let outcome = run_target(spec, mode, &config, &run_spec, progress);
+    let outcome = run_target(spec, variant, &config, &run_spec, progress);
     let removed =
         std::fs::remove_dir_all(&dir).map_err(|e| BenchError::io("cannot remove run directory", &dir, e));
     match outcome {
-        Ok((result, handshake)) => {
+        Ok((result, handshake, promotion)) => {
             removed?;
-            let mut point = BenchPoint::new(engine, rpo_ms, mode, spec.rms, &result);
+            let mut point = BenchPoint::new(engine, rpo_ms, variant.mode, spec.rms, &result);
+            (point.mode, point.replicas) = (variant.name(), variant.replicas);
             point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
             point.handshake = handshake;
+            point.promotion = promotion;
             Ok(Ok(Box::new(point)))
         }
         Err(e @ (BenchError::Option(_) | BenchError::Io { .. })) => Err(e),
         Err(e) => {
             removed?;
-            Ok(Err(Skipped::new(engine, rpo_ms, threads, &e).in_mode(mode)))
+            Ok(Err(Skipped::new(engine, rpo_ms, threads, &e).in_mode(variant)))
         }
     }
 }
 
-/// Opens the target of `mode` on the log `config` describes and runs one run on it; for a
-/// state server, times opening a connection to it first.
+/// What a run measured besides its own figures: the connection times of a state server,
+/// and what promoting a pair's primary took.
+type RunExtras = (RunResult, Option<Handshake>, Option<Promotion>);
+
+/// Opens the target of `variant` on the log `config` describes and runs one run on it; for
+/// a state server, times opening a connection to it first.
 fn run_target(
     spec: &BenchSpec,
-    mode: Mode,
+    variant: Variant,
     config: &LogConfig,
     run_spec: &RunSpec,
     progress: &ProgressBar,
-) -> Result<(RunResult, Option<Handshake>), BenchError> {
-    match mode {
+) -> Result<RunExtras, BenchError> {
+    match variant.mode {
         Mode::Embedded => EmbeddedTarget::open(config, spec.rms)
             .and_then(|target| run(&target, run_spec, progress))
-            .map(|result| (result, None)),
-        Mode::Unix | Mode::Tcp | Mode::Tls => {
+            .map(|result| (result, None, None)),
+        mode @ (Mode::Unix | Mode::Tcp | Mode::Tls) => {
             let remote = RemoteSpec {
                 mode,
                 connect: spec.connect.clone(),
                 tls_files: spec.tls_files.clone(),
                 rms: spec.rms,
                 threads: run_spec.threads,
+                replicas: variant.replicas,
             };
             let target = RemoteTarget::open(config, &remote)?;
             let handshake = target.handshakes()?;
             let result = run(&target, run_spec, progress)?;
+            let promotion = target.promotion();
             target.shutdown()?;
-            Ok((result, Some(handshake)))
+            Ok((result, Some(handshake), promotion))
         }
     }
 }

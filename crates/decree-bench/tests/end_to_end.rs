@@ -27,6 +27,7 @@ fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>
         t2: ThinkRange::ZERO,
         rms: 2,
         modes: vec![Mode::Embedded],
+        replicas: vec![1],
         rounds: 1,
         dir: dir.to_path_buf(),
         seed: 1,
@@ -372,6 +373,42 @@ fn alternated_rounds_compare_every_mode_to_the_first() {
         "{lines}"
     );
     assert!(matches!(steps.last(), Some(Step::Compared(_))));
+}
+
+#[test]
+fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
+    // `--mode unix --replicas 1,2`, one round of a tiny duration: a single server, then a
+    // pair whose member 1 is promoted and strict before the run. run_bench refuses a
+    // failed run, and a run fails unless the primary's metrics count one decision and one
+    // completion per commit (plus the promotion's probe).
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
+    (spec.modes, spec.replicas) = (vec![Mode::Unix], vec![1, 2]);
+    spec.stop = Stop::Duration(Duration::from_millis(300));
+    let mut steps = Vec::new();
+    tx::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step)).expect("benchmark runs");
+    let points: Vec<&BenchPoint> =
+        steps.iter().filter_map(|s| if let Step::Measured(p) = s { Some(&**p) } else { None }).collect();
+    let skipped: Vec<_> = steps.iter().filter(|s| matches!(s, Step::Skipped(_))).collect();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let names: Vec<(&str, usize)> = points.iter().map(|p| (p.mode.as_str(), p.replicas)).collect();
+    assert_eq!(names, [("unix", 1), ("unix-pair", 2)]);
+    let (single, pair) = (points[0], points[1]);
+    assert!(pair.cycles > 0, "the pair committed decisions: {pair:?}");
+    assert!(single.promotion.is_none());
+    let promotion = pair.promotion.expect("the pair's promotion time");
+    assert!(promotion.answered_ms <= promotion.first_decision_ms, "{promotion:?}");
+    assert!(promotion.first_decision_ms <= promotion.strict_ms, "{promotion:?}");
+    let json: serde_json::Value = serde_json::from_str(&report::bench_json(pair)).unwrap();
+    assert_eq!((json["mode"].as_str(), json["replicas"].as_u64()), (Some("unix-pair"), Some(2)));
+    assert!(json["promotion"]["first_decision_ms"].is_number(), "{json}");
+    assert!(report::bench_block(pair).contains("promotion: first decision acknowledged"));
+    let summaries: Vec<_> =
+        steps.iter().filter_map(|s| if let Step::Compared(c) = s { Some(c.clone()) } else { None }).collect();
+    assert_eq!(summaries.len(), 2, "the single server and the pair side by side");
+    assert_eq!((summaries[1].mode.as_str(), summaries[1].versus.as_deref()), ("unix-pair", Some("unix")));
+    assert!(summaries[1].promotion_ms.is_some() && summaries[1].tps_ratio.is_some());
+    assert!(empty_dir(dir.path()), "both members' logs are removed after the run");
 }
 
 #[test]

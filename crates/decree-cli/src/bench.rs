@@ -4,7 +4,7 @@
 use crate::bench_log::parse_seconds;
 use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
-use decree_bench::client::Mode;
+use decree_bench::client::{Mode, Variant};
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::round_trip::{self, Transport};
@@ -70,6 +70,13 @@ pub struct Args {
     /// in every round (see --rounds) and are compared to the first: --mode tcp,tls.
     #[arg(long, value_delimiter = ',', default_value = "embedded", value_parser = parse_mode)]
     pub mode: Vec<Mode>,
+    /// Servers holding each decision, with --mode unix: 1 (a single server), or 2 (a
+    /// primary + backup pair started for each run on two logs, member 1 promoted with force
+    /// and strict before the run; its promotion time is reported). Comma-separated counts
+    /// alternate like the modes in every round and are compared to the first: --mode unix
+    /// --replicas 1,2 --rounds 3.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub replicas: Vec<usize>,
     /// A running state server for --mode unix|tcp|tls (unix:/path, tcp:host:port or
     /// tls:host:port); the engine and RPO are then the server's own, whatever --engine and
     /// --rpo say. The decisions name the dummy resource managers dummy-0 and dummy-1, which
@@ -200,6 +207,7 @@ impl Args {
             t2: self.t2.unwrap_or_else(|| self.workload.t2()),
             rms: self.rms,
             modes: self.mode.clone(),
+            replicas: self.replicas.clone(),
             rounds: self.rounds,
             dir,
             seed: self.seed,
@@ -223,8 +231,10 @@ impl Args {
             format!("{rm} needs exactly two --dsn (database A, then B), got {}", dsns.len())
         })?;
         let tls = [&self.tls_ca, &self.tls_cert, &self.tls_key].iter().any(|f| f.is_some());
-        if self.mode != [Mode::Embedded] || self.connect.is_some() || tls {
-            return Err(format!("{rm} runs the coordinator embedded: drop --mode, --connect and --tls-*"));
+        if self.mode != [Mode::Embedded] || self.replicas != [1] || self.connect.is_some() || tls {
+            return Err(format!(
+                "{rm} runs the coordinator embedded: drop --mode, --replicas, --connect and --tls-*"
+            ));
         }
         if self.rate.is_some() || self.chart.is_some() {
             return Err(format!("--rate and --chart are not supported with {rm}"));
@@ -328,7 +338,7 @@ pub fn run(args: Args) -> CliResult {
     if args.format == Format::Table {
         print_header(&args, &spec);
     }
-    let runs = (spec.engines.len() * spec.rpos_ms.len() * spec.modes.len() * spec.rounds) as u64;
+    let runs = (spec.engines.len() * spec.rpos_ms.len() * spec.variants().len() * spec.rounds) as u64;
     let progress = progress_bar(match spec.stop {
         Stop::Cycles(n) => Some(n.saturating_mul(spec.threads.iter().sum::<usize>() as u64) * runs),
         Stop::Duration(_) => None,
@@ -385,21 +395,25 @@ pub fn run(args: Args) -> CliResult {
         print_summaries(&spec, &points, &floors);
     }
     if let Some(path) = &args.chart {
-        let title = format!(
-            "decree {} workload, {} mode, {} RMs",
-            args.workload.name(),
-            modes_text(&spec.modes),
-            spec.rms
-        );
+        let title =
+            format!("decree {} workload, {} mode, {} RMs", args.workload.name(), modes_text(&spec), spec.rms);
         let second = chart::write_charts(path, &title, &points)?;
         eprintln!("charts written: {} and {}", path.display(), second.display());
     }
     Ok(())
 }
 
-/// The modes as --mode takes them: "tcp,tls".
-fn modes_text(modes: &[Mode]) -> String {
-    modes.iter().map(Mode::name).collect::<Vec<_>>().join(",")
+/// The modes as --mode takes them ("tcp,tls"), with the replica counts where a pair runs
+/// ("unix replicas=1,2").
+fn modes_text(spec: &BenchSpec) -> String {
+    let modes = spec.modes.iter().map(Mode::name).collect::<Vec<_>>().join(",");
+    match &spec.replicas[..] {
+        [1] => modes,
+        counts => {
+            let counts: Vec<String> = counts.iter().map(usize::to_string).collect();
+            format!("{modes} replicas={}", counts.join(","))
+        }
+    }
 }
 
 /// The table's opening lines: what runs, then the column header.
@@ -412,7 +426,7 @@ fn print_header(args: &Args, spec: &BenchSpec) {
         1 => String::new(),
         n => format!(", {n} rounds alternating the modes"),
     };
-    let modes = modes_text(&spec.modes);
+    let modes = modes_text(spec);
     match spec.rate {
         Some(rate) => println!(
             "decree bench: mode={modes} rms={} fixed rate {rate}/s over all threads, no think times, \
@@ -450,7 +464,7 @@ fn print_summaries(spec: &BenchSpec, points: &[BenchPoint], floors: &[write_floo
 /// Measures a fixed-rate run's same-run floor (`decree_bench::round_trip`: a bare round
 /// trip over its transport, at its rate and thread count) into `point`, where it has one.
 fn add_round_trip_floor(spec: &BenchSpec, point: &mut BenchPoint) -> Result<(), decree_bench::BenchError> {
-    let mode = point.mode.parse::<Mode>()?;
+    let mode = point.mode.parse::<Variant>()?.mode;
     let (Some(rate), Some(transport)) = (spec.rate, round_trip_transport(mode, spec.connect.as_deref()))
     else {
         return Ok(());
@@ -509,7 +523,7 @@ mod tests {
         assert_eq!(spec.t1, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.t2, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.rms, 2);
-        assert_eq!((spec.modes, spec.rounds), (vec![Mode::Embedded], 1));
+        assert_eq!((spec.modes, spec.replicas, spec.rounds), (vec![Mode::Embedded], vec![1], 1));
         assert_eq!(args.format, Format::Table);
         assert!(args.chart.is_none());
     }
@@ -574,6 +588,41 @@ mod tests {
             assert!(err.contains(says), "{line}: {err}");
         }
         assert!(Cli::try_parse_from("decree bench --mode tcp,ssl".split_whitespace()).is_err());
+    }
+
+    #[test]
+    fn replicas_lists_alternate_a_single_server_and_a_pair() {
+        let line =
+            "decree bench --mode unix --replicas 1,2 --rounds 3 --threads 32 --duration 5 --t1 0 --t2 0";
+        let spec = parse(line).spec(PathBuf::new());
+        assert_eq!((spec.replicas.clone(), spec.rounds), (vec![1, 2], 3));
+        let names: Vec<String> = spec.variants().iter().map(Variant::name).collect();
+        assert_eq!(names, ["unix", "unix-pair"]);
+        tx::check(&spec).expect("a single server and a pair in alternated rounds");
+        let spec = parse("decree bench --mode unix --replicas 2").spec(PathBuf::new());
+        assert_eq!(spec.variants(), vec![Variant { mode: Mode::Unix, replicas: 2 }]);
+        tx::check(&spec).expect("a pair alone");
+        assert_eq!(modes_text(&spec), "unix replicas=2");
+        for (line, says) in [
+            ("decree bench --mode unix --replicas 3", "--replicas 3: expected 1 (a single server) or 2"),
+            ("decree bench --mode unix --replicas 0,1", "--replicas 0: expected 1"),
+            ("decree bench --mode unix --replicas 2,2", "--replicas lists 2 twice"),
+            ("decree bench --replicas 2", "over the Unix socket only: drop --mode embedded"),
+            ("decree bench --mode unix,tcp --replicas 1,2", "drop --mode tcp"),
+            (
+                "decree bench --mode unix --replicas 2 --connect unix:/s",
+                "starts its own pair: drop --connect",
+            ),
+            ("decree bench --mode unix --replicas 1,2 --engine volatile", "needs a durable engine"),
+        ] {
+            let err = refusal(line);
+            assert!(err.contains(says), "{line}: {err}");
+        }
+        let err = parse("decree bench --rm postgres --dsn a --dsn b --replicas 2")
+            .rm_spec(PathBuf::new())
+            .expect_err("the real-database benchmark runs embedded");
+        assert!(err.contains("--replicas"), "{err}");
+        assert!(Cli::try_parse_from("decree bench --mode unix --replicas two".split_whitespace()).is_err());
     }
 
     #[test]
