@@ -81,14 +81,13 @@ impl Replica {
     }
 
     /// Applies one batch: decisions are appended (durable under the log's policy),
-    /// completions recorded lazily; `durable` is called once every decision of the batch is
+    /// completions and outcomes recorded lazily; `durable` is called once every decision of the batch is
     /// durable (at once for a batch with none: completions need no sync), or with the
     /// log's error. A refused batch writes nothing and never calls `durable`.
     pub fn apply(&mut self, records: &[LinkRecord], durable: DurableCallback) -> Result<(), ReplicaError> {
         let decisions = check_batch(records, self.outcomes.is_some())?;
-        let outcomes = records.iter().filter(|r| r.kind == RecordKind::Outcome).count();
         let waiter = Arc::new(BatchWaiter {
-            pending: AtomicUsize::new(decisions.len() + outcomes + 1),
+            pending: AtomicUsize::new(decisions.len() + 1),
             outcome: Mutex::new((Ok(()), Some(durable))),
         });
         for (record, decision) in records.iter().zip(decisions_by_index(records.len(), decisions)) {

@@ -258,7 +258,9 @@ impl Conn {
         let Some(connection_permit) = self.permit().await else { return Next::Close };
         let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
         let payload = decision.encode();
-        let shipped = state.pair().map(|_| payload.clone());
+        // A pair's strict primary ships the decision while it writes it locally.
+        let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
+        let shipped = state.pair().filter(|_| early.is_none()).map(|_| payload.clone());
         let key = state.key_for(&txns, origin.sequence);
         let responses = self.responses.clone();
         let state = state.clone();
@@ -290,16 +292,24 @@ impl Conn {
                             accepting.metrics.observe_decide(started.elapsed());
                             send(Message::DecideOk)
                         };
-                        match (state.pair(), shipped) {
-                            // A pair's primary: in strict mode the answer waits for the backup.
-                            (Some(link), Some(payload)) => link.after_local_write(&state, xid, payload, Box::new(accept)),
+                        match (state.pair(), early, shipped) {
+                            // Shipped beside the write: the answer waits for the backup too.
+                            (Some(link), Some(ticket), _) => link.written(&state, ticket, Box::new(accept)),
+                            // Alone when the decide came: decided, then shipped (or pending if
+                            // the primary turned strict meanwhile).
+                            (Some(link), None, Some(payload)) => {
+                                link.after_local_write(&state, xid, payload, Box::new(accept))
+                            }
                             _ => accept(),
                         }
                     }
                     Err(e) => {
-                        // The record may have reached the disk: in doubt until a restart
-                        // reads the log, never rolled back meanwhile.
+                        // The record may have reached the disk (or the backup's): in doubt
+                        // until a restart reads the log, never rolled back meanwhile.
                         state.doubt(&decision.xid);
+                        if let (Some(link), Some(ticket)) = (state.pair(), early) {
+                            link.write_failed(ticket);
+                        }
                         state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
                         let message = format!(

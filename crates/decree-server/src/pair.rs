@@ -48,8 +48,11 @@ const CONTROL_LINE_BYTES_MAX: u64 = 256;
 struct Pending {
     xid: Xid,
     record: LinkRecord,
-    /// Moves the decision to its session (or the orphans) and sends its `DecideOk`.
-    accept: Box<dyn FnOnce() + Send>,
+    /// Moves the decision to its session (or the orphans) and sends its `DecideOk`; `None`
+    /// while the local write (shipped beside it) is not durable yet.
+    accept: Option<Box<dyn FnOnce() + Send>>,
+    /// The backup confirmed it before the local write was durable.
+    confirmed: bool,
 }
 
 /// What the leader needs of the server, and where its confirmations go.
@@ -87,11 +90,15 @@ impl LiveSet for LinkShared {
         let state = self.state.upgrade();
         let mut pending = self.pending.lock();
         for ticket in tickets {
-            if let Some(p) = pending.remove(&ticket) {
-                (p.accept)();
-                if let Some(state) = &state {
-                    state.confirm(&p.xid);
-                }
+            let Some(entry) = pending.get_mut(&ticket) else { continue };
+            if entry.accept.is_none() {
+                entry.confirmed = true; // The local write is still on its way.
+                continue;
+            }
+            let p = pending.remove(&ticket).expect("present");
+            (p.accept.expect("checked"))();
+            if let Some(state) = &state {
+                state.confirm(&p.xid);
             }
         }
         drop(pending);
@@ -137,11 +144,53 @@ impl PrimaryLink {
             return;
         }
         state.unconfirm(&xid);
+        self.ship_pending(record, Some(accept));
+    }
+
+    /// In strict mode, ships `xid`'s decision before its local write, so that the backup's
+    /// write and the primary's run at once; returns the ticket that [`PrimaryLink::written`]
+    /// or [`PrimaryLink::write_failed`] settles. `None` when the primary runs alone (the
+    /// decision then goes through [`PrimaryLink::after_local_write`]).
+    pub(crate) fn ship_before_write(&self, state: &State, xid: Xid, payload: &[u8]) -> Option<Ticket> {
+        if self.leader.node().role != (Role::Primary { alone: false }) {
+            return None;
+        }
+        state.unconfirm(&xid);
+        let record = LinkRecord { kind: RecordKind::Decision, xid, payload: payload.to_vec() };
+        Some(self.ship_pending(record, None))
+    }
+
+    /// The local write of `ticket`'s decision is durable: `accept` runs now if the backup
+    /// confirmed it already, else at its confirmation.
+    pub(crate) fn written(&self, state: &State, ticket: Ticket, accept: Box<dyn FnOnce() + Send>) {
+        let mut pending = self.shared.pending.lock();
+        match pending.get_mut(&ticket) {
+            Some(entry) if entry.confirmed => {
+                let entry = pending.remove(&ticket).expect("present");
+                accept();
+                state.confirm(&entry.xid);
+            }
+            Some(entry) => entry.accept = Some(accept),
+            None => {} // Abandoned at shutdown: nobody answers it.
+        }
+    }
+
+    /// The local write of `ticket`'s decision failed: it is answered `LogFailed` and stays
+    /// doubtful (it may be durable here or on the backup); no confirmation accepts it.
+    pub(crate) fn write_failed(&self, ticket: Ticket) {
+        self.shared.pending.lock().remove(&ticket);
+    }
+
+    /// Registers a pending decision and ships it with its ticket (kept for later when the
+    /// outbox is full).
+    fn ship_pending(&self, record: LinkRecord, accept: Option<Box<dyn FnOnce() + Send>>) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        self.shared.pending.lock().insert(ticket, Pending { xid, record: record.clone(), accept });
+        let pending = Pending { xid: record.xid, record: record.clone(), accept, confirmed: false };
+        self.shared.pending.lock().insert(ticket, pending);
         if self.leader.ship(record.clone(), Some(ticket)).is_err() {
             self.shared.overflow.lock().push_back((record, ticket));
         }
+        ticket
     }
 
     /// The primary remembers `outcome` for the finished `xid`: the backup remembers it too.

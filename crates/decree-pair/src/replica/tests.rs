@@ -166,7 +166,7 @@ fn a_failed_sync_reaches_the_batch_and_nothing_is_acknowledged_as_durable() {
 }
 
 #[test]
-fn outcome_records_go_to_the_backups_outcome_memory_durably() {
+fn outcome_records_go_to_the_backups_outcome_memory() {
     use decree_log::outcomes::OutcomeMemory;
     let dir = tempfile::tempdir().unwrap();
     let open_memory = || {
