@@ -5,7 +5,8 @@
 //! not), right after the decision is durable (no branch committed yet) and during phase two
 //! (one branch committed, the other still prepared). [`CrashRm`] wraps a real connection
 //! and runs a [`CrashPlan`]'s action (by default SIGKILL of the whole process) before or
-//! after the `nth` matching call, counted over every connection sharing the plan.
+//! after the `nth` matching call, counted over every connection sharing the plan, after
+//! telling the plan's witness, if it has one, the Xid of that call.
 //!
 //! A plan can also be marked dead ([`CrashPlan::set_dead`]): every later call fails as
 //! `Unavailable`, which is how an in-process test freezes a coordinator at the instant of
@@ -97,10 +98,15 @@ pub struct Trigger {
 /// What a fired trigger does (kill the process, stop a database server...).
 pub type CrashAction = Arc<dyn Fn() + Send + Sync>;
 
+/// What a fired trigger tells first: the branch Xid of the call it fired at (so that a
+/// process about to die can say which transaction it dies in).
+pub type CrashWitness = Arc<dyn Fn(&Xid) + Send + Sync>;
+
 /// A trigger, its action, and the dead flag shared by every wrapped connection.
 pub struct CrashPlan {
     trigger: Option<Trigger>,
     action: CrashAction,
+    witness: Option<CrashWitness>,
     seen: AtomicU64,
     fired: AtomicBool,
     dead: AtomicBool,
@@ -112,6 +118,7 @@ impl CrashPlan {
         Arc::new(CrashPlan {
             trigger: None,
             action: Arc::new(|| {}),
+            witness: None,
             seen: AtomicU64::new(0),
             fired: AtomicBool::new(false),
             dead: AtomicBool::new(false),
@@ -120,10 +127,17 @@ impl CrashPlan {
 
     /// A plan that runs `action` once, at `trigger`.
     pub fn new(trigger: Trigger, action: CrashAction) -> Arc<Self> {
+        Self::witnessed(trigger, None, action)
+    }
+
+    /// A plan that runs `action` once, at `trigger`, after telling `witness` (if any) the
+    /// branch Xid of the call.
+    pub fn witnessed(trigger: Trigger, witness: Option<CrashWitness>, action: CrashAction) -> Arc<Self> {
         assert!(trigger.nth >= 1, "triggers count calls from 1");
         Arc::new(CrashPlan {
             trigger: Some(trigger),
             action,
+            witness,
             seen: AtomicU64::new(0),
             fired: AtomicBool::new(false),
             dead: AtomicBool::new(false),
@@ -161,7 +175,7 @@ impl CrashPlan {
         self.trigger.is_some()
     }
 
-    fn check(&self, call: TriggerCall, rm_index: usize, when: TriggerWhen) {
+    fn check(&self, call: TriggerCall, rm_index: usize, when: TriggerWhen, xid: &Xid) {
         let Some(t) = self.trigger else { return };
         if t.call != call || t.rm_index != rm_index || t.when != when {
             return;
@@ -169,6 +183,9 @@ impl CrashPlan {
         let n = self.seen.fetch_add(1, Ordering::AcqRel) + 1;
         if n == t.nth {
             self.fired.store(true, Ordering::Release);
+            if let Some(witness) = &self.witness {
+                witness(xid);
+            }
             (self.action)();
         }
     }
@@ -220,11 +237,11 @@ impl ResourceManager for CrashRm {
     }
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
         self.alive("prepare")?;
-        self.plan.check(TriggerCall::Prepare, self.rm_index, TriggerWhen::Before);
+        self.plan.check(TriggerCall::Prepare, self.rm_index, TriggerWhen::Before, xid);
         // The action may have declared the process dead: then nothing more is sent.
         self.alive("prepare")?;
         let vote = self.inner.prepare(xid)?;
-        self.plan.check(TriggerCall::Prepare, self.rm_index, TriggerWhen::After);
+        self.plan.check(TriggerCall::Prepare, self.rm_index, TriggerWhen::After, xid);
         Ok(vote)
     }
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
@@ -232,10 +249,10 @@ impl ResourceManager for CrashRm {
         if one_phase {
             return self.inner.commit(xid, true);
         }
-        self.plan.check(TriggerCall::Commit, self.rm_index, TriggerWhen::Before);
+        self.plan.check(TriggerCall::Commit, self.rm_index, TriggerWhen::Before, xid);
         self.alive("commit")?;
         self.inner.commit(xid, false)?;
-        self.plan.check(TriggerCall::Commit, self.rm_index, TriggerWhen::After);
+        self.plan.check(TriggerCall::Commit, self.rm_index, TriggerWhen::After, xid);
         Ok(())
     }
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
@@ -299,8 +316,11 @@ mod tests {
         let factory = DummyFactory::named("dummy", 0);
         let fired = Arc::new(AtomicUsize::new(0));
         let f = fired.clone();
-        let plan = CrashPlan::new(
+        let witnessed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let w = witnessed.clone();
+        let plan = CrashPlan::witnessed(
             CrashPoint::PhaseTwo.trigger(2),
+            Some(Arc::new(move |xid: &Xid| w.lock().unwrap().push(*xid))),
             Arc::new(move || {
                 f.fetch_add(1, Ordering::SeqCst);
             }),
@@ -315,6 +335,8 @@ mod tests {
             rm.commit(&xid, false).expect("commit");
         }
         assert_eq!(fired.load(Ordering::SeqCst), 1, "fires at the 2nd commit only");
+        let second = Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: 2 }).branch(0);
+        assert_eq!(*witnessed.lock().unwrap(), vec![second], "told the Xid of the call it fired at");
         assert!(plan.fired());
         plan.set_dead();
         let xid = Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: 9 }).branch(0);

@@ -11,7 +11,8 @@
 //!
 //! This crate is for tests only (`publish = false`); [`crash`] is fault injection around
 //! real resource managers, never a stand-in for a database. The `decree-bank` binary is the
-//! workload the kill loop (tests/kill_loop.rs) spawns and kills.
+//! workload the kill loops spawn and kill: tests/kill_loop.rs with the embedded coordinator,
+//! tests/pair_kill_loop.rs with its coordinator on a primary + backup pair of state servers.
 
 pub mod bank;
 pub mod crash;
@@ -20,4 +21,6 @@ pub use bank::{
     run_worker, transfer_id, BankConfig, BankConnection, BankError, PairKind, Snapshot, WorkerContext,
     WorkerReport,
 };
-pub use crash::{CrashFactory, CrashPlan, CrashPoint, CrashRm, Trigger, TriggerCall, TriggerWhen};
+pub use crash::{
+    CrashFactory, CrashPlan, CrashPoint, CrashRm, CrashWitness, Trigger, TriggerCall, TriggerWhen,
+};

@@ -1,10 +1,13 @@
-//! decree-bank: the workload the kill loop starts, kills and restarts.
+//! decree-bank: the workload the kill loops start, kill and restart.
 //!
 //! ```text
 //! decree-bank setup   --pair pg-pg --prefix kill_pgpg --accounts 50 --node 7 [--reset]
 //! decree-bank run     --log-dir D --engine journal --workers 3 --pair pg-pg --prefix kill_pgpg
 //!                     --accounts 50 --node 7 [--crash-point prepare|decided|phase-two --crash-at N]
-//!                     [--transfers-max N] [--seed S]
+//!                     [--transfers-max N] [--seed S] [--acked-file F]
+//! decree-bank run     --state unix:/a.sock,unix:/b.sock --workers 3 --pair pg-pg --prefix pair_pgpg
+//!                     --accounts 50 --node 7 [--failover-wait-s 60] [--transfers-max N] [--seed S]
+//!                     [--acked-file F]
 //! decree-bank recover --log-dir D --engine journal --pair pg-pg --prefix kill_pgpg --accounts 50 --node 7
 //! ```
 //!
@@ -12,21 +15,36 @@
 //! decided branches, rolls back prepared branches of dead incarnations), then print
 //! `LOG-WARNING ...` for what the log's open cut, `RECOVERED ...` and `READY ...`. `run` then moves money on `--workers` threads and prints
 //! `ACK <transfer id>` (flushed) after each commit that returned Ok: the acknowledged set
-//! the test checks. `recover` waits for background retries and exits. With a crash point,
-//! the process SIGKILLs itself at that point of the `--crash-at`th transaction.
+//! the test checks (also appended to `--acked-file`, one id a line, when given). `recover`
+//! waits for background retries and exits. With a crash point,
+//! the process SIGKILLs itself at that point of the `--crash-at`th transaction, right after
+//! printing `CRASH-POINT <point> <transfer id>`.
+//!
+//! With `--state` the coordinator keeps its decisions on a state server instead (a comma
+//! list names the members of a pair; whichever serves is used, waited for up to
+//! `--failover-wait-s`), which recovers on its own: `run` prints `READY`, no `RECOVERED`.
+//! When the server is lost (a decide or a session's open fails: the primary died), the
+//! workers stop after their transfer in progress and `run` does what an application must
+//! after a failover: it prints `STORE-LOST doubtful=N`, connects again through a new
+//! client (the new primary's epoch is a new incarnation) and prints `FAILED-OVER
+//! incarnation=I endpoint=E`, then asks the new primary the outcome of every transfer
+//! whose decide got no answer and prints `RESOLVED <transfer id> <outcome>` (committed,
+//! rolled-back, heuristic or unknown; in progress is asked again) before it exits.
 //! DSNs come from `--dsn-a`/`--dsn-b` or DECREE_TEST_PG_A and DECREE_TEST_PG_B (pg-pg) or
 //! DECREE_TEST_MARIADB (pg-mariadb).
 
-use decree_core::{TmConfig, TransactionManager};
-use decree_crashtest::bank::{run_worker, BankConfig, PairKind, WorkerContext};
-use decree_crashtest::crash::{CrashPlan, CrashPoint};
+use decree_client::RemoteDecisions;
+use decree_core::{DecisionStore, Outcome, StoreError, TmConfig, TmError, TransactionManager, Xid};
+use decree_crashtest::bank::{run_worker, transfer_id, BankConfig, BankError, PairKind, WorkerContext};
+use decree_crashtest::crash::{CrashPlan, CrashPoint, CrashWitness};
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
 use std::collections::HashMap;
+use std::fs::File;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Most worker threads.
 const WORKERS_MAX: usize = 64;
@@ -34,6 +52,10 @@ const WORKERS_MAX: usize = 64;
 const RECOVER_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Journal segments are small: every restart of the kill loop opens the log again.
 const SEGMENT_BYTES: u64 = 1 << 20;
+/// Default of `--failover-wait-s`: how long `run --state` waits for a member that serves.
+const FAILOVER_WAIT_S: u64 = 60;
+/// Pause between two tries to reach a serving member, or two questions about an outcome.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 struct Args {
     command: String,
@@ -120,6 +142,22 @@ fn run() -> Result<(), String> {
 }
 
 fn open_tm(args: &Args, bank: &BankConfig, node: u32) -> Result<Arc<TransactionManager>, String> {
+    match args.values.get("state") {
+        Some(addresses) => open_remote_tm(args, addresses, bank, node),
+        None => open_embedded_tm(args, bank, node),
+    }
+}
+
+fn tm_config(node: u32) -> TmConfig {
+    TmConfig {
+        node,
+        retry_backoff_min: Duration::from_millis(5),
+        retry_backoff_max: Duration::from_millis(200),
+        ..TmConfig::default()
+    }
+}
+
+fn open_embedded_tm(args: &Args, bank: &BankConfig, node: u32) -> Result<Arc<TransactionManager>, String> {
     let engine: EngineKind = args.parse("engine", Some(EngineKind::Journal))?;
     let mut log_config = LogConfig::new(args.get("log-dir")?, engine, SyncPolicy::Immediate);
     log_config.segment_bytes = SEGMENT_BYTES;
@@ -127,14 +165,8 @@ fn open_tm(args: &Args, bank: &BankConfig, node: u32) -> Result<Arc<TransactionM
     for warning in log.open_warnings() {
         say(&format!("LOG-WARNING {warning}"));
     }
-    let config = TmConfig {
-        node,
-        retry_backoff_min: Duration::from_millis(5),
-        retry_backoff_max: Duration::from_millis(200),
-        ..TmConfig::default()
-    };
     let factories = bank.factories().map_err(|e| e.to_string())?;
-    let tm = TransactionManager::embedded(Arc::from(log), config, factories)
+    let tm = TransactionManager::embedded(Arc::from(log), tm_config(node), factories)
         .map_err(|e| format!("coordinator start (recovery) failed: {e}"))?;
     let r = tm.recovery_report();
     say(&format!(
@@ -149,12 +181,72 @@ fn open_tm(args: &Args, bank: &BankConfig, node: u32) -> Result<Arc<TransactionM
     Ok(tm)
 }
 
+/// The coordinator over the state server (or pair) at `addresses`, which must mint Xids
+/// with `node` (the invariant's check looks for that node's prepared branches).
+fn open_remote_tm(
+    args: &Args,
+    addresses: &str,
+    bank: &BankConfig,
+    node: u32,
+) -> Result<Arc<TransactionManager>, String> {
+    if args.command == "recover" {
+        return Err("recover runs on the embedded log; a state server recovers on its own".into());
+    }
+    let store = connect_serving(addresses, failover_wait(args)?)?;
+    if store.node() != node {
+        return Err(format!(
+            "the state server at {} has node {}, not --node {node}",
+            store.endpoint(),
+            store.node()
+        ));
+    }
+    let factories = bank.factories().map_err(|e| e.to_string())?;
+    TransactionManager::with_store(Arc::new(store), tm_config(node), factories)
+        .map_err(|e| format!("coordinator start failed: {e}"))
+}
+
+fn failover_wait(args: &Args) -> Result<Duration, String> {
+    Ok(Duration::from_secs(args.parse("failover-wait-s", Some(FAILOVER_WAIT_S))?))
+}
+
+/// Connects to whichever member of `addresses` serves, trying again until `wait` has
+/// passed: after a primary died, nobody serves until the operator promotes the backup.
+fn connect_serving(addresses: &str, wait: Duration) -> Result<RemoteDecisions, String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match RemoteDecisions::connect(addresses) {
+            Ok(store) => return Ok(store),
+            Err(StoreError::Unreachable(_)) if Instant::now() < deadline => std::thread::sleep(RETRY_PAUSE),
+            Err(e) => return Err(format!("no member of {addresses} serves after {wait:?}: {e}")),
+        }
+    }
+}
+
 /// Writes one line to stdout and flushes it, so that a kill right after loses nothing
 /// that was said.
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
+}
+
+fn crash_plan(args: &Args) -> Result<Arc<CrashPlan>, String> {
+    match args.values.get("crash-point") {
+        None => Ok(CrashPlan::none()),
+        Some(point) => {
+            let point: CrashPoint = point.parse()?;
+            let nth: u64 = args.parse("crash-at", Some(1))?;
+            if nth == 0 {
+                return Err("--crash-at counts transactions from 1".into());
+            }
+            // Said (flushed) before the kill: which transaction the process dies in.
+            let witness: CrashWitness = Arc::new(move |xid: &Xid| match transfer_id(xid) {
+                Ok(id) => say(&format!("CRASH-POINT {} {id}", point.name())),
+                Err(e) => say(&format!("CRASH-POINT {} {e}", point.name())),
+            });
+            Ok(CrashPlan::witnessed(point.trigger(nth), Some(witness), CrashPlan::kill_process()))
+        }
+    }
 }
 
 fn serve(args: &Args, bank: &BankConfig, node: u32) -> Result<(), String> {
@@ -172,18 +264,17 @@ fn serve(args: &Args, bank: &BankConfig, node: u32) -> Result<(), String> {
     if workers == 0 || workers > WORKERS_MAX {
         return Err(format!("--workers {workers} not in 1..={WORKERS_MAX}"));
     }
-    let plan = match args.values.get("crash-point") {
-        None => CrashPlan::none(),
-        Some(point) => {
-            let point: CrashPoint = point.parse()?;
-            let nth: u64 = args.parse("crash-at", Some(1))?;
-            if nth == 0 {
-                return Err("--crash-at counts transactions from 1".into());
-            }
-            CrashPlan::new(point.trigger(nth), CrashPlan::kill_process())
-        }
+    let plan = crash_plan(args)?;
+    let acked_file = match args.values.get("acked-file") {
+        Some(path) => Some(
+            File::options()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open --acked-file {path}: {e}"))?,
+        ),
+        None => None,
     };
-    let seed: u64 = args.parse("seed", Some(rand::random()))?;
     let stop = AtomicBool::new(false);
     let ctx = WorkerContext {
         tm: &tm,
@@ -192,12 +283,67 @@ fn serve(args: &Args, bank: &BankConfig, node: u32) -> Result<(), String> {
         stop: &stop,
         transfers_max: args.parse("transfers-max", Some(u64::MAX))?,
     };
-    let on_ack = |id: &str, _: &decree_core::CommitReport| say(&format!("ACK {id}"));
-    let on_error = |e: &decree_crashtest::BankError| eprintln!("decree-bank: transfer failed: {e}");
+    let remote = args.values.contains_key("state");
+    let seed: u64 = args.parse("seed", Some(rand::random()))?;
+    let ended = run_workers(&ctx, workers, seed, remote, acked_file.as_ref())?;
+    if ended.store_lost {
+        return fail_over(args, &ended.doubts);
+    }
+    if !tm.wait_idle(RECOVER_IDLE_TIMEOUT) {
+        return Err(format!("phase two still pending after {RECOVER_IDLE_TIMEOUT:?}"));
+    }
+    say(&format!("DONE acked={}", ended.acked));
+    Ok(())
+}
+
+/// How the workers of a `run` ended.
+struct Ended {
+    /// Transfers acknowledged.
+    acked: u64,
+    /// The state server was lost (only with `--state`).
+    store_lost: bool,
+    /// Transactions whose decide got no answer: their outcome is the server's to tell.
+    doubts: Vec<Xid>,
+}
+
+/// A failure that says the coordinator lost its state server: a decide without an answer
+/// or a session the server did not open. (Phase one never talks to the server.)
+fn store_lost(e: &BankError) -> bool {
+    matches!(e, BankError::Tm(TmError::OutcomeUnknown { .. } | TmError::Store(_)))
+}
+
+fn run_workers(
+    ctx: &WorkerContext<'_>,
+    workers: usize,
+    seed: u64,
+    remote: bool,
+    acked_file: Option<&File>,
+) -> Result<Ended, String> {
+    let lost = AtomicBool::new(false);
+    let doubts = Mutex::new(Vec::new());
+    let on_ack = |id: &str, _: &decree_core::CommitReport| {
+        say(&format!("ACK {id}"));
+        if let Some(mut file) = acked_file {
+            // One write of the whole line: the workers append to the file at once.
+            if let Err(e) = file.write_all(format!("{id}\n").as_bytes()) {
+                eprintln!("decree-bank: cannot append {id} to --acked-file: {e}");
+                std::process::abort();
+            }
+        }
+    };
+    let on_error = |e: &BankError| {
+        eprintln!("decree-bank: transfer failed: {e}");
+        if remote && store_lost(e) {
+            if let BankError::Tm(TmError::OutcomeUnknown { xid, .. }) = e {
+                doubts.lock().unwrap_or_else(|p| p.into_inner()).push(**xid);
+            }
+            lost.store(true, Ordering::SeqCst);
+            ctx.stop.store(true, Ordering::SeqCst);
+        }
+    };
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
-                let ctx = &ctx;
                 let (on_ack, on_error) = (&on_ack, &on_error);
                 scope.spawn(move || run_worker(ctx, seed.wrapping_add(w as u64), on_ack, on_error))
             })
@@ -208,13 +354,46 @@ fn serve(args: &Args, bank: &BankConfig, node: u32) -> Result<(), String> {
     for result in results {
         match result {
             Ok(Ok(report)) => acked += report.acked,
+            // A worker that could not open its session once the primary was gone.
+            Ok(Err(e)) if remote && store_lost(&e) => {
+                eprintln!("decree-bank: worker ended: {e}");
+                lost.store(true, Ordering::SeqCst);
+            }
             Ok(Err(e)) => return Err(format!("worker failed: {e}")),
             Err(_) => return Err("a worker panicked".into()),
         }
     }
-    if !tm.wait_idle(RECOVER_IDLE_TIMEOUT) {
-        return Err(format!("phase two still pending after {RECOVER_IDLE_TIMEOUT:?}"));
+    let doubts = doubts.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(Ended { acked, store_lost: lost.load(Ordering::SeqCst), doubts })
+}
+
+/// What an application does after its state server's primary died: connect again (a new
+/// client: the new primary's epoch is a new incarnation) and ask the new primary what
+/// became of every transaction whose decide got no answer, never guessing.
+fn fail_over(args: &Args, doubts: &[Xid]) -> Result<(), String> {
+    say(&format!("STORE-LOST doubtful={}", doubts.len()));
+    let wait = failover_wait(args)?;
+    let store = connect_serving(args.get("state")?, wait)?;
+    say(&format!("FAILED-OVER incarnation={} endpoint={}", store.incarnation(), store.endpoint()));
+    let deadline = Instant::now() + wait;
+    for xid in doubts {
+        let outcome = loop {
+            match store.outcome(xid) {
+                // The new primary's first recovery pass has not ended yet: ask again.
+                Ok(Outcome::InProgress) if Instant::now() < deadline => std::thread::sleep(RETRY_PAUSE),
+                Ok(outcome) => break outcome,
+                Err(e) => return Err(format!("outcome of {xid} not answered by the new primary: {e}")),
+            }
+        };
+        let name = match outcome {
+            Outcome::Committed => "committed",
+            Outcome::RolledBack => "rolled-back",
+            Outcome::Heuristic => "heuristic",
+            Outcome::Unknown => "unknown",
+            Outcome::InProgress => "in-progress",
+        };
+        let id = transfer_id(xid).map_err(|e| e.to_string())?;
+        say(&format!("RESOLVED {id} {name}"));
     }
-    say(&format!("DONE acked={acked}"));
     Ok(())
 }
