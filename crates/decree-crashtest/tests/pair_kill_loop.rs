@@ -27,7 +27,7 @@
 //! prepared branch (polled), the databases must hold in both every acknowledged transfer,
 //! every one resolved as committed and every one decided at a crash point, none resolved
 //! as rolled back, none in one only, and the same total. Cycles: DECREE_PAIR_KILL_CYCLES
-//! (default 20 per database pair); seed: DECREE_PAIR_KILL_SEED. The `decree` binary is
+//! (default 50 per database pair); seed: DECREE_PAIR_KILL_SEED. The `decree` binary is
 //! built by the test (`cargo build -p decree-cli` with this test's profile and target
 //! directory), so the servers are never a stale build. On a failure the temporary
 //! directory (member logs, configurations, acknowledged ids) is kept and its path printed.
