@@ -286,7 +286,7 @@ pub(crate) async fn run(
             _ = crate::wait_for_stop(&mut stop_rx, signals.take()) => {
                 let _ = follower_stop.send(true);
                 let _ = following.await;
-                remove_sockets(&config, &bound);
+                remove_socket(&bound);
                 return Ok(());
             }
             Some((forced, reply)) = promote_rx.recv() => match follower.promote(forced) {
@@ -302,7 +302,7 @@ pub(crate) async fn run(
     for task in refusing {
         task.abort();
     }
-    remove_sockets(&config, &bound);
+    remove_socket(&bound);
     // The follower's log must be closed before the state reopens it (one owner).
     let pair_state = follower.pair_state();
     drop(follower);
@@ -408,11 +408,11 @@ async fn refuse_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut
     let _ = stream.shutdown().await;
 }
 
-fn remove_sockets(config: &ServerConfig, bound: &Bound) {
+/// Removes the backup phase's client socket (the primary phase binds its own).
+fn remove_socket(bound: &Bound) {
     if let Some(path) = &bound.unix {
         let _ = std::fs::remove_file(path);
     }
-    let _ = config;
 }
 
 /// Binds the control socket in the log directory with mode 0600.
