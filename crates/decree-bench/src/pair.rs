@@ -20,7 +20,7 @@ use crate::remote::client_error;
 use crate::BenchError;
 use decree_client::{ClientOptions, Endpoint, RemoteDecisions};
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, RmFactory, Xid};
-use decree_server::{PairConfig, ServerConfig, ServerError, ServerHandle};
+use decree_server::{PairAck, PairConfig, ServerConfig, ServerError, ServerHandle};
 use serde::Serialize;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -87,6 +87,8 @@ pub fn start(
             link: SocketAddr::from(([127, 0, 0, 1], link)),
             peer_link: SocketAddr::from(([127, 0, 0, 1], peer_link)),
             peer_clients: Some(format!("unix:{}", sockets[peer].display())),
+            ack: PairAck::Durable,
+            tls: None,
         });
         Ok(config)
     };

@@ -41,13 +41,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Printing to a closed pipe (`decree bench | head`) should end the program quietly, as
-    // other command-line tools do, rather than panic inside `println!`.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {
+        // Printing to a closed pipe (`decree recover list | head`) should end the program
+        // quietly, as other command-line tools do, rather than panic inside `println!`.
+        // Never for the commands that run a server: with the default disposition, a peer
+        // that closes its socket while the server writes to it would kill the server.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(*args),
         Command::BenchLog(args) => bench_log::run(args),

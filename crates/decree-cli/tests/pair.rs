@@ -33,6 +33,11 @@ struct Member {
 }
 
 fn member(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str) -> Member {
+    member_with(dir, name, id, link, peer_link, peer, "")
+}
+
+/// A member whose configuration ends with `extra` (a `[pair.tls]` section, for example).
+fn member_with(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str, extra: &str) -> Member {
     let socket = dir.join(format!("{name}.sock"));
     let config = dir.join(format!("{name}.toml"));
     std::fs::write(
@@ -41,7 +46,7 @@ fn member(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str)
             "node = 5\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
              peer_clients = \"unix:{}\"\n\
-             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
+             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n{extra}",
             dir.join(name).display(),
             socket.display(),
             dir.join(format!("{peer}.sock")).display()
@@ -280,8 +285,21 @@ fn a_cut_link_or_a_dead_backup_holds_acknowledgements_until_the_backup_holds_the
     let waiting = decide_later(&store, session, 2);
     std::thread::sleep(Duration::from_millis(500));
     assert!(!waiting.is_finished(), "no acknowledgement while the link is cut");
+    // `decree status` shows the cut link on both sides and the decision waiting for it.
+    eventually("the primary reports the link down", || status(&a)["link"]["connected"] == false);
+    let cut = status(&a);
+    assert_eq!(cut["strict"], true, "a cut link never makes the primary go alone: {cut}");
+    assert_eq!(cut["lag"]["decisions_waiting"], 1, "{cut}");
+    assert!(cut["lag"]["records"].as_u64().unwrap() >= 1, "{cut}");
+    assert!(cut["lag"]["oldest_ms"].as_f64().unwrap() >= 400.0, "waiting since the cut: {cut}");
+    assert!(cut["link"]["last_end"].as_str().is_some(), "{cut}");
+    eventually("the backup reports the link down", || status(&b)["link"]["connected"] == false);
     proxy.set_cut(false);
     acknowledged.push(waiting.join().unwrap());
+    eventually("the primary reports the link up, nothing waiting", || {
+        let up = status(&a);
+        up["link"]["connected"] == true && up["lag"]["decisions_waiting"] == 0
+    });
 
     server_b.0.kill().unwrap();
     server_b.0.wait().unwrap();
@@ -302,4 +320,135 @@ fn a_cut_link_or_a_dead_backup_holds_acknowledgements_until_the_backup_holds_the
         assert_eq!(new_primary.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
     }
     drop(server_b);
+}
+
+/// The pair's certificates for one test: a CA, and a member certificate for each name.
+struct PairCerts {
+    dir: PathBuf,
+    ca: PathBuf,
+}
+
+impl PairCerts {
+    fn new(dir: &Path, ca_name: &str, members: &[&str]) -> PairCerts {
+        let dir = dir.join(ca_name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = decree_server::testing::TestCa::new(ca_name);
+        let ca_file = ca.write_ca(&dir.join("ca.pem"));
+        for name in members {
+            ca.member(&dir, name);
+        }
+        PairCerts { dir, ca: ca_file }
+    }
+
+    /// The `[pair.tls]` section of a member presenting `own` and expecting `peer`.
+    fn section(&self, own: &str, trusted: &PairCerts, peer: &str) -> String {
+        format!(
+            "[pair.tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\npeer_name = \"{peer}\"\n",
+            self.dir.join(format!("{own}.pem")).display(),
+            self.dir.join(format!("{own}.key")).display(),
+            trusted.ca.display()
+        )
+    }
+}
+
+/// The replication link runs TLS with the pair's certificates: a pair whose members hold
+/// certificates of its CA naming each other replicates, and a backup killed primary's
+/// successor holds what was acknowledged.
+#[test]
+fn a_pair_replicates_over_tls_with_certificates_naming_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = PairCerts::new(dir.path(), "pair-ca", &["decree-a", "decree-b"]);
+    let (link_a, link_b) = (free_port(), free_port());
+    let a =
+        member_with(dir.path(), "a", 1, link_a, link_b, "b", &certs.section("decree-a", &certs, "decree-b"));
+    let b =
+        member_with(dir.path(), "b", 2, link_b, link_a, "a", &certs.section("decree-b", &certs, "decree-a"));
+    let server_a = serve(&a);
+    let _server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    eventually("the primary is strict over TLS", || status(&a)["strict"] == true);
+    assert_eq!(status(&a)["link"]["connected"], true);
+    let store = connect(&a).unwrap();
+    let session = store.open_session().unwrap();
+    let decisions: Vec<Decision> = (1..=10).map(|n| decision(&store, session, n)).collect();
+    for d in &decisions {
+        store.decide(d).unwrap();
+    }
+    drop(server_a);
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(ok, "{text}");
+    let new_primary = connect(&b).unwrap();
+    for d in &decisions {
+        assert_eq!(new_primary.outcome(&d.xid).unwrap(), Outcome::Committed, "{}", d.xid);
+    }
+}
+
+/// The bug this guards against: a member that takes replicated records from anyone who
+/// reaches its link port, or sends them to anyone listening on its peer's address. A
+/// backup with a certificate of another CA, a primary whose certificate names someone
+/// else, and a plaintext member are each refused during the handshake, with the reason
+/// on both sides (`decree status` and the log); the primary then acknowledges only alone,
+/// and nothing of its records reaches the refused member's log.
+#[test]
+fn a_peer_without_a_certificate_of_the_pair_naming_it_is_refused_on_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = PairCerts::new(dir.path(), "pair-ca", &["decree-a", "decree-b", "decree-c"]);
+    let theirs = PairCerts::new(dir.path(), "other-ca", &["decree-b"]);
+    let cases = [
+        // (the primary's section, the backup's section, what the primary says, what the backup says)
+        (
+            ours.section("decree-a", &ours, "decree-b"),
+            theirs.section("decree-b", &ours, "decree-a"),
+            "the backup's certificate does not chain to pair.tls.ca",
+            "the primary refused this member's certificate",
+        ),
+        (
+            ours.section("decree-c", &ours, "decree-b"),
+            ours.section("decree-b", &ours, "decree-a"),
+            "the backup refused this member's certificate",
+            "the primary's certificate does not name \"decree-a\"",
+        ),
+        (String::new(), ours.section("decree-b", &ours, "decree-a"), "", "does not speak TLS on the link"),
+        (
+            ours.section("decree-a", &ours, "decree-b"),
+            String::new(),
+            "does the backup speak TLS on its link?",
+            "this member has none",
+        ),
+    ];
+    for (n, (primary_tls, backup_tls, primary_says, backup_says)) in cases.iter().enumerate() {
+        let case = dir.path().join(format!("case-{n}"));
+        std::fs::create_dir_all(&case).unwrap();
+        let (link_a, link_b) = (free_port(), free_port());
+        let a = member_with(&case, "a", 1, link_a, link_b, "b", primary_tls);
+        let b = member_with(&case, "b", 2, link_b, link_a, "a", backup_tls);
+        let mut server_a = serve(&a);
+        let _server_b = serve(&b);
+        let (ok, text) = decree(&["promote", "--force"], &a);
+        assert!(ok, "case {n}: {text}");
+        eventually("the backup refused a link", || status(&b)["link"]["last_end"].is_string());
+        let refused = status(&b);
+        let said = refused["link"]["last_end"].as_str().unwrap();
+        assert!(said.contains(backup_says), "case {n}: the backup says {said:?}");
+        if !primary_says.is_empty() {
+            eventually("the primary reports the refusal", || {
+                status(&a)["link"]["last_end"].as_str().is_some_and(|s| s.contains(primary_says))
+            });
+        }
+        // Alone, the primary acknowledges; nothing of it reaches the refused backup.
+        let store = connect(&a).unwrap();
+        let session = store.open_session().unwrap();
+        for sequence in 1..=3 {
+            store.decide(&decision(&store, session, sequence)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(server_a.0.try_wait().unwrap().is_none(), "case {n}: the primary lives");
+        let backup = status(&b);
+        assert_eq!(backup["live_decisions"], 0, "case {n}: {backup}");
+        assert_eq!(backup["caught_up"], false, "case {n}: {backup}");
+        assert_eq!(status(&a)["strict"], false, "case {n}: no backup caught up");
+        let log = std::fs::read_to_string(b.config.with_extension("log")).unwrap();
+        assert!(log.contains(backup_says), "case {n}: the backup's log names the refusal:\n{log}");
+    }
 }

@@ -62,6 +62,98 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     assert!(!socket.exists(), "the socket is removed at shutdown");
 }
 
+/// The bug this guards against: `decree serve` killed by SIGPIPE when a peer closes its
+/// socket while the server writes to it (the command line restored SIGPIPE's default
+/// disposition for every subcommand, so that `decree ... | head` ends quietly; TLS writes
+/// go through `writev`, which raises it). Clients pipeline a thousand pings and close
+/// without reading a reply, twenty times over the Unix socket and twenty over TLS; the
+/// server must live through it and serve the next client.
+#[test]
+fn a_client_that_closes_before_reading_its_replies_does_not_kill_the_server() {
+    use decree_proto::{encode_frame, Message};
+    use decree_server::testing::{TestCa, Validity};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("closes-early-ca");
+    let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+    let server_files = ca.server(dir.path(), "server", Validity::Current);
+    let client_files = ca.client(dir.path(), "app-1", Validity::Current);
+    let (socket, port) = (dir.path().join("d.sock"), free_port());
+    let config = dir.path().join("decree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "log_dir = \"{}\"\nunix = \"{}\"\ntcp = \"127.0.0.1:{port}\"\n\
+             [tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+            dir.path().join("log").display(),
+            socket.display(),
+            server_files.cert.display(),
+            server_files.key.display(),
+            ca_file.display()
+        ),
+    )
+    .unwrap();
+    let mut server = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_decree"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts decree serve"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "no socket after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut frames = Vec::new();
+    let hello = Message::Hello { node_expected: 0, client: "closes early".into(), versions: vec![1, 2] };
+    encode_frame(&mut frames, 1, &hello);
+    for id in 2..1_002 {
+        encode_frame(&mut frames, id, &Message::Ping);
+    }
+    for _ in 0..20 {
+        let mut client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        client.write_all(&frames).unwrap();
+        drop(client);
+        let mut client = raw_tls_client(port, &ca_file, &client_files);
+        client.write_all(&frames).unwrap();
+        client.flush().unwrap();
+        drop(client);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(server.0.try_wait().unwrap().is_none(), "decree serve died: {:?}", server.0.try_wait());
+    let store = decree_client::RemoteDecisions::connect(&format!("unix:{}", socket.display()));
+    assert!(store.is_ok(), "the server still serves: {:?}", store.err().map(|e| e.to_string()));
+    assert!(tls_client(port, &ca_file, &client_files).is_ok(), "and over TLS");
+}
+
+/// A TLS connection that sends whatever the test writes, without the client library.
+fn raw_tls_client(
+    port: u16,
+    ca: &std::path::Path,
+    files: &decree_server::testing::CertFiles,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca).unwrap()).unwrap();
+    let chain = vec![CertificateDer::from_pem_file(&files.cert).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(&files.key).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    rustls::StreamOwned::new(connection, std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+}
+
 /// A child killed and reaped when the test ends, so that a failed assertion leaves no
 /// server running.
 struct Reaped(std::process::Child);

@@ -12,6 +12,7 @@
 
 use crate::wire::{LinkRecord, BATCH_RECORDS_MAX};
 use std::collections::VecDeque;
+use std::time::Instant;
 
 /// Identifies a decision waiting for its batch's acknowledgement (the server's reply to
 /// the client waits on it).
@@ -43,6 +44,8 @@ pub struct Batch {
     pub records: Vec<LinkRecord>,
     /// The decisions the backup confirms by acknowledging it.
     pub tickets: Vec<Ticket>,
+    /// When its oldest record was pushed: how long the backup has kept it waiting.
+    pub since: Instant,
 }
 
 /// Why a record was not taken.
@@ -59,6 +62,8 @@ pub struct Outbox {
     current: Vec<LinkRecord>,
     current_tickets: Vec<Ticket>,
     current_bytes: usize,
+    /// When the first record of the current batch was pushed.
+    current_since: Option<Instant>,
     /// The sequence the next batch cut gets.
     next_sequence: u64,
     unacked: VecDeque<Batch>,
@@ -74,6 +79,7 @@ impl Outbox {
             current: Vec::new(),
             current_tickets: Vec::new(),
             current_bytes: 0,
+            current_since: None,
             next_sequence: 1,
             unacked: VecDeque::new(),
         }
@@ -102,6 +108,7 @@ impl Outbox {
             self.cut();
         }
         self.current_bytes += record.payload.len();
+        self.current_since.get_or_insert_with(Instant::now);
         self.current.push(record);
         self.current_tickets.extend(ticket);
         Ok(())
@@ -117,6 +124,7 @@ impl Outbox {
             sequence: self.next_sequence,
             records: std::mem::take(&mut self.current),
             tickets: std::mem::take(&mut self.current_tickets),
+            since: self.current_since.take().expect("a batch with records has its first push's time"),
         };
         self.current_bytes = 0;
         self.next_sequence += 1;
@@ -145,6 +153,21 @@ impl Outbox {
     /// `from` next (batches before it it already holds).
     pub fn resend_from(&self, from: u64) -> impl Iterator<Item = &Batch> {
         self.unacked.iter().filter(move |b| b.sequence >= from)
+    }
+
+    /// Records not acknowledged yet, sent or not.
+    pub fn unacked_records(&self) -> usize {
+        self.current.len() + self.unacked.iter().map(|b| b.records.len()).sum::<usize>()
+    }
+
+    /// Decisions waiting for the backup's acknowledgement.
+    pub fn unacked_tickets(&self) -> usize {
+        self.current_tickets.len() + self.unacked.iter().map(|b| b.tickets.len()).sum::<usize>()
+    }
+
+    /// When the oldest record not acknowledged yet was pushed.
+    pub fn oldest_unacked(&self) -> Option<Instant> {
+        self.unacked.front().map(|b| b.since).or(self.current_since)
     }
 
     /// The sequence the next batch cut gets.

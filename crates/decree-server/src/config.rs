@@ -284,6 +284,44 @@ pub struct PairConfig {
     /// `NotPrimary` answer this member gives clients while it is a backup.
     #[serde(default)]
     pub peer_clients: Option<String>,
+    /// When the backup acknowledges a batch of the primary's records.
+    #[serde(default)]
+    pub ack: PairAck,
+    /// TLS on the link, both members proving themselves by certificate; needed when either
+    /// link address is not a loopback address (unless `insecure_plaintext`).
+    #[serde(default)]
+    pub tls: Option<PairTlsConfig>,
+}
+
+/// When a backup acknowledges the records of a batch, which is when the primary may answer
+/// the decisions in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PairAck {
+    /// After the backup's write under its own sync policy: an acknowledged decision
+    /// survives the loss of either machine, power loss of both included (with rpo = 0).
+    #[default]
+    Durable,
+    /// Once the records are in the backup's memory (X Platform's model): faster, and an
+    /// acknowledged decision survives the loss of either machine, but not a power loss of
+    /// both at once.
+    Received,
+}
+
+/// The certificates of the pair's link: each member has one of the pair's CA that names
+/// it, and accepts only a peer whose certificate names the other member.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairTlsConfig {
+    /// PEM file of this member's certificate chain, leaf first (used both ways: as the
+    /// backup's server certificate and as the primary's client certificate).
+    pub cert: PathBuf,
+    /// PEM file of this member's private key.
+    pub key: PathBuf,
+    /// PEM file of the CA certificates of the pair's members.
+    pub ca: PathBuf,
+    /// The name (DNS subject-alternative name) the other member's certificate carries.
+    pub peer_name: String,
 }
 
 /// Longest list of `tls.clients_allowed`.
@@ -506,21 +544,22 @@ impl ServerConfig {
             )));
         }
         for (name, addr) in [("link", pair.link), ("peer_link", pair.peer_link)] {
-            if !addr.ip().is_loopback() && !self.insecure_plaintext {
+            if !addr.ip().is_loopback() && pair.tls.is_none() && !self.insecure_plaintext {
                 return Err(ConfigError(format!(
-                    "pair.{name} {addr} is not a loopback address and the link has no TLS yet: keep the pair's \
-                     link on loopback, or set `insecure_plaintext = true` on a network you trust entirely"
+                    "pair.{name} {addr} is not a loopback address and the link has no TLS: add a [pair.tls] \
+                     section with `cert = \"member-a.pem\"`, `key = \"member-a.key\"`, `ca = \"pair-ca.pem\"` and \
+                     `peer_name = \"<the name in the other member's certificate>\"`, or set `insecure_plaintext = \
+                     true` on a network you trust entirely"
                 )));
             }
         }
+        if pair.tls.as_ref().is_some_and(|tls| tls.peer_name.is_empty()) {
+            return Err(ConfigError(
+                "pair.tls.peer_name is empty: name the other member's certificate".into(),
+            ));
+        }
         if self.engine_kind()? == EngineKind::Volatile {
             return Err(ConfigError("a pair member needs a durable engine, not volatile".into()));
-        }
-        if self.tls.is_some() {
-            return Err(ConfigError(
-                "[tls] on a pair member is not supported yet: serve the pair's clients on loopback or a Unix socket"
-                    .into(),
-            ));
         }
         Ok(())
     }
@@ -735,5 +774,39 @@ mod tests {
         // The largest allowed ladder: 16 rechecks, the last one day after the close.
         let ok = format!("{base}[recovery]\nrecheck_after_close_ms = 2636\nrechecks_after_close = 16\n");
         assert!(ServerConfig::from_toml_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn a_pair_link_beyond_loopback_needs_its_tls_and_says_what_to_add() {
+        let base = "log_dir = \"/x\"\nunix = \"/s\"\n[pair]\nmember = 1\n";
+        let remote = format!("{base}link = \"10.0.0.1:7421\"\npeer_link = \"10.0.0.2:7421\"\n");
+        let e = ServerConfig::from_toml_str(&remote).unwrap_err().to_string();
+        for needle in [
+            "pair.link 10.0.0.1:7421",
+            "[pair.tls]",
+            "cert = ",
+            "ca = ",
+            "peer_name = ",
+            "insecure_plaintext",
+        ] {
+            assert!(e.contains(needle), "{needle:?} missing from: {e}");
+        }
+        let tls =
+            "[pair.tls]\ncert = \"a.pem\"\nkey = \"a.key\"\nca = \"ca.pem\"\npeer_name = \"decree-b\"\n";
+        let secured = ServerConfig::from_toml_str(&format!("{remote}{tls}")).unwrap();
+        let pair = secured.pair.unwrap();
+        assert_eq!(pair.tls.unwrap().peer_name, "decree-b");
+        assert_eq!(pair.ack, PairAck::Durable, "durable unless said otherwise");
+        let insecure = ServerConfig::from_toml_str(&format!("insecure_plaintext = true\n{remote}")).unwrap();
+        assert!(insecure.pair.unwrap().tls.is_none());
+        let e = ServerConfig::from_toml_str(&format!("{remote}{}", tls.replace("decree-b", ""))).unwrap_err();
+        assert!(e.to_string().contains("pair.tls.peer_name is empty"), "{e}");
+        let e = ServerConfig::from_toml_str(&format!("{remote}{tls}peer = \"x\"\n")).unwrap_err();
+        assert!(e.to_string().contains("peer"), "unknown fields are refused: {e}");
+        let local =
+            format!("{base}link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\nack = \"received\"\n");
+        assert_eq!(ServerConfig::from_toml_str(&local).unwrap().pair.unwrap().ack, PairAck::Received);
+        let e = ServerConfig::from_toml_str(&local.replace("received", "sometimes")).unwrap_err();
+        assert!(e.to_string().contains("sometimes"), "{e}");
     }
 }

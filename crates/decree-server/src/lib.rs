@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod config;
 mod connection;
+mod link_tls;
 mod metrics;
 mod pair;
 mod recheck;
@@ -26,7 +27,8 @@ pub mod testing;
 pub mod tls;
 
 pub use config::{
-    ConfigError, Limits, PairConfig, RecoveryConfig, RmConfig, ServerConfig, TlsConfig, DEFAULT_TCP_ADDR,
+    ConfigError, Limits, PairAck, PairConfig, PairTlsConfig, RecoveryConfig, RmConfig, ServerConfig,
+    TlsConfig, DEFAULT_TCP_ADDR,
 };
 pub use pair::{control_request, CONTROL_SOCKET};
 

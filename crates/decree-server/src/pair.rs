@@ -18,13 +18,14 @@
 //! in every catch-up), so a promoted member answers `Outcome` for what the old primary had
 //! finished. Not here yet: TLS on the link or with `[tls]` (refused by the configuration).
 
-use crate::config::{PairConfig, ServerConfig};
+use crate::config::{PairAck, PairConfig, ServerConfig};
 use crate::state::State;
 use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
 use decree_log::io::StdStorage;
-use decree_pair::link::follower::Follower;
+use decree_pair::link::follower::{AckMode, Follower};
 use decree_pair::link::leader::{Leader, LiveSet};
+use decree_pair::link::{Plaintext, Transport};
 use decree_pair::outbox::{OutboxLimits, Ticket};
 use decree_pair::rules::Role;
 use decree_pair::wire::{LinkRecord, RecordKind};
@@ -230,9 +231,19 @@ fn decision_record(decision: &Decision) -> LinkRecord {
 
 /// What the control socket reports and acts on.
 enum Member {
-    Backup(Arc<Follower>),
-    Primary(Arc<Leader>),
+    Backup(Arc<Follower>, PairAck),
+    Primary(Arc<Leader>, Promotion),
     Changing,
+}
+
+/// This member's promotion, for `decree status`.
+#[derive(Debug, Clone, Copy)]
+struct Promotion {
+    /// When the promotion was asked (wall clock, for the operator).
+    at: std::time::SystemTime,
+    /// How long it took until the new epoch was durable and the log reopened.
+    took: std::time::Duration,
+    forced: bool,
 }
 
 /// A promotion asked through the control socket, and where its answer goes.
@@ -249,24 +260,14 @@ pub(crate) async fn run(
     listeners: Listeners,
 ) -> Result<(), ServerError> {
     let pair = config.pair.clone().expect("pair mode has a [pair]");
-    let member_id = MemberId::new(pair.member).expect("validated");
     let log_config = config.log_config()?;
     let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
-    let log = decree_log::open(&log_config)?;
-    // The backup keeps the outcomes the primary remembers, in the file its own state opens
-    // once promoted.
-    let capacity = config.limits.outcomes_remembered_max;
-    let outcomes = crate::open_outcomes(&log_config, None, capacity, crate::OUTCOME_FLUSH_DELAY)?;
-    let follower = Follower::open(
-        member_id,
-        config.node,
-        Replica::open(Arc::from(log)).with_outcomes(outcomes),
-        Arc::new(StdStorage),
-        config.log_dir.clone(),
-    )
-    .map_err(|e| io("pair state", &e))?;
-    let follower = Arc::new(follower);
-    let member = Arc::new(Mutex::new(Member::Backup(follower.clone())));
+    let transport: Arc<dyn Transport> = match &pair.tls {
+        Some(tls) => Arc::new(crate::link_tls::LinkTls::load(tls)?),
+        None => Arc::new(Plaintext),
+    };
+    let follower = open_follower(&config, &log_config, &pair, transport.clone())?;
+    let member = Arc::new(Mutex::new(Member::Backup(follower.clone(), pair.ack)));
     let (promote_tx, mut promote_rx) = mpsc::channel::<PromoteRequest>(4);
     let control = bind_control(&config.log_dir)?;
     tokio::spawn(serve_control(control, member.clone(), promote_tx));
@@ -281,7 +282,8 @@ pub(crate) async fn run(
     let _ = ready.send((bound.clone(), config.node, 0));
 
     let mut signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
-    let (node, reply) = loop {
+    let asked = (std::time::SystemTime::now(), std::time::Instant::now());
+    let (node, reply, forced) = loop {
         tokio::select! {
             _ = crate::wait_for_stop(&mut stop_rx, signals.take()) => {
                 let _ = follower_stop.send(true);
@@ -290,7 +292,7 @@ pub(crate) async fn run(
                 return Ok(());
             }
             Some((forced, reply)) = promote_rx.recv() => match follower.promote(forced) {
-                Ok(node) => break (node, reply),
+                Ok(node) => break (node, reply, forced),
                 Err(e) => { let _ = reply.send(format!("refused: {e}")); }
             },
         }
@@ -316,11 +318,14 @@ pub(crate) async fn run(
         deposed: Mutex::new(None),
         on_deposed,
     });
-    let leader = Arc::new(Leader::new(node, config.node, OutboxLimits::default(), shared.clone()));
+    let leader =
+        Leader::new(node, config.node, OutboxLimits::default(), shared.clone()).with_transport(transport);
+    let leader = Arc::new(leader);
     let _ = shared.leader.set(Arc::downgrade(&leader));
     let primary = Arc::new(PrimaryLink { leader: leader.clone(), shared, next_ticket: AtomicU64::new(1) });
     state.set_pair(primary.clone());
-    *member.lock() = Member::Primary(leader.clone());
+    let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
+    *member.lock() = Member::Primary(leader.clone(), promotion);
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
     tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
     // Answered once the client listeners are bound: a client told "promoted" connects at once.
@@ -336,6 +341,36 @@ pub(crate) async fn run(
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
     }
+}
+
+/// The backup's side of this member: its log and outcome memory as the replica's copy,
+/// acknowledging as `pair.ack` says, accepting links through `transport`.
+fn open_follower(
+    config: &ServerConfig,
+    log_config: &decree_log::LogConfig,
+    pair: &PairConfig,
+    transport: Arc<dyn Transport>,
+) -> Result<Arc<Follower>, ServerError> {
+    let member_id = MemberId::new(pair.member).expect("validated");
+    let log = decree_log::open(log_config)?;
+    // The backup keeps the outcomes the primary remembers, in the file its own state opens
+    // once promoted.
+    let capacity = config.limits.outcomes_remembered_max;
+    let outcomes = crate::open_outcomes(log_config, None, capacity, crate::OUTCOME_FLUSH_DELAY)?;
+    let follower = Follower::open(
+        member_id,
+        config.node,
+        Replica::open(Arc::from(log)).with_outcomes(outcomes),
+        Arc::new(StdStorage),
+        config.log_dir.clone(),
+    )
+    .map_err(|e| ServerError::Io(format!("pair state: {e}")))?
+    .with_ack_mode(match pair.ack {
+        PairAck::Durable => AckMode::Durable,
+        PairAck::Received => AckMode::Received,
+    })
+    .with_transport(transport);
+    Ok(Arc::new(follower))
 }
 
 /// What a leader does when a newer epoch deposes it: record that epoch in `PAIR` (so that
@@ -388,13 +423,36 @@ async fn refuse_clients(
             .await
             .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
         bound.tcp = listener.local_addr().ok();
+        let tls = config.tls.as_ref().map(crate::tls::TlsListener::load).transpose()?.map(Arc::new);
         tasks.push(tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(refuse_one(stream, why.clone()));
+                match &tls {
+                    Some(tls) => {
+                        tokio::spawn(refuse_over_tls(stream, tls.clone(), why.clone()));
+                    }
+                    None => {
+                        tokio::spawn(refuse_one(stream, why.clone()));
+                    }
+                }
             }
         }));
     }
     Ok((bound, tasks))
+}
+
+/// A backup's TLS client listener: the `NotPrimary` answer goes inside TLS, to a client
+/// that proved itself like any other (a plaintext client is told TLS is required).
+async fn refuse_over_tls(stream: tokio::net::TcpStream, tls: Arc<crate::tls::TlsListener>, why: String) {
+    use crate::tls::Upgraded;
+    let bound = std::time::Duration::from_secs(5);
+    match tokio::time::timeout(bound, tls.upgrade(stream)).await {
+        Ok(Ok(Upgraded::Tls(stream, _))) => refuse_one(*stream, why).await,
+        Ok(Ok(Upgraded::Plaintext(stream))) => {
+            let why = "this listener requires TLS: connect with tls:host:port and a client certificate";
+            crate::tls::refuse_plaintext(stream, why.into()).await;
+        }
+        Ok(Ok(Upgraded::Closed)) | Ok(Err(_)) | Err(_) => {}
+    }
 }
 
 /// Answers one client connection with `NotPrimary` after its first bytes, then closes.
@@ -441,7 +499,7 @@ async fn serve_control(
                 "promote" | "promote --force" => {
                     let forced = line.trim().ends_with("--force");
                     let already = match &*member.lock() {
-                        Member::Primary(leader) => Some(leader.node().seen),
+                        Member::Primary(leader, _) => Some(leader.node().seen),
                         _ => None,
                     };
                     match already {
@@ -463,26 +521,53 @@ async fn serve_control(
     }
 }
 
-/// The member's state as one JSON line.
+/// The member's state as one JSON line: role, epoch, whether the peer is in sync, the
+/// link, the replication lag (on a primary) and this member's promotion.
 fn status_line(member: &Member) -> String {
-    let (role, node, strict, live) = match member {
-        Member::Backup(follower) => ("backup", follower.node(), false, Some(follower.live_count())),
-        Member::Primary(leader) => {
+    let (node, report, mut status) = match member {
+        Member::Backup(follower, ack) => {
+            let node = follower.node();
+            let status = serde_json::json!({
+                "role": "backup",
+                "ack": match ack { PairAck::Durable => "durable", PairAck::Received => "received" },
+                "live_decisions": follower.live_count(),
+            });
+            (node, follower.link_report(), status)
+        }
+        Member::Primary(leader, promotion) => {
             let node = leader.node();
-            ("primary", node, node.role == (Role::Primary { alone: false }), None)
+            let lag = leader.lag();
+            let at_ms =
+                promotion.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let status = serde_json::json!({
+                "role": "primary",
+                "strict": node.role == (Role::Primary { alone: false }),
+                "lag": {
+                    "records": lag.records,
+                    "decisions_waiting": lag.tickets,
+                    "oldest_ms": lag.oldest.map(|d| d.as_secs_f64() * 1e3),
+                },
+                "promotion": {
+                    "at_unix_ms": at_ms,
+                    "took_ms": promotion.took.as_secs_f64() * 1e3,
+                    "forced": promotion.forced,
+                },
+            });
+            (node, leader.link_report(), status)
         }
         Member::Changing => return "{\"role\":\"changing\"}".to_string(),
     };
-    serde_json::json!({
-        "role": role,
+    let common = serde_json::json!({
         "member": node.member.get(),
         "epoch": node.seen.to_string(),
         "epoch_raw": node.seen.raw(),
         "caught_up": node.caught_up,
-        "strict": strict,
-        "live_decisions": live,
-    })
-    .to_string()
+        "link": { "connected": report.connected, "last_end": report.last_end },
+    });
+    if let (Some(status), serde_json::Value::Object(common)) = (status.as_object_mut(), common) {
+        status.extend(common);
+    }
+    status.to_string()
 }
 
 /// Sends one control request to the server whose log is in `dir` and returns its answer

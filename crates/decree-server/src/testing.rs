@@ -58,13 +58,27 @@ impl TestCa {
     /// as `<dir>/<stem>.pem` and `<dir>/<stem>.key`.
     pub fn server(&self, dir: &Path, stem: &str, validity: Validity) -> CertFiles {
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-        self.issue(dir, stem, names, "localhost", ExtendedKeyUsagePurpose::ServerAuth, validity)
+        self.issue(dir, stem, names, "localhost", vec![ExtendedKeyUsagePurpose::ServerAuth], validity)
+    }
+
+    /// A pair member's certificate naming `name`, usable both ways on the link (the backup
+    /// serves with it, the primary dials with it), as `<dir>/<name>.pem` and `.key`.
+    pub fn member(&self, dir: &Path, name: &str) -> CertFiles {
+        let usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(dir, name, vec![name.to_string()], name, usages, Validity::Current)
     }
 
     /// A client certificate naming `name` (as DNS subject-alternative name and common
     /// name), written as `<dir>/<name>.pem` and `<dir>/<name>.key`.
     pub fn client(&self, dir: &Path, name: &str, validity: Validity) -> CertFiles {
-        self.issue(dir, name, vec![name.to_string()], name, ExtendedKeyUsagePurpose::ClientAuth, validity)
+        self.issue(
+            dir,
+            name,
+            vec![name.to_string()],
+            name,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            validity,
+        )
     }
 
     fn issue(
@@ -73,13 +87,13 @@ impl TestCa {
         stem: &str,
         names: Vec<String>,
         common_name: &str,
-        usage: ExtendedKeyUsagePurpose,
+        usages: Vec<ExtendedKeyUsagePurpose>,
         validity: Validity,
     ) -> CertFiles {
         let key = KeyPair::generate().expect("generate a key");
         let mut params = CertificateParams::new(names).expect("certificate parameters");
         params.distinguished_name.push(DnType::CommonName, common_name);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let (not_before, not_after) = match validity {
             Validity::Current => {

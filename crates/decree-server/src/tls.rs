@@ -236,7 +236,10 @@ fn build_server_config(config: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, 
 }
 
 /// The PEM certificates of `path`, at least one, at most [`PEM_CERTIFICATES_MAX`].
-fn read_certificates(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+pub(crate) fn read_certificates(
+    path: &Path,
+    field: &str,
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
     let iter = CertificateDer::pem_file_iter(path)
         .map_err(|e| ConfigError(format!("{field} {}: cannot be read: {e}", path.display())))?;
     let mut certificates = Vec::new();

@@ -8,7 +8,7 @@
 //! command runs. `CaughtUp` is handed to the rules only once the batches up to its `up_to`
 //! are durable and every live Xid the primary did not send since its `Hello` is forgotten.
 
-use super::{read_message, spawn_writer, LinkEnd};
+use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
 use crate::epoch::{Epoch, MemberId};
 use crate::replica::Replica;
 use crate::rules::{Command, Event, Node, PeerMessage};
@@ -18,9 +18,10 @@ use decree_core::Xid;
 use decree_log::io::Storage;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 /// When a backup acknowledges a batch.
@@ -56,7 +57,16 @@ pub struct Follower {
     dir: PathBuf,
     node_id: u32,
     ack: AckMode,
+    transport: Arc<dyn Transport>,
+    report: Mutex<LinkReport>,
 }
+
+/// How long a connection may take to pass the transport's checks (the TLS handshake)
+/// before the backup closes it: a peer that connects and says nothing holds no link.
+const OPENING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connections being opened (in their TLS handshake) at once, at most.
+const OPENINGS_MAX: usize = 8;
 
 /// What one link has received since the primary's `Hello`, for the end of the catch-up.
 struct Stream {
@@ -103,7 +113,21 @@ impl Follower {
             dir,
             node_id,
             ack: AckMode::Durable,
+            transport: Arc::new(Plaintext),
+            report: Mutex::new(LinkReport::default()),
         })
+    }
+
+    /// Accepts every link through `transport` (TLS with the pair's certificates) instead
+    /// of plain TCP.
+    pub fn with_transport(mut self, transport: Arc<dyn Transport>) -> Follower {
+        self.transport = transport;
+        self
+    }
+
+    /// Whether a primary's link is open, and why the last one ended.
+    pub fn link_report(&self) -> LinkReport {
+        self.report.lock().clone()
     }
 
     /// Acknowledges batches as `ack` says (durable by default).
@@ -155,20 +179,31 @@ impl Follower {
     }
 
     /// Accepts links until `stop`; one link at a time is served (a new primary's link
-    /// waits for the old one to end, which a newer epoch's refusal of it does).
+    /// waits for the old one to end, which a newer epoch's refusal of it does). Openings
+    /// (the TLS handshakes) run beside the served link, each within [`OPENING_TIMEOUT`] and
+    /// at most [`OPENINGS_MAX`] at once, so that a peer that connects and says nothing
+    /// delays no one.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        let (opened_tx, mut opened_rx) = mpsc::channel::<(LinkStream, SocketAddr)>(OPENINGS_MAX);
+        let openings = Arc::new(tokio::sync::Semaphore::new(OPENINGS_MAX));
         loop {
-            let accepted = tokio::select! {
+            let (stream, from) = tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
-                accepted = listener.accept() => accepted,
+                accepted = listener.accept() => {
+                    if let Ok((stream, from)) = accepted {
+                        self.clone().open_link(stream, from, &openings, &opened_tx);
+                    }
+                    continue;
+                }
+                Some(opened) = opened_rx.recv() => opened,
             };
-            let Ok((stream, from)) = accepted else { continue };
-            let _ = stream.set_nodelay(true);
+            self.report.lock().opened();
             let me = self.clone();
             let mut link_stop = stop.clone();
             tokio::select! {
                 _ = link_stop.wait_for(|s| *s) => return,
                 end = me.serve_link(stream) => {
+                    self.report.lock().ended(end.to_string());
                     tracing::info!(%from, "replication link ended: {end}");
                     if let LinkEnd::Storage(why) = end {
                         // Fail-stop: a backup whose log failed acknowledges nothing more.
@@ -180,8 +215,38 @@ impl Follower {
         }
     }
 
-    async fn serve_link(self: Arc<Self>, stream: TcpStream) -> LinkEnd {
-        let (mut reader, writer) = stream.into_split();
+    /// Opens an accepted connection through the transport in its own task; what passes
+    /// goes to `opened`, what does not is logged with the reason and closed.
+    fn open_link(
+        self: Arc<Self>,
+        stream: tokio::net::TcpStream,
+        from: SocketAddr,
+        openings: &Arc<tokio::sync::Semaphore>,
+        opened: &mpsc::Sender<(LinkStream, SocketAddr)>,
+    ) {
+        let Ok(permit) = openings.clone().try_acquire_owned() else {
+            tracing::warn!(%from, "replication link refused: {OPENINGS_MAX} openings already under way");
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let opened = opened.clone();
+        tokio::spawn(async move {
+            let why = match tokio::time::timeout(OPENING_TIMEOUT, self.transport.accept(stream, from)).await {
+                Ok(Ok(stream)) => {
+                    drop(permit);
+                    let _ = opened.send((stream, from)).await;
+                    return;
+                }
+                Ok(Err(why)) => why,
+                Err(_) => format!("not opened within {OPENING_TIMEOUT:?}"),
+            };
+            tracing::warn!(%from, "replication link refused: {why}");
+            self.report.lock().ended(format!("refused a link from {from}: {why}"));
+        });
+    }
+
+    async fn serve_link(self: Arc<Self>, stream: LinkStream) -> LinkEnd {
+        let (mut reader, writer) = tokio::io::split(stream);
         let out = spawn_writer(writer);
         let hello = {
             let node = self.node.lock();
@@ -209,7 +274,7 @@ impl Follower {
         let mut buf = Vec::new();
         loop {
             let message = tokio::select! {
-                message = read_message(&mut reader, &mut buf) => match message {
+                message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => match message {
                     Ok(message) => message,
                     Err(end) => return end,
                 },

@@ -10,7 +10,7 @@
 //! and the backup's acknowledgement of a later batch confirms them too. A refusal of a
 //! newer epoch makes the leader step down and return.
 
-use super::{read_message, spawn_writer, LinkEnd};
+use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
 use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
 use crate::rules::{Command, Event, Node, Role};
 use crate::wire::{LinkMessage, LinkRecord};
@@ -43,6 +43,19 @@ pub struct Leader {
     wake: Notify,
     server: Arc<dyn LiveSet>,
     node_id: u32,
+    transport: Arc<dyn Transport>,
+    report: Mutex<LinkReport>,
+}
+
+/// How far the backup is behind this primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lag {
+    /// Records sent or waiting to be sent, not yet acknowledged by the backup.
+    pub records: usize,
+    /// Decisions whose answer waits for the backup's confirmation.
+    pub tickets: usize,
+    /// How long the oldest of those records has waited.
+    pub oldest: Option<Duration>,
 }
 
 impl Leader {
@@ -55,6 +68,30 @@ impl Leader {
             wake: Notify::new(),
             server,
             node_id,
+            transport: Arc::new(Plaintext),
+            report: Mutex::new(LinkReport::default()),
+        }
+    }
+
+    /// Opens every link through `transport` (TLS with the pair's certificates) instead of
+    /// plain TCP.
+    pub fn with_transport(mut self, transport: Arc<dyn Transport>) -> Leader {
+        self.transport = transport;
+        self
+    }
+
+    /// Whether a link to the backup is open, and why the last one ended.
+    pub fn link_report(&self) -> LinkReport {
+        self.report.lock().clone()
+    }
+
+    /// What the backup has not acknowledged yet.
+    pub fn lag(&self) -> Lag {
+        let outbox = self.outbox.lock();
+        Lag {
+            records: outbox.unacked_records(),
+            tickets: outbox.unacked_tickets(),
+            oldest: outbox.oldest_unacked().map(|since| since.elapsed()),
         }
     }
 
@@ -77,16 +114,11 @@ impl Leader {
             if *stop.borrow() {
                 return LinkEnd::Stopped("stopped".into());
             }
-            let end = match TcpStream::connect(backup).await {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    tokio::select! {
-                        _ = stop.wait_for(|s| *s) => return LinkEnd::Stopped("stopped".into()),
-                        end = self.clone().serve_link(stream) => end,
-                    }
-                }
-                Err(e) => LinkEnd::Closed(format!("cannot reach the backup at {backup}: {e}")),
+            let end = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return LinkEnd::Stopped("stopped".into()),
+                end = self.clone().open_and_serve(backup) => end,
             };
+            self.report.lock().ended(end.to_string());
             tracing::info!(%backup, "replication link: {end}");
             if let LinkEnd::Stopped(_) | LinkEnd::Storage(_) = end {
                 return end;
@@ -98,8 +130,23 @@ impl Leader {
         }
     }
 
-    async fn serve_link(self: Arc<Self>, stream: TcpStream) -> LinkEnd {
-        let (mut reader, writer) = stream.into_split();
+    /// Dials the backup, opens the link through the transport, and serves it until it ends.
+    async fn open_and_serve(self: Arc<Self>, backup: SocketAddr) -> LinkEnd {
+        let stream = match TcpStream::connect(backup).await {
+            Ok(stream) => stream,
+            Err(e) => return LinkEnd::Closed(format!("cannot reach the backup at {backup}: {e}")),
+        };
+        let _ = stream.set_nodelay(true);
+        let stream = match self.transport.dial(stream).await {
+            Ok(stream) => stream,
+            Err(why) => return LinkEnd::Refused(why),
+        };
+        self.report.lock().opened();
+        self.serve_link(stream).await
+    }
+
+    async fn serve_link(self: Arc<Self>, stream: LinkStream) -> LinkEnd {
+        let (mut reader, writer) = tokio::io::split(stream);
         let out = spawn_writer(writer);
         let (epoch, member) = {
             let node = self.node.lock();
@@ -115,7 +162,7 @@ impl Leader {
             LinkState { sent_up_to: next_sequence - 1, caught_up_to_send: None, caught_up_at: None };
         loop {
             tokio::select! {
-                message = read_message(&mut reader, &mut buf) => {
+                message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => {
                     let message = match message {
                         Ok(message) => message,
                         Err(end) => return end,

@@ -2,17 +2,101 @@
 //! [`follower`], and both obey the rules of [`crate::rules`] for every frame.
 //!
 //! Not here: the server (which decides when a member leads, feeds the leader its records
-//! and waits on the tickets the follower's acknowledgements confirm) and TLS on the link
-//! (issue 19). Both sides read frames with [`read_message`], which holds at most one frame
-//! of [`crate::wire::LINK_FRAME_BYTES_MAX`] bytes, and write them through one writer task
-//! fed by a bounded channel.
+//! and waits on the tickets the follower's acknowledgements confirm) and the certificates
+//! of TLS on the link: a [`Transport`] given by the server turns each TCP connection into
+//! the stream the frames go over (TLS with the pair's certificates, or plaintext on
+//! loopback), so this crate holds no cryptography. Both sides read frames with
+//! [`read_message`], which holds at most one frame of [`crate::wire::LINK_FRAME_BYTES_MAX`]
+//! bytes, and write them through one writer task fed by a bounded channel.
 
 pub mod follower;
 pub mod leader;
 
 use crate::wire::{LinkError, LinkMessage, LINK_FRAME_BYTES_MAX};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+
+/// A byte stream a link's frames can go over.
+pub trait LinkIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> LinkIo for T {}
+
+/// The stream of one link, once its transport has opened it.
+pub type LinkStream = Box<dyn LinkIo>;
+
+/// A transport's opening of one connection: the stream, or why the peer was refused.
+pub type Opening = Pin<Box<dyn Future<Output = Result<LinkStream, String>> + Send>>;
+
+/// How a link's TCP connection becomes the stream its frames go over, on each side. The
+/// server's TLS transport proves each member to the other by certificate here, before any
+/// frame is read: a peer it refuses never reaches the rules or the log.
+pub trait Transport: Send + Sync {
+    /// The primary's side, on a connection it dialled.
+    fn dial(&self, stream: TcpStream) -> Opening;
+    /// The backup's side, on a connection it accepted from `from`.
+    fn accept(&self, stream: TcpStream, from: SocketAddr) -> Opening;
+    /// What a failed read or write of an open link means (a TLS alert from the peer, for
+    /// example), for the link's end reason.
+    fn explain(&self, error: &std::io::Error) -> String {
+        error.to_string()
+    }
+}
+
+/// What a member's status says of its link.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkReport {
+    /// A link is open, past its transport's checks.
+    pub connected: bool,
+    /// Why the last link ended or could not open, if one did.
+    pub last_end: Option<String>,
+}
+
+impl LinkReport {
+    /// Notes an open link.
+    pub fn opened(&mut self) {
+        self.connected = true;
+    }
+
+    /// Notes the end of a link (or a failed opening), and why.
+    pub fn ended(&mut self, why: String) {
+        self.connected = false;
+        self.last_end = Some(why);
+    }
+}
+
+/// Frames over plain TCP: a link on loopback, or on a network the operator declared
+/// trusted (`insecure_plaintext`).
+pub struct Plaintext;
+
+impl Transport for Plaintext {
+    fn dial(&self, stream: TcpStream) -> Opening {
+        Box::pin(async move { Ok(Box::new(stream) as LinkStream) })
+    }
+    fn accept(&self, stream: TcpStream, _from: SocketAddr) -> Opening {
+        Box::pin(async move {
+            // A link frame starts with its length, whose first byte is 0 (frames are at
+            // most 4 MiB); a TLS handshake record starts with 0x16. Both ends speak first,
+            // so the peek returns at once.
+            let mut first = [0u8; 1];
+            match stream.peek(&mut first).await {
+                Ok(0) => Err("the peer closed the link before its first frame".to_string()),
+                Ok(_) if first[0] == TLS_HANDSHAKE_RECORD => {
+                    Err("the peer speaks TLS on the link (a member \
+                     with [pair.tls]) and this member has none: give both members the same [pair.tls]"
+                        .to_string())
+                }
+                Ok(_) => Ok(Box::new(stream) as LinkStream),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+/// The first byte of a TLS connection (a handshake record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// Frames queued for one link's writer at most: a peer that stops reading stops its
 /// sender, it does not fill memory.
@@ -27,6 +111,9 @@ pub enum LinkEnd {
     /// The peer sent a frame that does not parse, or one the rules call a protocol error.
     #[error("{0}")]
     Protocol(String),
+    /// The transport refused the peer (its certificate), or the peer refused this member.
+    #[error("{0}")]
+    Refused(String),
     /// The log or the state file failed: the member stops (fail-stop).
     #[error("{0}")]
     Storage(String),
@@ -45,6 +132,7 @@ impl From<LinkError> for LinkEnd {
 pub async fn read_message<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut Vec<u8>,
+    transport: &dyn Transport,
 ) -> Result<LinkMessage, LinkEnd> {
     loop {
         if let Some((message, used)) = LinkMessage::decode(buf)? {
@@ -52,7 +140,7 @@ pub async fn read_message<R: AsyncRead + Unpin>(
             return Ok(message);
         }
         let mut chunk = [0u8; 16 << 10];
-        let n = reader.read(&mut chunk).await.map_err(|e| LinkEnd::Closed(e.to_string()))?;
+        let n = reader.read(&mut chunk).await.map_err(|e| LinkEnd::Closed(transport.explain(&e)))?;
         if n == 0 {
             return Err(LinkEnd::Closed("the peer closed the link".into()));
         }
