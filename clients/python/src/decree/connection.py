@@ -281,7 +281,12 @@ class ServerConnection:
                 return  # the server finishes the transaction itself once the session is gone.
             self._completes.append(p.encode_frame(self._take_id(), message))
             if len(self._completes) >= COMPLETES_BUFFERED_MAX:
-                self._send(b"")
+                try:
+                    self._send(b"")
+                except Unavailable as e:
+                    # The transaction is committed whatever becomes of its Complete: the
+                    # connection is closed now, and the server completes it itself.
+                    log.debug("completions not sent on session %d: %s", self.session, e)
 
     def flush(self) -> None:
         """Sends the buffered completions now."""
