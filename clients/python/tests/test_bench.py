@@ -36,7 +36,11 @@ def bench(server: Server, dsns: dict[str, str], table: str, *extra: str) -> subp
 
 
 def test_the_benchmark_measures_every_mode(server: Server, dsns: dict[str, str], table: str) -> None:
-    out = bench(server, dsns, table, "--threads", "1,3", "--duration", "0.4", "--rounds", "2", "--json")
+    assert server.proc is not None
+    out = bench(
+        server, dsns, table, "--threads", "1,3", "--duration", "0.4", "--rounds", "2", "--json",
+        "--server-pid", str(server.proc.pid),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert [s["threads"] for s in doc["summaries"]] == [1, 3]
@@ -52,6 +56,7 @@ def test_the_benchmark_measures_every_mode(server: Server, dsns: dict[str, str],
             assert abs(r["tps"] - r["transfers"] / r["seconds"]) < 1e-6 * r["tps"], r
             assert 0 < r["p50_ms"] <= r["p95_ms"] < 30_000, r
             assert 0 < r["cpu_us_per_transfer"] < 1_000_000, r
+            assert r["server_cpu_us_per_transfer"] is not None and r["server_cpu_us_per_transfer"] >= 0, r
         ratios = []
         for rnd in (1, 2):
             tps = {r["mode"]: r["tps"] for r in s["runs"] if r["round"] == rnd}
@@ -62,6 +67,7 @@ def test_the_benchmark_measures_every_mode(server: Server, dsns: dict[str, str],
         assert s["tps"]["decree"] > 0 and s["tps"]["independent"] > 0
         assert s["library_cpu_us_per_transfer"] is not None
         assert s["atomicity_cpu_us_per_transfer"] is not None
+        assert s["server_cpu_us_per_transfer"] is not None
     # Every round starts with the next mode.
     first = [r["mode"] for r in doc["summaries"][0]["runs"]]
     assert first[:3] == ["independent", "native-2pc", "decree"]

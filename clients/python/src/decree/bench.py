@@ -18,7 +18,9 @@ It prints the transfers per second and the p50/p95 latency of every run, the rat
 decree mode's tps to the independent mode's (and to the native ceiling's), and the CPU
 time this process spent per transfer (``time.process_time``, every thread): the decree
 mode's minus the native mode's is what the library itself costs, its minus the
-independent mode's is what atomicity costs the application's process. With ``--rounds``
+independent mode's is what atomicity costs the application's process. Each run also
+gives the whole machine's busy CPU time per transfer (``/proc/stat``; on a shared machine
+it counts the neighbours' work too) and, with ``--server-pid``, the state server's. With ``--rounds``
 above 1 every round starts with the next mode, and a summary gives the median and range
 of the rounds' figures (a shared machine drifts; runs close in time see the same drift).
 
@@ -75,6 +77,7 @@ class Spec:
     accounts: int
     table: str
     seed: int
+    server_pid: int | None = None
 
 
 @dataclass
@@ -93,6 +96,8 @@ class Run:
     """This process's CPU time (all threads) per transfer."""
     machine_cpu_us_per_transfer: float | None
     """The whole machine's busy CPU time per transfer (/proc/stat), when readable."""
+    server_cpu_us_per_transfer: float | None = None
+    """The state server's CPU time per transfer (``--server-pid``, /proc/PID/stat)."""
 
 
 @dataclass
@@ -115,6 +120,8 @@ class Summary:
     """decree minus native-2pc CPU per transfer (median of the rounds' differences)."""
     atomicity_cpu_us_per_transfer: float | None
     """decree minus independent CPU per transfer (median of the rounds' differences)."""
+    server_cpu_us_per_transfer: float | None
+    """The state server's CPU per decree transfer (median of the rounds; ``--server-pid``)."""
     runs: list[Run] = field(default_factory=list)
 
 
@@ -234,6 +241,18 @@ def _machine_busy() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _process_cpu(pid: int | None) -> float | None:
+    """CPU seconds (user + system) of process ``pid`` (Linux /proc/PID/stat), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -294,12 +313,12 @@ def run_one(spec: Spec, mode: str, threads: int, round_: int, tm: TransactionMan
             ready.wait(timeout=60)
         except threading.BrokenBarrierError:
             pass
-        cpu0, busy0, t0 = time.process_time(), _machine_busy(), time.perf_counter()
+        cpu0, busy0, server0, t0 = time.process_time(), _machine_busy(), _process_cpu(spec.server_pid), time.perf_counter()
         deadline[0] = t0 + spec.duration
         for w in workers:
             w.join()
         elapsed = time.perf_counter() - t0
-        cpu1, busy1 = time.process_time(), _machine_busy()
+        cpu1, busy1, server1 = time.process_time(), _machine_busy(), _process_cpu(spec.server_pid)
         if errors:
             raise BenchFailed(f"{mode} at {threads} threads: a transfer failed: {errors[0]!r}") from errors[0]
     finally:
@@ -328,6 +347,9 @@ def run_one(spec: Spec, mode: str, threads: int, round_: int, tm: TransactionMan
     machine = None
     if busy0 is not None and busy1 is not None:
         machine = (busy1 - busy0) / timed * 1e6
+    server = None
+    if server0 is not None and server1 is not None:
+        server = (server1 - server0) / timed * 1e6
     return Run(
         threads=threads,
         round=round_,
@@ -339,6 +361,7 @@ def run_one(spec: Spec, mode: str, threads: int, round_: int, tm: TransactionMan
         p95_ms=_percentile(measured, 0.95) * 1e3,
         cpu_us_per_transfer=(cpu1 - cpu0) / timed * 1e6,
         machine_cpu_us_per_transfer=machine,
+        server_cpu_us_per_transfer=server,
     )
 
 
@@ -371,6 +394,7 @@ def summarise(threads: int, runs: list[Run]) -> Summary:
     native = per_round("decree", "native-2pc", lambda x, y: x.tps / y.tps)
     library = per_round("decree", "native-2pc", lambda x, y: x.cpu_us_per_transfer - y.cpu_us_per_transfer)
     atomicity = per_round("decree", "independent", lambda x, y: x.cpu_us_per_transfer - y.cpu_us_per_transfer)
+    server = [r.server_cpu_us_per_transfer for r in by_mode.get("decree", []) if r.server_cpu_us_per_transfer is not None]
     return Summary(
         threads=threads,
         rounds=len(rounds),
@@ -384,6 +408,7 @@ def summarise(threads: int, runs: list[Run]) -> Summary:
         ratio_native=statistics.median(native) if native else None,
         library_cpu_us_per_transfer=statistics.median(library) if library else None,
         atomicity_cpu_us_per_transfer=statistics.median(atomicity) if atomicity else None,
+        server_cpu_us_per_transfer=statistics.median(server) if server else None,
         runs=runs,
     )
 
@@ -448,6 +473,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--accounts", type=int, default=10_000, help="accounts per database (default 10000)")
     ap.add_argument("--table", default="decree_pybench_accounts", help="the accounts table (created when missing)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--server-pid", type=int, help="the state server's process id: its CPU per transfer is reported too (Linux)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     return ap
 
@@ -473,6 +501,7 @@ def spec_of(args: argparse.Namespace, ap: argparse.ArgumentParser) -> Spec:
         accounts=args.accounts,
         table=args.table,
         seed=args.seed,
+        server_pid=args.server_pid,
     )
 
 
@@ -493,14 +522,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def line(r: Run) -> None:
         print(
             f"{r.threads:>7} {r.round:>5} {r.mode:<12} {r.transfers:>9} {r.tps:>9.1f} {r.p50_ms:>8.2f} "
-            f"{r.p95_ms:>8.2f} {r.cpu_us_per_transfer:>9.0f} {_fmt(r.machine_cpu_us_per_transfer, 0):>9}",
+            f"{r.p95_ms:>8.2f} {r.cpu_us_per_transfer:>9.0f} {_fmt(r.server_cpu_us_per_transfer, 0):>9} "
+            f"{_fmt(r.machine_cpu_us_per_transfer, 0):>9}",
             flush=True,
         )
 
     if not args.json:
         print(header)
         print(f"{'threads':>7} {'round':>5} {'mode':<12} {'transfers':>9} {'tps':>9} {'p50 ms':>8} {'p95 ms':>8} "
-              f"{'cpu us/tr':>9} {'host us':>9}")
+              f"{'cpu us/tr':>9} {'server us':>9} {'host us':>9}")
     try:
         summaries = run(spec, report=(lambda r: None) if args.json else line)
     except (BenchFailed, DecreeError) as e:
@@ -535,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  CPU per transfer of the library (decree - native-2pc): {s.library_cpu_us_per_transfer:.0f} us")
         if s.atomicity_cpu_us_per_transfer is not None:
             print(f"  CPU per transfer of atomicity (decree - independent):  {s.atomicity_cpu_us_per_transfer:.0f} us")
+        if s.server_cpu_us_per_transfer is not None:
+            print(f"  CPU per transfer of the state server (decree mode):    {s.server_cpu_us_per_transfer:.0f} us")
     return 0
 
 
