@@ -20,6 +20,8 @@ import os
 import select
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +38,9 @@ _CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18, 19})
 """Error codes after which the server closes the connection."""
 
 __version__ = "0.1.0"
+
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+"""Whether reply timeouts are the kernel's SO_RCVTIMEO/SO_SNDTIMEO (see ``_reply_timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,24 @@ class ServerConnection:
                         raise
         except (OSError, ssl.SSLError) as e:
             raise Unavailable(f"cannot connect to {ep}: {e}") from e
-        sock.settimeout(opts.reply_timeout)
+        self._reply_timeout(sock)
         return sock
+
+    def _reply_timeout(self, sock: socket.socket) -> None:
+        """Bounds every wait for the server by ``reply_timeout``. On Linux a plain socket
+        gets it from the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO`` on a blocking socket), so
+        that a request costs one system call each way; Python's own socket timeout polls
+        before every ``recv`` and ``send``, which doubles the calls and, with many
+        threads, the waits for the interpreter lock (docs/measurements.md, "The Python
+        client against the Rust coordinator"). TLS sockets keep Python's timeout."""
+        timeout = self.options.reply_timeout
+        if _KERNEL_TIMEOUTS and self.endpoint.kind != "tls" and timeout is not None and timeout >= 0.001:
+            sock.settimeout(None)
+            tv = struct.pack("ll", int(timeout), int(timeout % 1 * 1_000_000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        else:
+            sock.settimeout(timeout)
 
     def _greet(self, versions: tuple[int, ...]) -> None:
         self._sock = self._connect()
@@ -224,7 +245,7 @@ class ServerConnection:
                 try:
                     data = sock.recv(1)
                 finally:
-                    sock.settimeout(self.options.reply_timeout)
+                    self._reply_timeout(sock)
             except ssl.SSLWantReadError:
                 return True  # a TLS record without application data (a session ticket).
             except (OSError, ValueError) as e:
@@ -281,7 +302,12 @@ class ServerConnection:
                 return  # the server finishes the transaction itself once the session is gone.
             self._completes.append(p.encode_frame(self._take_id(), message))
             if len(self._completes) >= COMPLETES_BUFFERED_MAX:
-                self._send(b"")
+                try:
+                    self._send(b"")
+                except Unavailable as e:
+                    # The transaction is committed whatever becomes of its Complete: the
+                    # connection is closed now, and the server completes it itself.
+                    log.debug("completions not sent on session %d: %s", self.session, e)
 
     def flush(self) -> None:
         """Sends the buffered completions now."""
@@ -383,7 +409,7 @@ class ServerConnection:
                 return frame
             try:
                 data = self._sock.recv(65536)
-            except socket.timeout as e:
+            except (socket.timeout, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO.
                 self.close_now("reply timed out")
                 raise Unavailable(f"no reply from {self.endpoint} within {self.options.reply_timeout} s") from e
             except OSError as e:
