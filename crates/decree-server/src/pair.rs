@@ -19,6 +19,7 @@
 //! finished. Not here yet: TLS on the link or with `[tls]` (refused by the configuration).
 
 use crate::config::{PairConfig, ServerConfig};
+use crate::crash_points::{self, CrashPoint};
 use crate::state::State;
 use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
@@ -170,7 +171,11 @@ impl PrimaryLink {
                 accept();
                 state.confirm(&entry.xid);
             }
-            Some(entry) => entry.accept = Some(accept),
+            Some(entry) => {
+                entry.accept = Some(accept);
+                // Under the pending lock: no confirmation can answer it before the kill.
+                crash_points::pass(CrashPoint::DecideWritten, &entry.xid);
+            }
             None => {} // Abandoned at shutdown: nobody answers it.
         }
     }
@@ -421,7 +426,8 @@ fn bind_control(dir: &Path) -> Result<UnixListener, ServerError> {
 }
 
 /// Answers `status` and `promote [--force]`, one line each, for `decree status` and
-/// `decree promote`.
+/// `decree promote` (and, in a build with the `crash-points` feature, `crash-point
+/// <name>:<nth>`, which arms a crash point: see `crash_points.rs`).
 async fn serve_control(
     listener: UnixListener,
     member: Arc<Mutex<Member>>,
@@ -455,6 +461,12 @@ async fn serve_control(
                             }
                         }
                     }
+                }
+                // Only in a build with the `crash-points` feature (the pair kill loop's).
+                #[cfg(feature = "crash-points")]
+                request if request.starts_with("crash-point ") => {
+                    let spec = request.trim_start_matches("crash-point ");
+                    crash_points::arm(spec).unwrap_or_else(|e| format!("refused: {e}"))
                 }
                 other => format!("refused: unknown request {other:?} (status, promote, promote --force)"),
             };
