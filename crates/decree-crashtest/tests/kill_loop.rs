@@ -24,7 +24,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_decree-bank");
 /// Longest wait for the workload to be ready or to reach its crash point.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 const WORKERS: &str = "3";
@@ -63,22 +62,14 @@ fn parse_recovered(line: &str) -> Option<Recovered> {
 }
 
 struct Bank {
-    prefix: String,
-    pair: PairKind,
-    node: u32,
+    args: common::BankArgs,
     log_dir: std::path::PathBuf,
     engine: String,
 }
 
 impl Bank {
     fn command(&self, sub: &str) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg(sub).args(["--pair", self.pair.name(), "--prefix", &self.prefix]).args([
-            "--accounts",
-            &ACCOUNTS.to_string(),
-            "--node",
-            &self.node.to_string(),
-        ]);
+        let mut c = self.args.command(sub);
         if sub != "setup" {
             c.arg("--log-dir").arg(&self.log_dir).args(["--engine", &self.engine]);
         }
@@ -128,8 +119,8 @@ fn kill_loop(pair: PairKind, prefix: &str, node: u32) {
     let cycles = common::env_count("DECREE_KILL_CYCLES", 50);
     let engine = std::env::var("DECREE_KILL_ENGINE").unwrap_or_else(|_| "journal".into());
     let dir = tempfile::tempdir().expect("temp dir");
-    let bank =
-        Bank { prefix: prefix.into(), pair, node, log_dir: dir.path().join("log"), engine: engine.clone() };
+    let args = common::BankArgs { pair, prefix: prefix.into(), accounts: ACCOUNTS, node };
+    let bank = Bank { args, log_dir: dir.path().join("log"), engine: engine.clone() };
     let started = Instant::now();
 
     let setup = bank.command("setup").arg("--reset").output().expect("run decree-bank setup");

@@ -5,38 +5,60 @@
 //! acknowledges a decision its backup does not hold (the promoted backup then rolls the
 //! transfer back), a new primary that commits a transaction nobody decided or rolls back
 //! one that was decided, phase two left half done, a branch of the dead primary's epoch
-//! left prepared (holding its locks), or a pair that no longer serves, cannot promote its
-//! caught-up backup or never becomes strict again after a failover. Any of these shows up
-//! in the databases as an acknowledged transfer missing, a transfer in one database only,
-//! money created or destroyed, or a decree branch left prepared.
+//! left prepared (holding its locks), a restarted old primary that still acknowledges in
+//! its old epoch, or a pair that no longer serves, cannot promote its caught-up backup or
+//! never becomes strict again after a failover. Any of these shows up in the databases as
+//! an acknowledged transfer missing, a transfer in one database only, money created or
+//! destroyed, or a decree branch left prepared, or in the acknowledgements as one made in
+//! an epoch that no longer led.
 //!
 //! Two `decree serve` members (journal logs in temporary directories, `[[rm]]` entries for
 //! the two test databases so that a new primary finishes phase two and recovers) form a
 //! pair; the first promotion is forced, then the test waits until the primary is strict.
-//! Each cycle runs `decree-bank run --state A,B` through the pair and SIGKILLs the primary,
-//! in one of three ways: alone at a random moment (two cycles in five: the workload then
-//! fails over by itself, connecting to the new primary and asking it the outcome of each
-//! transfer whose decide got no answer, its `RESOLVED` lines); together with the workload
-//! at a random moment (the new primary alone must finish what was decided); or right after
-//! the workload killed itself at a crash point, once the pair acknowledged a transfer's
-//! decision and before its phase two began or with one branch committed (the new primary
-//! must commit that transfer). Then the test promotes the other member with `decree
-//! promote` (not forced: it caught up), restarts the killed member (it rejoins as the
-//! backup) and waits until the new primary is strict. A short workload run must then
+//! Each cycle runs `decree-bank run --state A,B` through the pair and the primary dies, in
+//! one of seven ways, in turn over eight cycles:
+//! - SIGKILL alone at a random moment (two cycles in eight: the workload then fails over by
+//!   itself, connecting to the new primary and asking it the outcome of each transfer whose
+//!   decide got no answer, its `RESOLVED` lines);
+//! - SIGKILL together with the workload at a random moment (the new primary alone must
+//!   finish what was decided);
+//! - SIGKILL right after the workload killed itself at a crash point of its own, once the
+//!   pair acknowledged a transfer's decision and before its phase two began (`decided`) or
+//!   with one branch committed (`phase-two`): the new primary must commit that transfer;
+//! - at a crash point inside the server (decree-server/src/crash_points.rs; the test builds
+//!   `decree` with the `crash-points` feature and arms the point through the primary's
+//!   control socket at the cycle's start), where the primary SIGKILLs itself after printing
+//!   a `CRASH-POINT` line that names the transaction (a point that never fires within a
+//!   minute fails the cycle): `decide-written`, at its nth decision durable locally but not
+//!   yet confirmed by the backup (that transfer must never have been acknowledged; the
+//!   workload fails over and asks); `decide-confirmed`, at its nth decision durable on both
+//!   with `DecideOk` not sent (the new primary must answer it committed); `phase-two`, in
+//!   the server's own phase two of the transaction the workload decided before killing
+//!   itself at its `decided` point, one branch committed (the new primary must commit the
+//!   other).
+//!
+//! Then the test promotes the other member with `decree promote` (not forced: it caught
+//! up), restarts the killed member (it rejoins as the backup), waits until the new primary
+//! is strict and checks that the old primary serves nobody (a run given only its socket is
+//! refused, `NotPrimary`, and acknowledges nothing). A short workload run must then
 //! succeed through the new primary, and once the new primary's recovery has settled every
 //! prepared branch (polled), the databases must hold in both every acknowledged transfer,
 //! every one resolved as committed and every one decided at a crash point, none resolved
-//! as rolled back, none in one only, and the same total. Cycles: DECREE_PAIR_KILL_CYCLES
-//! (default 50 per database pair); seed: DECREE_PAIR_KILL_SEED. The `decree` binary is
-//! built by the test (`cargo build -p decree-cli` with this test's profile and target
-//! directory), so the servers are never a stale build. On a failure the temporary
+//! as rolled back, none in one only, and the same total. Acknowledgements are counted per
+//! epoch (a transfer id starts with its Xid's incarnation, the epoch of the primary that
+//! acknowledged it): those of the cycle's workload must all carry the epoch that led when
+//! it started, those after the promotion the new epoch, so no epoch gains one once it was
+//! superseded; the summary prints the counts. Cycles: DECREE_PAIR_KILL_CYCLES (default 50
+//! per database pair); seed: DECREE_PAIR_KILL_SEED. The `decree` binary is built by the
+//! test (`cargo build -p decree-cli --features crash-points` with this test's profile and
+//! target directory), so the servers are never a stale build. On a failure the temporary
 //! directory (member logs, configurations, acknowledged ids) is kept and its path printed.
 
 mod common;
 
 use decree_crashtest::{BankConfig, CrashPoint, PairKind, Snapshot};
 use rand::Rng;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
@@ -46,7 +68,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-const BANK_BIN: &str = env!("CARGO_BIN_EXE_decree-bank");
 /// Longest wait for a process, a promotion, strictness, or the recovery of the branches.
 const WAIT_MAX: Duration = Duration::from_secs(60);
 const WORKERS: &str = "3";
@@ -57,6 +78,8 @@ const ACCOUNTS: u32 = 40;
 const PERIODIC_PASS_MS: u64 = 500;
 /// Longest random delay between the workload's READY and the primary's SIGKILL.
 const KILL_DELAY_MAX_MS: u64 = 400;
+/// Epochs whose acknowledgements the summary lists one by one (the first and last half).
+const PER_EPOCH_SHOWN: usize = 60;
 /// Longest delay the link proxies add (one way), drawn per cycle; half the cycles add none.
 const LINK_DELAY_MAX_MS: u64 = 20;
 
@@ -90,7 +113,11 @@ impl Drop for Scratch {
 }
 
 /// The `decree` binary of this workspace, built once per test process with the profile
-/// and target directory of this test (cargo releases its lock while tests run).
+/// and target directory of this test (cargo releases its lock while tests run), with the
+/// `crash-points` feature (decree-server/src/crash_points.rs): the members can be told to
+/// SIGKILL themselves at chosen points. That build differs from the shipped one only by
+/// those points, and cargo keeps both builds apart in its cache (another `cargo build`
+/// only links its own `decree` back in place); the loop runs a copy of it.
 fn decree_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -101,7 +128,10 @@ fn decree_bin() -> &'static Path {
         let profile = profile_dir.file_name().and_then(|p| p.to_str()).expect("a profile name");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--target-dir"]).arg(target_dir);
+        build
+            .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", "crash-points"])
+            .arg("--target-dir")
+            .arg(target_dir);
         // What cargo sets for this test's run only: some build scripts rerun when one of
         // them changes (ring's tracks CARGO_MANIFEST_DIR), which would rebuild half the
         // workspace at every run and again at the next plain `cargo build`.
@@ -205,6 +235,8 @@ struct Member {
     config: PathBuf,
     socket: PathBuf,
     log: PathBuf,
+    /// Its log directory, which holds its control socket.
+    log_dir: PathBuf,
 }
 
 /// What both members' configurations share.
@@ -240,7 +272,8 @@ impl Member {
             toml_str(&site.bank.dsn_b),
         );
         std::fs::write(&config, text).expect("write a member's configuration");
-        Member { name, bin: site.bin.to_path_buf(), log: config.with_extension("log"), config, socket }
+        let (bin, log, log_dir) = (site.bin.to_path_buf(), config.with_extension("log"), site.dir.join(name));
+        Member { name, bin, log, log_dir, config, socket }
     }
 
     fn serve(&self) -> Reaped {
@@ -285,6 +318,20 @@ impl Member {
         serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 
+    /// Arms a crash point (`<name>:<nth>`) in the running member through its control
+    /// socket; returns where its log ends now (the crash line is looked for after it).
+    fn arm(&self, spec: &str, context: &str) -> u64 {
+        use std::os::unix::net::UnixStream;
+        let log_from = std::fs::metadata(&self.log).map_or(0, |m| m.len());
+        let mut control =
+            UnixStream::connect(self.log_dir.join("control.sock")).expect("connect to the control socket");
+        control.write_all(format!("crash-point {spec}\n").as_bytes()).expect("send the crash point");
+        let mut answer = String::new();
+        BufReader::new(control).read_line(&mut answer).expect("read the control socket's answer");
+        assert!(answer.starts_with("armed:"), "{context}: arming {spec} in member {}: {answer}", self.name);
+        log_from
+    }
+
     /// The end of the member's log, for failure messages.
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -298,6 +345,8 @@ struct Pair {
     members: [Member; 2],
     servers: [Option<Reaped>; 2],
     primary: usize,
+    /// The primary's epoch (raw): the incarnation of the Xids it acknowledges.
+    epoch: u64,
     /// Both client sockets, as the workload is given them.
     addresses: String,
     /// The delay the link proxies add to every byte, in microseconds.
@@ -317,10 +366,11 @@ impl Pair {
         let b = Member::write(site, "b", 2, (links.1, proxies.0), "a");
         let addresses = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
         let servers = [Some(a.serve()), Some(b.serve())];
-        let pair = Pair { members: [a, b], servers, primary: 0, addresses, link_delay };
+        let mut pair = Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay };
         let (ok, text) = pair.members[0].decree(&["promote", "--force"]);
         assert!(ok && text.contains("leads epoch"), "first promotion: {text}");
         pair.wait_strict("the first promotion");
+        pair.epoch = pair.members[0].status()["epoch_raw"].as_u64().expect("a raw epoch");
         pair
     }
 
@@ -348,15 +398,46 @@ impl Pair {
         }
     }
 
-    /// SIGKILLs the primary, promotes the other member (not forced) and restarts the killed
-    /// one, which rejoins as the backup. Returns the new primary's raw epoch.
-    fn fail_over(&mut self, context: &str) -> u64 {
-        let killed = self.primary;
-        let mut server = self.servers[killed].take().expect("the primary runs");
+    /// SIGKILLs the primary.
+    fn kill_primary(&mut self, context: &str) {
+        let mut server = self.servers[self.primary].take().expect("the primary runs");
         server.0.kill().expect("SIGKILL the primary");
         let status = server.0.wait().expect("reap the primary");
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{context}: the primary ended before the kill");
-        self.primary = 1 - killed;
+    }
+
+    /// Waits until the primary SIGKILLed itself at its armed crash point `name`; returns
+    /// the transfer id (`<incarnation>-<session>-<sequence>`) its crash line names. Fails
+    /// when the point never fired, or the primary died otherwise.
+    fn wait_crash(&mut self, name: &str, log_from: u64, context: &str) -> String {
+        let member = &self.members[self.primary];
+        let mut server = self.servers[self.primary].take().expect("the primary runs");
+        let Some(status) = wait_exit(&mut server.0, WAIT_MAX) else {
+            panic!(
+                "{context}: crash point {name} never fired within {WAIT_MAX:?}; the primary's log:\n{}",
+                member.log_tail()
+            );
+        };
+        let log = std::fs::read(&member.log).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log[(log_from as usize).min(log.len())..]).into_owned();
+        let line = log.lines().find_map(|l| l.split_once("CRASH-POINT ").map(|(_, rest)| rest.to_string()));
+        assert!(
+            status.signal() == Some(libc::SIGKILL) && line.as_ref().is_some_and(|l| l.starts_with(name)),
+            "{context}: the primary died ({status}) without the crash line of {name}: {line:?}\n{}",
+            member.log_tail()
+        );
+        let line = line.expect("checked");
+        let origin = line.split(' ').find_map(|f| f.strip_prefix("origin="));
+        origin.unwrap_or_else(|| panic!("{context}: no origin in the crash line {line:?}")).to_string()
+    }
+
+    /// Promotes the other member (not forced: it caught up) once the primary is dead and
+    /// restarts the dead one, which rejoins as the backup. Returns the new primary's raw
+    /// epoch, which must be above the old one.
+    fn promote_other(&mut self, context: &str) -> u64 {
+        let dead = self.primary;
+        assert!(self.servers[dead].is_none(), "{context}: the primary was not stopped");
+        self.primary = 1 - dead;
         let promoted = &self.members[self.primary];
         let (ok, text) = promoted.decree(&["promote"]);
         assert!(
@@ -365,28 +446,20 @@ impl Pair {
             promoted.name,
             promoted.log_tail()
         );
-        self.servers[killed] = Some(self.members[killed].serve());
-        promoted.status()["epoch_raw"].as_u64().expect("a raw epoch")
+        self.servers[dead] = Some(self.members[dead].serve());
+        let epoch = promoted.status()["epoch_raw"].as_u64().expect("a raw epoch");
+        assert!(epoch > self.epoch, "{context}: promoted to epoch {epoch}, not above {}", self.epoch);
+        self.epoch = epoch;
+        epoch
     }
 }
 
 /// How the test runs `decree-bank` against its tables and its pair.
-struct Bank {
-    pair: PairKind,
-    prefix: String,
-    node: u32,
-}
+struct Bank(common::BankArgs);
 
 impl Bank {
     fn command(&self, sub: &str) -> Command {
-        let mut c = Command::new(BANK_BIN);
-        c.arg(sub).args(["--pair", self.pair.name(), "--prefix", &self.prefix]).args([
-            "--accounts",
-            &ACCOUNTS.to_string(),
-            "--node",
-            &self.node.to_string(),
-        ]);
-        c
+        self.0.command(sub)
     }
 
     /// Starts `run` through the pair; its stdout lines arrive on the receiver, its stderr
@@ -459,15 +532,31 @@ fn wait_ready(
     seen
 }
 
-/// Reads the acknowledged ids a workload appended to `file` into `acked`; returns how many.
-fn read_acked(file: &Path, acked: &mut HashSet<String>, context: &str) -> usize {
+/// Reads the acknowledged ids a workload appended to `file` into the totals, counting
+/// them per epoch; every one must carry `epoch` (an id's first part is the incarnation of
+/// its Xid: the epoch of the primary that acknowledged it). Returns the ids.
+fn read_acked(file: &Path, epoch: u64, totals: &mut Totals, context: &str) -> Vec<String> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    let mut count = 0;
-    for id in text.lines() {
-        assert!(acked.insert(id.to_string()), "{context}: transfer {id} acknowledged twice");
-        count += 1;
+    let ids: Vec<String> = text.lines().map(str::to_string).collect();
+    for id in &ids {
+        let incarnation = id.split('-').next().and_then(|i| i.parse::<u64>().ok());
+        let incarnation = incarnation.unwrap_or_else(|| panic!("{context}: {id} is not a transfer id"));
+        assert_eq!(
+            incarnation,
+            epoch,
+            "{context}: transfer {id} acknowledged in epoch {} while epoch {} led",
+            epoch_name(incarnation),
+            epoch_name(epoch)
+        );
+        *totals.per_epoch.entry(incarnation).or_default() += 1;
+        assert!(totals.acked.insert(id.clone()), "{context}: transfer {id} acknowledged twice");
     }
-    count
+    ids
+}
+
+/// A raw epoch as decree prints it: promotions counted, then the member that minted it.
+fn epoch_name(raw: u64) -> String {
+    format!("{}.{}", raw >> 8, raw & 0xff)
 }
 
 /// What the cycles found, over the whole loop.
@@ -475,8 +564,11 @@ fn read_acked(file: &Path, acked: &mut HashSet<String>, context: &str) -> usize 
 struct Totals {
     /// Transfers whose commit returned Ok.
     acked: HashSet<String>,
+    /// Acknowledged transfers per epoch (raw).
+    per_epoch: BTreeMap<u64, u64>,
     /// Transfers whose decision the pair acknowledged before the workload killed itself at
-    /// a crash point (before or during phase two): the new primary must commit them.
+    /// a crash point (before or during phase two), or that the primary was committing when
+    /// it killed itself in its own phase two: the new primary must commit them.
     decided: HashSet<String>,
     /// Transfers whose decide got no answer and the new primary answered committed.
     resolved_committed: HashSet<String>,
@@ -486,9 +578,11 @@ struct Totals {
     resolved_other: u64,
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
-    /// Cycles by mode: primary alone, workload and primary, crash points decided and
-    /// phase-two.
-    modes: [u64; 4],
+    /// Cycles by mode (see [`Mode::index`]).
+    modes: [u64; 7],
+    /// The transfers whose primary died at `decide-written`, answered by the new primary:
+    /// committed (the backup held the decision), rolled back, other.
+    written_outcomes: [u64; 3],
 }
 
 /// The cycle's killed workload: it must have lost its primary, failed over to the new one
@@ -572,6 +666,30 @@ struct Loop<'a> {
     seed: u64,
 }
 
+/// A crash point inside the server (decree-server/src/crash_points.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerPoint {
+    /// The decision is durable on the primary, the backup has not confirmed it: nothing
+    /// was acknowledged, so the transfer may end either way, but must not be acknowledged.
+    DecideWritten,
+    /// Both the local write and the backup's confirmation are in, `DecideOk` not sent:
+    /// the new primary must answer the workload's question committed.
+    DecideConfirmed,
+    /// The primary's own phase two of a transaction whose client died: one branch
+    /// committed, the other must be committed by the new primary.
+    PhaseTwo,
+}
+
+impl ServerPoint {
+    fn name(self) -> &'static str {
+        match self {
+            ServerPoint::DecideWritten => "decide-written",
+            ServerPoint::DecideConfirmed => "decide-confirmed",
+            ServerPoint::PhaseTwo => "phase-two",
+        }
+    }
+}
+
 /// How a cycle kills.
 #[derive(Debug, Clone, Copy)]
 enum Mode {
@@ -584,74 +702,99 @@ enum Mode {
     /// acknowledged by the pair, phase two not begun or half done); the test kills the
     /// primary as soon as the workload is dead.
     Point(CrashPoint, u64),
+    /// The primary kills itself at this point of its own, armed at the cycle's start: at
+    /// its nth pass for the decide points (the workload fails over by itself); for
+    /// `PhaseTwo`, at its first committed branch, after the workload killed itself right
+    /// after its nth transaction was decided (the server then finishes that transaction).
+    Server(ServerPoint, u64),
 }
 
 impl Mode {
+    /// The cycle's mode: eight kinds in turn, the primary alone twice.
+    fn pick(cycle: u64, rng: &mut impl Rng) -> Mode {
+        let nth = rng.gen_range(1..=8);
+        match cycle % 8 {
+            0 | 7 => Mode::Primary,
+            1 => Mode::Both,
+            2 => Mode::Point(CrashPoint::Decided, nth),
+            3 => Mode::Point(CrashPoint::PhaseTwo, nth),
+            4 => Mode::Server(ServerPoint::DecideWritten, nth),
+            5 => Mode::Server(ServerPoint::DecideConfirmed, nth),
+            _ => Mode::Server(ServerPoint::PhaseTwo, nth),
+        }
+    }
+
+    /// Primary alone, workload and primary, the workload's decided and phase-two points,
+    /// the server's decide-written, decide-confirmed and phase-two points.
     fn index(self) -> usize {
         match self {
             Mode::Primary => 0,
             Mode::Both => 1,
             Mode::Point(CrashPoint::PhaseTwo, _) => 3,
             Mode::Point(..) => 2,
+            Mode::Server(ServerPoint::DecideWritten, _) => 4,
+            Mode::Server(ServerPoint::DecideConfirmed, _) => 5,
+            Mode::Server(ServerPoint::PhaseTwo, _) => 6,
         }
+    }
+
+    /// The crash point the workload kills itself at, if any.
+    fn workload_point(self) -> Option<(CrashPoint, u64)> {
+        match self {
+            Mode::Point(point, nth) => Some((point, nth)),
+            Mode::Server(ServerPoint::PhaseTwo, nth) => Some((CrashPoint::Decided, nth)),
+            _ => None,
+        }
+    }
+
+    /// Whether the workload outlives the primary and fails over by itself.
+    fn workload_fails_over(self) -> bool {
+        matches!(
+            self,
+            Mode::Primary | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
+        )
     }
 }
 
 /// One cycle: the workload through the pair, the primary killed (with the workload, in
-/// some modes), the other promoted, the killed one back as the backup, a run that must
-/// succeed, and the checks.
+/// some modes, or by itself at a crash point), the other promoted, the killed one back as
+/// the backup, a run that must succeed, and the checks.
 fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: &mut Totals) {
-    let mode = match cycle % 5 {
-        0 | 1 => Mode::Primary,
-        2 => Mode::Both,
-        3 => Mode::Point(CrashPoint::Decided, rng.gen_range(1..=8)),
-        _ => Mode::Point(CrashPoint::PhaseTwo, rng.gen_range(1..=8)),
-    };
+    let mode = Mode::pick(cycle, rng);
     totals.modes[mode.index()] += 1;
     let delay_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..=LINK_DELAY_MAX_MS) };
     pair.link_delay.store(delay_ms * 1000, Ordering::Relaxed);
     let context = format!(
         "{} cycle {cycle} ({mode:?}, link delay {delay_ms} ms, primary member {}), seed {}",
-        l.bank.pair.name(),
+        l.bank.0.pair.name(),
         pair.primary + 1,
         l.seed
     );
     let (acked, stderr) = (l.dir.join(format!("acked-{cycle}")), l.dir.join(format!("workload-{cycle}.log")));
-    let (seed_run, nth) = (
-        rng.gen::<u64>().to_string(),
-        match mode {
-            Mode::Point(_, nth) => nth.to_string(),
-            _ => String::new(),
-        },
-    );
+    let log_from = match mode {
+        Mode::Server(point, nth) => {
+            let nth = if point == ServerPoint::PhaseTwo { 1 } else { nth };
+            Some(pair.members[pair.primary].arm(&format!("{}:{nth}", point.name()), &context))
+        }
+        _ => None,
+    };
+    let (seed_run, crash_at) = (rng.gen::<u64>().to_string(), mode.workload_point().map(|p| p.1.to_string()));
     let mut extra = vec!["--seed", seed_run.as_str(), "--failover-wait-s", "120"];
-    if let Mode::Point(point, _) = mode {
+    if let (Some((point, _)), Some(nth)) = (mode.workload_point(), &crash_at) {
         extra.extend(["--crash-point", point.name(), "--crash-at", nth.as_str()]);
     }
     let (mut child, lines) = l.bank.run(&pair.addresses, &acked, &stderr, &extra);
-    let why = || std::fs::read_to_string(&stderr).unwrap_or_default();
     let mut seen = wait_ready(&lines, &mut child.0, &context, &stderr);
-    if let Mode::Point(..) = mode {
-        let status = wait_exit(&mut child.0, WAIT_MAX);
-        let killed = status.is_some_and(|s| s.signal() == Some(libc::SIGKILL));
-        assert!(killed, "{context}: expected the crash point's SIGKILL, got {status:?}: {}", why());
-    } else {
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
-        if let Ok(Some(status)) = child.0.try_wait() {
-            panic!("{context}: the workload ended before the kill ({status}): {}", why());
-        }
-    }
-    if let Mode::Both = mode {
-        child.0.kill().expect("SIGKILL the workload");
-        child.0.wait().expect("reap the workload");
-    }
-    let epoch = pair.fail_over(&context);
-    if let Mode::Primary = mode {
+    let killing = Killing { mode, log_from, stderr: &stderr, context: &context };
+    let crashed = kill(pair, &killing, &mut child.0, rng);
+    let epoch_before = pair.epoch;
+    let epoch = pair.promote_other(&context);
+    if mode.workload_fails_over() {
         finish_killed_workload(&mut child.0, &lines, seen, epoch, &stderr, totals, &context);
     } else {
         seen.extend(lines.iter());
         let points: Vec<&str> = seen.iter().filter_map(|l| l.strip_prefix("CRASH-POINT ")).collect();
-        if let Mode::Point(point, _) = mode {
+        if let Some((point, _)) = mode.workload_point() {
             let id = match points[..] {
                 [line] => line.strip_prefix(point.name()).map(str::trim),
                 _ => None,
@@ -660,13 +803,111 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
             totals.decided.insert(id.to_string());
         }
     }
-    read_acked(&acked, &mut totals.acked, &context);
+    let acked_now = read_acked(&acked, epoch_before, totals, &context);
+    if let (Mode::Server(point, _), Some(id)) = (mode, crashed) {
+        server_point_resolved(point, &id, &acked_now, totals, &context);
+    }
     pair.wait_strict(&context);
+    old_primary_refuses(l, pair, cycle, &context);
     serves(l, pair, cycle, totals, &context);
-    check(l.config, l.bank.node, totals, &context);
+    check(l.config, l.bank.0.node, totals, &context);
 }
 
-/// The new primary serves: a short run through the pair must succeed and acknowledge.
+/// How a cycle's primary dies.
+struct Killing<'a> {
+    mode: Mode,
+    /// Where the primary's log ended when its crash point was armed (server points only).
+    log_from: Option<u64>,
+    /// The workload's stderr, for failure messages.
+    stderr: &'a Path,
+    context: &'a str,
+}
+
+/// Kills the primary as the mode says (with the workload, alone at a random moment, or
+/// after the workload killed itself at its crash point), or waits until it killed itself
+/// at its armed point; returns the transfer id of the server's crash line.
+fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng) -> Option<String> {
+    let why = || std::fs::read_to_string(k.stderr).unwrap_or_default();
+    let context = k.context;
+    if k.mode.workload_point().is_some() {
+        let status = wait_exit(child, WAIT_MAX);
+        let killed = status.is_some_and(|s| s.signal() == Some(libc::SIGKILL));
+        assert!(killed, "{context}: expected the crash point's SIGKILL, got {status:?}: {}", why());
+    } else if let Mode::Primary | Mode::Both = k.mode {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{context}: the workload ended before the kill ({status}): {}", why());
+        }
+    }
+    if let Mode::Both = k.mode {
+        child.kill().expect("SIGKILL the workload");
+        child.wait().expect("reap the workload");
+    }
+    match (k.mode, k.log_from) {
+        (Mode::Server(point, _), Some(from)) => Some(pair.wait_crash(point.name(), from, context)),
+        _ => {
+            pair.kill_primary(context);
+            None
+        }
+    }
+}
+
+/// What must hold of the transfer `id` the primary killed itself in, at server `point`.
+fn server_point_resolved(
+    point: ServerPoint,
+    id: &str,
+    acked_now: &[String],
+    totals: &mut Totals,
+    context: &str,
+) {
+    match point {
+        ServerPoint::DecideWritten => {
+            // The kill came before any confirmation could answer it: never acknowledged.
+            assert!(
+                !acked_now.iter().any(|a| a == id),
+                "{context}: transfer {id} was acknowledged before its backup confirmed it"
+            );
+            let slot = if totals.resolved_committed.contains(id) {
+                0
+            } else if totals.resolved_rolled_back.contains(id) {
+                1
+            } else {
+                2
+            };
+            totals.written_outcomes[slot] += 1;
+        }
+        ServerPoint::DecideConfirmed => assert!(
+            totals.resolved_committed.contains(id),
+            "{context}: transfer {id}, confirmed by the backup when the primary died, was not \
+             answered committed by the new primary"
+        ),
+        ServerPoint::PhaseTwo => {
+            totals.decided.insert(id.to_string());
+        }
+    }
+}
+
+/// The old primary, back as the backup, serves nobody: a run given only its socket is
+/// refused (`NotPrimary`) and acknowledges nothing, in its old epoch or any other.
+fn old_primary_refuses(l: &Loop<'_>, pair: &Pair, cycle: u64, context: &str) {
+    let old = &pair.members[1 - pair.primary];
+    let (acked, stderr) = (l.dir.join(format!("acked-{cycle}-old")), l.dir.join(format!("old-{cycle}.log")));
+    let address = format!("unix:{}", old.socket.display());
+    let extra = ["--failover-wait-s", "0", "--transfers-max", "1"];
+    let (mut child, lines) = l.bank.run(&address, &acked, &stderr, &extra);
+    let status = wait_exit(&mut child.0, WAIT_MAX);
+    let why = std::fs::read_to_string(&stderr).unwrap_or_default();
+    let out: Vec<String> = lines.iter().collect();
+    let acked = std::fs::read_to_string(&acked).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| !s.success()) && why.contains("not the primary") && acked.is_empty(),
+        "{context}: the old primary {}, restarted, is not refusing clients ({status:?}): {why}\n{out:?}",
+        old.name
+    );
+}
+
+/// The new primary serves: a short run through the pair must succeed and acknowledge,
+/// every acknowledgement in the new epoch.
 fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &str) {
     let (acked, stderr) =
         (l.dir.join(format!("acked-{cycle}-after")), l.dir.join(format!("after-{cycle}.log")));
@@ -682,8 +923,8 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
         status.success() && out.iter().any(|l| l.starts_with("DONE")),
         "{context}: the new primary does not serve ({status}): {why}\n{out:?}"
     );
-    let after = read_acked(&acked, &mut totals.acked, context);
-    assert!(after > 0, "{context}: the run after the failover acknowledged nothing");
+    let after = read_acked(&acked, pair.epoch, totals, context);
+    assert!(!after.is_empty(), "{context}: the run after the failover acknowledged nothing");
 }
 
 fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
@@ -692,13 +933,14 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
     let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
     let scratch = Scratch(Some(tempfile::tempdir().expect("temp dir")));
     let dir = scratch.path();
-    let bank = Bank { pair: kind, prefix: prefix.into(), node };
+    let bank = Bank(common::BankArgs { pair: kind, prefix: prefix.into(), accounts: ACCOUNTS, node });
     let setup = bank.command("setup").arg("--reset").output().expect("run decree-bank setup");
     assert!(setup.status.success(), "setup failed: {}", String::from_utf8_lossy(&setup.stderr));
-    // The members run under a name of their own (a link to the binary), which a broad
-    // `killall decree` by someone else on a shared machine does not stop mid-loop.
+    // The members run under a name of their own (a copy of the binary, which the next
+    // `cargo build` does not replace mid-loop), which a broad `killall decree` by someone
+    // else on a shared machine does not stop either.
     let bin = dir.join("decree-pair-member");
-    std::os::unix::fs::symlink(decree_bin(), &bin).expect("link the decree binary");
+    std::fs::copy(decree_bin(), &bin).expect("copy the decree binary");
     let started = Instant::now();
     let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config });
     let mut totals = Totals::default();
@@ -707,11 +949,21 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
         cycle(&l, &mut pair, n, &mut rng, &mut totals);
     }
     assert!(!totals.acked.is_empty(), "{}: no transfer was ever acknowledged", kind.name());
+    let mut per_epoch: Vec<String> =
+        totals.per_epoch.iter().map(|(epoch, n)| format!("{}:{n}", epoch_name(*epoch))).collect();
+    if per_epoch.len() > PER_EPOCH_SHOWN {
+        let left = per_epoch.len() - PER_EPOCH_SHOWN;
+        per_epoch.drain(PER_EPOCH_SHOWN / 2..per_epoch.len() - PER_EPOCH_SHOWN / 2);
+        per_epoch.insert(PER_EPOCH_SHOWN / 2, format!("({left} more)"));
+    }
+    let counts: Vec<u64> = totals.per_epoch.values().copied().collect();
     eprintln!(
         "{}: {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
-         points decided, phase-two: {:?}), {} transfers acknowledged, {} decided at a crash point, \
-         decides without an answer resolved by the new primary: {} committed, {} rolled back, {} \
-         unknown ({} failovers had none), {:.1} s",
+         points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
+         phase-two: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
+         failovers had none); the transfers of decide-written crashes ended committed / rolled \
+         back / other: {:?}; {:.1} s",
         kind.name(),
         totals.modes,
         totals.acked.len(),
@@ -720,7 +972,17 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
         totals.resolved_rolled_back.len(),
         totals.resolved_other,
         totals.no_doubt,
+        totals.written_outcomes,
         started.elapsed().as_secs_f64()
+    );
+    eprintln!(
+        "{}: acknowledged per epoch, each only while it led ({} epochs with acknowledgements, \
+         from {} to {} each): {}",
+        kind.name(),
+        counts.len(),
+        counts.iter().min().unwrap_or(&0),
+        counts.iter().max().unwrap_or(&0),
+        per_epoch.join(" ")
     );
 }
 

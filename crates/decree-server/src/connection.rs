@@ -15,6 +15,7 @@
 //! sent no request for that long with none in flight (a decide waiting on the log keeps
 //! its session alive, and the bound restarts when the last answer leaves).
 
+use crate::crash_points::{self, CrashPoint};
 use crate::rules;
 use crate::state::{SessionTxns, State};
 use decree_core::{Decision, HeuristicOutcome, Xid};
@@ -290,6 +291,7 @@ impl Conn {
                             accepting.decided_or_orphan(&txns, origin.sequence, decision, key);
                             accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
                             accepting.metrics.observe_decide(started.elapsed());
+                            crash_points::pass(CrashPoint::DecideConfirmed, &xid);
                             send(Message::DecideOk)
                         };
                         match (state.pair(), early, shipped) {

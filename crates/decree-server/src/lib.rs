@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod config;
 mod connection;
+mod crash_points;
 mod link_tls;
 mod metrics;
 mod pair;

@@ -16,9 +16,11 @@
 //!
 //! The outcome memory follows too (each entry as it is remembered, and the whole memory
 //! in every catch-up), so a promoted member answers `Outcome` for what the old primary had
-//! finished. Not here yet: TLS on the link or with `[tls]` (refused by the configuration).
+//! finished. The link runs TLS with the pair's certificates when `[pair.tls]` says so
+//! (`link_tls.rs`).
 
 use crate::config::{PairAck, PairConfig, ServerConfig};
+use crate::crash_points::{self, CrashPoint};
 use crate::state::State;
 use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
@@ -171,7 +173,11 @@ impl PrimaryLink {
                 accept();
                 state.confirm(&entry.xid);
             }
-            Some(entry) => entry.accept = Some(accept),
+            Some(entry) => {
+                entry.accept = Some(accept);
+                // Under the pending lock: no confirmation can answer it before the kill.
+                crash_points::pass(CrashPoint::DecideWritten, &entry.xid);
+            }
             None => {} // Abandoned at shutdown: nobody answers it.
         }
     }
@@ -479,7 +485,8 @@ fn bind_control(dir: &Path) -> Result<UnixListener, ServerError> {
 }
 
 /// Answers `status` and `promote [--force]`, one line each, for `decree status` and
-/// `decree promote`.
+/// `decree promote` (and, in a build with the `crash-points` feature, `crash-point
+/// <name>:<nth>`, which arms a crash point: see `crash_points.rs`).
 async fn serve_control(
     listener: UnixListener,
     member: Arc<Mutex<Member>>,
@@ -513,6 +520,12 @@ async fn serve_control(
                             }
                         }
                     }
+                }
+                // Only in a build with the `crash-points` feature (the pair kill loop's).
+                #[cfg(feature = "crash-points")]
+                request if request.starts_with("crash-point ") => {
+                    let spec = request.trim_start_matches("crash-point ");
+                    crash_points::arm(spec).unwrap_or_else(|e| format!("refused: {e}"))
                 }
                 other => format!("refused: unknown request {other:?} (status, promote, promote --force)"),
             };

@@ -18,6 +18,7 @@
 //! land in the database after the close's own pass), and at least every
 //! `periodic_pass_ms`. Every pass is the same whole pass, whatever asked for it.
 
+use crate::crash_points::{self, CrashPoint};
 use crate::rules::Remembered;
 use crate::state::State;
 use decree_core::recovery::runtime::{self, ScanRules};
@@ -143,6 +144,7 @@ impl Recorder for Books<'_> {
         if commit {
             self.0.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
             tracing::info!(%xid, %rm, "committed branch of a finished session");
+            crash_points::pass(CrashPoint::PhaseTwo, xid);
         }
     }
 }

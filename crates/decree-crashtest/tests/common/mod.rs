@@ -1,4 +1,5 @@
-//! What the crash tests share: the test databases' DSNs and the CI rule for missing ones.
+//! What the crash tests share: the test databases' DSNs and the CI rule for missing ones,
+//! the seeded random source, and how `decree-bank` is started.
 //!
 //! Without DECREE_TEST_* the tests print "skipped" and pass, so that `cargo test` works on
 //! a laptop without databases; with CI=true a missing database is a failure, so that CI
@@ -8,6 +9,33 @@
 
 use decree_crashtest::{BankConfig, PairKind};
 use rand::{Rng, SeedableRng};
+use std::process::Command;
+
+/// The bank workload's binary (built by cargo for this test crate).
+pub const BANK_BIN: &str = env!("CARGO_BIN_EXE_decree-bank");
+
+/// What every `decree-bank` command of a loop shares: the database pair, the tables'
+/// prefix, the number of accounts and the node id whose branches the checks look for.
+pub struct BankArgs {
+    pub pair: PairKind,
+    pub prefix: String,
+    pub accounts: u32,
+    pub node: u32,
+}
+
+impl BankArgs {
+    /// `decree-bank <sub>` with the shared options.
+    pub fn command(&self, sub: &str) -> Command {
+        let mut c = Command::new(BANK_BIN);
+        c.arg(sub).args(["--pair", self.pair.name(), "--prefix", &self.prefix]).args([
+            "--accounts",
+            &self.accounts.to_string(),
+            "--node",
+            &self.node.to_string(),
+        ]);
+        c
+    }
+}
 
 /// The databases of one pair, or None (after printing why) when the test must skip.
 pub fn bank_config(kind: PairKind, prefix: &str, accounts: u32) -> Option<BankConfig> {
