@@ -49,7 +49,8 @@
 //! acknowledged it): those of the cycle's workload must all carry the epoch that led when
 //! it started, those after the promotion the new epoch, so no epoch gains one once it was
 //! superseded; the summary prints the counts. Cycles: DECREE_PAIR_KILL_CYCLES (default 50
-//! per database pair); seed: DECREE_PAIR_KILL_SEED. The `decree` binary is built by the
+//! per database pair); seed: DECREE_PAIR_KILL_SEED. PostgreSQL + PostgreSQL also runs with
+//! the backup acknowledging from memory (`ack = "received"`). The `decree` binary is built by the
 //! test (`cargo build -p decree-cli --features crash-points` with this test's profile and
 //! target directory), so the servers are never a stale build. On a failure the temporary
 //! directory (member logs, configurations, acknowledged ids) is kept and its path printed.
@@ -246,6 +247,8 @@ struct Site<'a> {
     bin: &'a Path,
     node: u32,
     bank: &'a BankConfig,
+    /// When the backup acknowledges (`[pair] ack`).
+    ack: &'static str,
 }
 
 impl Member {
@@ -260,6 +263,7 @@ impl Member {
             "node = {}\nlog_dir = {}\nengine = \"journal\"\nunix = {}\n\
              [recovery]\nperiodic_pass_ms = {PERIODIC_PASS_MS}\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{}\"\npeer_link = \"127.0.0.1:{}\"\npeer_clients = {}\n\
+             ack = \"{}\"\n\
              [[rm]]\nname = \"bank-a\"\nkind = \"postgres\"\ndsn = {}\n\
              [[rm]]\nname = \"bank-b\"\nkind = \"{kind_b}\"\ndsn = {}\n",
             site.node,
@@ -268,6 +272,7 @@ impl Member {
             links.0,
             links.1,
             toml_str(&format!("unix:{}", site.dir.join(format!("{peer}.sock")).display())),
+            site.ack,
             toml_str(&site.bank.dsn_a),
             toml_str(&site.bank.dsn_b),
         );
@@ -927,7 +932,9 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
     assert!(!after.is_empty(), "{context}: the run after the failover acknowledged nothing");
 }
 
-fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
+/// `ack` is the backup's acknowledgement mode: `durable`, or `received` (issue 19's: the
+/// backup acknowledges from memory; the loop kills only primaries, which it survives too).
+fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str) {
     let Some(config) = common::bank_config(kind, prefix, ACCOUNTS) else { return };
     let (seed, mut rng) = common::seeded_rng("DECREE_PAIR_KILL_SEED");
     let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
@@ -942,7 +949,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
     let bin = dir.join("decree-pair-member");
     std::fs::copy(decree_bin(), &bin).expect("copy the decree binary");
     let started = Instant::now();
-    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config });
+    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack });
     let mut totals = Totals::default();
     let l = Loop { bank: &bank, config: &config, dir, seed };
     for n in 0..cycles {
@@ -958,13 +965,14 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
     }
     let counts: Vec<u64> = totals.per_epoch.values().copied().collect();
     eprintln!(
-        "{}: {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
+        "{} (ack = {}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
          phase-two: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",
         kind.name(),
+        ack,
         totals.modes,
         totals.acked.len(),
         totals.decided.len(),
@@ -988,10 +996,15 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32) {
 
 #[test]
 fn pair_kill_loop_postgres_postgres() {
-    pair_kill_loop(PairKind::PgPg, "pair_pgpg", 0x00C0_0011);
+    pair_kill_loop(PairKind::PgPg, "pair_pgpg", 0x00C0_0011, "durable");
+}
+
+#[test]
+fn pair_kill_loop_postgres_postgres_with_received_acknowledgements() {
+    pair_kill_loop(PairKind::PgPg, "pair_pgpg_rcv", 0x00C0_0013, "received");
 }
 
 #[test]
 fn pair_kill_loop_postgres_mariadb() {
-    pair_kill_loop(PairKind::PgMariaDb, "pair_pgm", 0x00C0_0012);
+    pair_kill_loop(PairKind::PgMariaDb, "pair_pgm", 0x00C0_0012, "durable");
 }
