@@ -7,6 +7,7 @@
 //! targets without touching the workload or the reports.
 
 use crate::BenchError;
+use decree_server::PairAck;
 use std::fmt;
 use std::str::FromStr;
 
@@ -98,28 +99,110 @@ impl FromStr for Mode {
 /// The most servers `--replicas` may ask for: one, or a primary + backup pair.
 pub const REPLICAS_MAX: usize = 2;
 
-/// What one run measures: a mode and how many servers hold the decisions (1, or 2 for a
+/// How many servers hold each decision: one, or a primary + backup pair with how its
+/// backup acknowledges and whether its link runs TLS. Written `1`, `2` (durable, plain
+/// link), `2-received`, `2-tls`, `2-received-tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replicas {
+    /// Servers: 1, or 2 for a pair the benchmark starts itself.
+    pub count: usize,
+    /// When a pair's backup acknowledges.
+    pub ack: PairAck,
+    /// A pair's link runs TLS with throwaway member certificates.
+    pub link_tls: bool,
+}
+
+impl Replicas {
+    /// One server.
+    pub const SINGLE: Replicas = Replicas { count: 1, ack: PairAck::Durable, link_tls: false };
+    /// A pair whose backup acknowledges after its durable write, over a plain link.
+    pub const PAIR: Replicas = Replicas { count: 2, ack: PairAck::Durable, link_tls: false };
+
+    /// What a pair adds to the mode's name: `-pair`, then `-received` and `-tls`.
+    fn suffix(&self) -> String {
+        match self.count {
+            1 => String::new(),
+            2 => {
+                let ack = if self.ack == PairAck::Received { "-received" } else { "" };
+                format!("-pair{ack}{}", if self.link_tls { "-tls" } else { "" })
+            }
+            n => format!("-x{n}"),
+        }
+    }
+}
+
+impl fmt::Display for Replicas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.count {
+            1 => f.write_str("1"),
+            n => write!(f, "{n}{}", self.suffix().trim_start_matches("-pair")),
+        }
+    }
+}
+
+impl FromStr for Replicas {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            BenchError::Option(format!(
+                "--replicas {s}: expected 1 (a single server) or 2 (a primary + backup pair), the pair \
+                 optionally followed by -received (its backup acknowledges from memory) and -tls (TLS on \
+                 its link): 2, 2-received, 2-tls, 2-received-tls"
+            ))
+        };
+        let mut parts = s.split('-');
+        let mut replicas = match parts.next() {
+            Some("1") => Replicas::SINGLE,
+            Some("2") => Replicas::PAIR,
+            _ => return Err(bad()),
+        };
+        let mut last = "";
+        for part in parts {
+            match (replicas.count, last, part) {
+                (2, "", "received") => replicas.ack = PairAck::Received,
+                (2, "" | "received", "tls") => replicas.link_tls = true,
+                _ => return Err(bad()),
+            }
+            last = part;
+        }
+        Ok(replicas)
+    }
+}
+
+/// What one run measures: a mode and the servers that hold the decisions (one, or a
 /// primary + backup pair), so that `--mode` and `--replicas` lists alternate as one list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     /// Where the transaction manager runs.
     pub mode: Mode,
-    /// Servers holding each decision: 1, or 2 for a pair the benchmark starts itself.
-    pub replicas: usize,
+    /// The servers holding each decision.
+    pub replicas: Replicas,
 }
 
 impl Variant {
     /// A single server (or the embedded mode).
     pub fn single(mode: Mode) -> Self {
-        Variant { mode, replicas: 1 }
+        Variant { mode, replicas: Replicas::SINGLE }
     }
 
-    /// The name in reports: the mode's for one server, `unix-pair` for a pair.
+    /// The name in reports: the mode's for one server, `unix-pair` for a pair (with
+    /// `-received` and `-tls` after it for those pairs).
     pub fn name(&self) -> String {
-        match self.replicas {
-            1 => self.mode.name().to_string(),
-            2 => format!("{}-pair", self.mode.name()),
-            n => format!("{}-x{n}", self.mode.name()),
+        format!("{}{}", self.mode.name(), self.replicas.suffix())
+    }
+}
+
+impl Variant {
+    /// A short name for the run's directory: the pair's control socket lives in its log
+    /// directory, and a Unix socket's path is limited to 107 bytes (`unix-prt` for
+    /// `unix-pair-received-tls`).
+    pub fn dir_name(&self) -> String {
+        match self.replicas.count {
+            2 => {
+                let ack = if self.replicas.ack == PairAck::Received { "r" } else { "" };
+                format!("{}-p{ack}{}", self.mode.name(), if self.replicas.link_tls { "t" } else { "" })
+            }
+            _ => self.name(),
         }
     }
 }
@@ -133,8 +216,8 @@ impl fmt::Display for Variant {
 impl FromStr for Variant {
     type Err = BenchError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.strip_suffix("-pair") {
-            Some(mode) => Ok(Variant { mode: mode.parse()?, replicas: 2 }),
+        match s.split_once("-pair") {
+            Some((mode, rest)) => Ok(Variant { mode: mode.parse()?, replicas: format!("2{rest}").parse()? }),
             None => Ok(Variant::single(s.parse()?)),
         }
     }
@@ -158,11 +241,31 @@ mod tests {
 
     #[test]
     fn variants_are_named_after_their_mode_and_parse_back() {
-        let pair = Variant { mode: Mode::Unix, replicas: 2 };
+        let pair = Variant { mode: Mode::Unix, replicas: Replicas::PAIR };
         assert_eq!((Variant::single(Mode::Unix).name(), pair.name()), ("unix".into(), "unix-pair".into()));
-        for variant in [pair, Variant::single(Mode::Tcp), Variant { mode: Mode::Tcp, replicas: 2 }] {
+        let received_tls = Replicas { ack: PairAck::Received, link_tls: true, ..Replicas::PAIR };
+        let received_tls = Variant { mode: Mode::Unix, replicas: received_tls };
+        assert_eq!(received_tls.name(), "unix-pair-received-tls");
+        for variant in [
+            pair,
+            Variant::single(Mode::Tcp),
+            Variant { mode: Mode::Tcp, replicas: Replicas::PAIR },
+            received_tls,
+        ] {
             assert_eq!(variant.to_string().parse::<Variant>().unwrap(), variant);
         }
         assert!("ssl-pair".parse::<Variant>().is_err());
+    }
+
+    #[test]
+    fn replicas_parse_as_written_and_refuse_the_rest() {
+        for text in ["1", "2", "2-received", "2-tls", "2-received-tls"] {
+            assert_eq!(text.parse::<Replicas>().unwrap().to_string(), text);
+        }
+        assert_eq!("2-tls".parse::<Replicas>().unwrap(), Replicas { link_tls: true, ..Replicas::PAIR });
+        for bad in ["0", "3", "1-received", "2-tls-received", "2-received-received", "2-", "two"] {
+            let e = bad.parse::<Replicas>().unwrap_err().to_string();
+            assert!(e.contains("2-received-tls"), "{bad}: {e}");
+        }
     }
 }

@@ -144,7 +144,7 @@ pub fn summaries(modes: &[Variant], points: &[BenchPoint]) -> Vec<ModeSummary> {
             rpo_ms: first.rpo_ms,
             threads: first.threads,
             mode: mode.name(),
-            replicas: mode.replicas,
+            replicas: mode.replicas.count,
             rounds: runs.len(),
             tps: spread(&runs, tps).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
             total_p95_us: spread(&runs, total_p95).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_pair_is_compared_to_the_single_server_with_its_promotion_times() {
-        let pair = Variant { mode: Mode::Unix, replicas: 2 };
+        let pair = Variant { mode: Mode::Unix, replicas: crate::client::Replicas::PAIR };
         let promoted = |mut point: BenchPoint, first_decision_ms: f64| {
             (point.mode, point.replicas) = (pair.name(), 2);
             point.promotion = Some(Promotion { answered_ms: 1.0, first_decision_ms, strict_ms: 40.0 });

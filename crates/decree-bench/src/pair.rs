@@ -16,11 +16,13 @@
 //! more than the run's commits ([`PROBE_DECISIONS`]). The run's clients use member 1's
 //! socket; member 2 answers clients `NotPrimary` throughout.
 
+use crate::client::Replicas;
 use crate::remote::client_error;
 use crate::BenchError;
 use decree_client::{ClientOptions, Endpoint, RemoteDecisions};
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, RmFactory, Xid};
-use decree_server::{PairAck, PairConfig, ServerConfig, ServerError, ServerHandle};
+use decree_server::testing::TestCa;
+use decree_server::{PairConfig, PairTlsConfig, ServerConfig, ServerError, ServerHandle};
 use serde::Serialize;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -36,6 +38,21 @@ const POLL: Duration = Duration::from_micros(200);
 
 /// Decisions the promotion's probe adds to the primary's counters (one, completed).
 pub const PROBE_DECISIONS: u64 = 1;
+
+/// The `[pair.tls]` of members 1 and 2: a throwaway CA of the pair and a certificate for
+/// each (`decree-member-1`, `decree-member-2`) naming the other as its peer.
+fn member_certificates(dir: &Path) -> [PairTlsConfig; 2] {
+    let ca = TestCa::new("decree-bench pair CA");
+    let ca_file = ca.write_ca(&dir.join("pair-ca.pem"));
+    let names = ["decree-member-1", "decree-member-2"];
+    let files = names.map(|name| ca.member(dir, name));
+    [0, 1].map(|own| PairTlsConfig {
+        cert: files[own].cert.clone(),
+        key: files[own].key.clone(),
+        ca: ca_file.clone(),
+        peer_name: names[1 - own].to_string(),
+    })
+}
 
 /// What promoting member 1 of a new pair took, each figure from sending `promote`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -64,15 +81,18 @@ pub struct StartedPair {
 }
 
 /// Starts a pair from `base` (the single server's configuration: engine, RPO, limits) with
-/// the logs under `base.log_dir` and the client sockets in `socket_dir`, promotes member 1
-/// and waits until it is strict.
+/// the logs under `base.log_dir` and the client sockets in `socket_dir`, its backup
+/// acknowledging and its link secured as `replicas` says (TLS with throwaway member
+/// certificates, written in `socket_dir`), promotes member 1 and waits until it is strict.
 pub fn start(
     base: &ServerConfig,
     socket_dir: &Path,
     factories: Vec<Arc<dyn RmFactory>>,
+    replicas: Replicas,
 ) -> Result<StartedPair, BenchError> {
     let [link_1, link_2, metrics] = free_ports()?;
     let sockets = [socket_dir.join("decree.sock"), socket_dir.join("backup.sock")];
+    let link_tls = replicas.link_tls.then(|| member_certificates(socket_dir));
     let member = |id: u8, link: u16, peer_link: u16| -> Result<ServerConfig, BenchError> {
         let (own, peer) = (id as usize - 1, 2 - id as usize);
         let dir = base.log_dir.join(format!("m{id}"));
@@ -87,8 +107,8 @@ pub fn start(
             link: SocketAddr::from(([127, 0, 0, 1], link)),
             peer_link: SocketAddr::from(([127, 0, 0, 1], peer_link)),
             peer_clients: Some(format!("unix:{}", sockets[peer].display())),
-            ack: PairAck::Durable,
-            tls: None,
+            ack: replicas.ack,
+            tls: link_tls.as_ref().map(|tls| tls[own].clone()),
         });
         Ok(config)
     };

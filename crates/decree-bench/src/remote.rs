@@ -24,7 +24,7 @@
 //! or more RMs; a pair's primary also counts its promotion's one probe). Against a server
 //! given by address, whose counters other clients share, it checks nothing.
 
-use crate::client::{BenchClient, BenchTarget, Mode};
+use crate::client::{BenchClient, BenchTarget, Mode, Replicas};
 use crate::embedded::{TmClient, RMS_MAX};
 use crate::handshake::{self, Connector, Handshake, HANDSHAKE_CONNECTIONS};
 use crate::pair::{self, Promotion, PROBE_DECISIONS};
@@ -66,9 +66,9 @@ pub struct RemoteSpec {
     pub rms: usize,
     /// Benchmark threads, each holding one connection.
     pub threads: usize,
-    /// Servers holding each decision: 1, or 2 for a primary + backup pair (the
-    /// benchmark's own server, over the Unix socket, only).
-    pub replicas: usize,
+    /// Servers holding each decision: one, or a primary + backup pair (the benchmark's
+    /// own server, over the Unix socket, only).
+    pub replicas: Replicas,
 }
 
 /// A coordinator over a state server, shared by the clients of one run.
@@ -230,16 +230,16 @@ fn start_server(
             .map_err(|e| BenchError::io("cannot create a private directory", std::env::temp_dir(), e))
     };
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-    if spec.replicas != 1 && (spec.mode, spec.replicas) != (Mode::Unix, 2) {
+    if spec.replicas.count != 1 && (spec.mode, spec.replicas.count) != (Mode::Unix, 2) {
         return Err(BenchError::Option(format!(
-            "{} replicas in the {} mode: a pair (2) runs over the Unix socket only",
+            "replicas {} in the {} mode: a pair (2) runs over the Unix socket only",
             spec.replicas, spec.mode
         )));
     }
     let (dir, tls_files) = match spec.mode {
-        Mode::Unix if spec.replicas == 2 => {
+        Mode::Unix if spec.replicas.count == 2 => {
             let dir = private_dir()?;
-            let started = pair::start(&config, dir.path(), factories)?;
+            let started = pair::start(&config, dir.path(), factories, spec.replicas)?;
             return Ok(Started {
                 endpoint: started.endpoint,
                 server: Some(started.primary),

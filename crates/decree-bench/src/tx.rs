@@ -12,7 +12,7 @@
 //! mode runs on a single server and on a primary + backup pair ([`crate::pair`]), the
 //! [`Variant`]s alternating in every round like the modes.
 
-use crate::client::{BenchTarget, Mode, Variant, REPLICAS_MAX};
+use crate::client::{BenchTarget, Mode, Replicas, Variant};
 use crate::compare::{self, ModeSummary};
 use crate::embedded::{EmbeddedTarget, RMS_MAX};
 use crate::handshake::Handshake;
@@ -298,10 +298,11 @@ pub struct BenchSpec {
     /// Where the transaction manager runs; with several, they alternate in every round so
     /// that they are compared under the same drift of a noisy machine.
     pub modes: Vec<Mode>,
-    /// Servers per state-server run: 1, or 2 for a primary + backup pair the benchmark
-    /// starts itself (`--mode unix`); with both, every mode runs with each, alternated in
-    /// every round and compared to the first ([`BenchSpec::variants`]).
-    pub replicas: Vec<usize>,
+    /// Servers per state-server run: one, or a primary + backup pair the benchmark starts
+    /// itself (`--mode unix`; durable or received acknowledgements, TLS on its link or
+    /// not); with several, every mode runs with each, alternated in every round and
+    /// compared to the first ([`BenchSpec::variants`]).
+    pub replicas: Vec<Replicas>,
     /// Rounds of every mode per thread count (1 to [`ROUNDS_MAX`]).
     pub rounds: usize,
     /// Parent of the per-run log directories (each is created fresh and removed after).
@@ -606,29 +607,24 @@ fn check_replicas(spec: &BenchSpec) -> Result<(), BenchError> {
     if spec.replicas.is_empty() {
         return refuse("--replicas: expected at least one count".into());
     }
-    if let Some(bad) = spec.replicas.iter().find(|&&r| r == 0 || r > REPLICAS_MAX) {
-        return refuse(format!(
-            "--replicas {bad}: expected 1 (a single server) or 2 (a primary + backup pair)"
-        ));
-    }
     if let Some(twice) =
         spec.replicas.iter().enumerate().find_map(|(i, r)| spec.replicas[..i].contains(r).then_some(r))
     {
         return refuse(format!("--replicas lists {twice} twice"));
     }
-    if !spec.replicas.contains(&2) {
-        return Ok(());
-    }
+    let Some(pair) = spec.replicas.iter().find(|r| r.count == 2) else { return Ok(()) };
     if let Some(mode) = spec.modes.iter().find(|&&m| m != Mode::Unix) {
         return refuse(format!(
-            "--replicas 2 runs a pair over the Unix socket only: drop --mode {mode} (use --mode unix)"
+            "--replicas {pair} runs a pair over the Unix socket only: drop --mode {mode} (use --mode unix)"
         ));
     }
     if spec.connect.is_some() {
-        return refuse("--replicas 2 starts its own pair: drop --connect".into());
+        return refuse(format!("--replicas {pair} starts its own pair: drop --connect"));
     }
     if let Some(engine) = spec.engines.iter().find(|&&e| e == EngineKind::Volatile) {
-        return refuse(format!("--replicas 2 needs a durable engine: a pair member cannot run {engine}"));
+        return refuse(format!(
+            "--replicas {pair} needs a durable engine: a pair member cannot run {engine}"
+        ));
     }
     Ok(())
 }
@@ -706,7 +702,7 @@ fn run_one(
     variant: Variant,
     progress: &ProgressBar,
 ) -> Result<Result<Box<BenchPoint>, Skipped>, BenchError> {
-    let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}-{variant}"))?;
+    let dir = fresh_dir(&spec.dir, &format!("{engine}-rpo{rpo_ms}-t{threads}-{}", variant.dir_name()))?;
     let config = LogConfig::new(&dir, engine, SyncPolicy::from_rpo_ms(rpo_ms));
     let (t1, t2) = match spec.rate {
         Some(_) => (ThinkRange::ZERO, ThinkRange::ZERO),
@@ -721,7 +717,7 @@ fn run_one(
         Ok((result, handshake, promotion)) => {
             removed?;
             let mut point = BenchPoint::new(engine, rpo_ms, variant.mode, spec.rms, &result);
-            (point.mode, point.replicas) = (variant.name(), variant.replicas);
+            (point.mode, point.replicas) = (variant.name(), variant.replicas.count);
             point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
             point.handshake = handshake;
             point.promotion = promotion;

@@ -3,7 +3,7 @@
 //! charts have the promised shape; they never assert on speed.
 
 use decree_bench::chart;
-use decree_bench::client::Mode;
+use decree_bench::client::{Mode, Replicas};
 use decree_bench::embedded::EmbeddedTarget;
 use decree_bench::log_bench::{self, LogBenchSpec, LogPoint, LogStep, RAW_ENGINE};
 use decree_bench::report;
@@ -27,7 +27,7 @@ fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>
         t2: ThinkRange::ZERO,
         rms: 2,
         modes: vec![Mode::Embedded],
-        replicas: vec![1],
+        replicas: vec![Replicas::SINGLE],
         rounds: 1,
         dir: dir.to_path_buf(),
         seed: 1,
@@ -377,13 +377,15 @@ fn alternated_rounds_compare_every_mode_to_the_first() {
 
 #[test]
 fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
-    // `--mode unix --replicas 1,2`, one round of a tiny duration: a single server, then a
-    // pair whose member 1 is promoted and strict before the run. run_bench refuses a
-    // failed run, and a run fails unless the primary's metrics count one decision and one
+    // `--mode unix --replicas 1,2,2-received-tls`, one round of a tiny duration: a single
+    // server, then a pair whose member 1 is promoted and strict before the run, then one
+    // whose backup acknowledges from memory over a TLS link. run_bench refuses a failed
+    // run, and a run fails unless the primary's metrics count one decision and one
     // completion per commit (plus the promotion's probe).
     let dir = tempfile::tempdir_in(".").unwrap();
     let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
-    (spec.modes, spec.replicas) = (vec![Mode::Unix], vec![1, 2]);
+    let received_tls: Replicas = "2-received-tls".parse().unwrap();
+    (spec.modes, spec.replicas) = (vec![Mode::Unix], vec![Replicas::SINGLE, Replicas::PAIR, received_tls]);
     spec.stop = Stop::Duration(Duration::from_millis(300));
     let mut steps = Vec::new();
     tx::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step)).expect("benchmark runs");
@@ -392,7 +394,8 @@ fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
     let skipped: Vec<_> = steps.iter().filter(|s| matches!(s, Step::Skipped(_))).collect();
     assert!(skipped.is_empty(), "{skipped:?}");
     let names: Vec<(&str, usize)> = points.iter().map(|p| (p.mode.as_str(), p.replicas)).collect();
-    assert_eq!(names, [("unix", 1), ("unix-pair", 2)]);
+    assert_eq!(names, [("unix", 1), ("unix-pair", 2), ("unix-pair-received-tls", 2)]);
+    assert!(points[2].cycles > 0, "the received pair over TLS committed decisions: {:?}", points[2]);
     let (single, pair) = (points[0], points[1]);
     assert!(pair.cycles > 0, "the pair committed decisions: {pair:?}");
     assert!(single.promotion.is_none());
@@ -405,7 +408,7 @@ fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
     assert!(report::bench_block(pair).contains("promotion: first decision acknowledged"));
     let summaries: Vec<_> =
         steps.iter().filter_map(|s| if let Step::Compared(c) = s { Some(c.clone()) } else { None }).collect();
-    assert_eq!(summaries.len(), 2, "the single server and the pair side by side");
+    assert_eq!(summaries.len(), 3, "the single server and the pairs side by side");
     assert_eq!((summaries[1].mode.as_str(), summaries[1].versus.as_deref()), ("unix-pair", Some("unix")));
     assert!(summaries[1].promotion_ms.is_some() && summaries[1].tps_ratio.is_some());
     assert!(empty_dir(dir.path()), "both members' logs are removed after the run");

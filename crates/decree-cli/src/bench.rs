@@ -4,7 +4,7 @@
 use crate::bench_log::parse_seconds;
 use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
-use decree_bench::client::{Mode, Variant};
+use decree_bench::client::{Mode, Replicas, Variant};
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::round_trip::{self, Transport};
@@ -72,11 +72,12 @@ pub struct Args {
     pub mode: Vec<Mode>,
     /// Servers holding each decision, with --mode unix: 1 (a single server), or 2 (a
     /// primary + backup pair started for each run on two logs, member 1 promoted with force
-    /// and strict before the run; its promotion time is reported). Comma-separated counts
-    /// alternate like the modes in every round and are compared to the first: --mode unix
-    /// --replicas 1,2 --rounds 3.
+    /// and strict before the run; its promotion time is reported), 2-received (its backup
+    /// acknowledges from memory), 2-tls (TLS on its link, throwaway member certificates),
+    /// 2-received-tls. Comma-separated, they alternate like the modes in every round and
+    /// are compared to the first: --mode unix --replicas 1,2-received,2 --rounds 3.
     #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub replicas: Vec<usize>,
+    pub replicas: Vec<Replicas>,
     /// A running state server for --mode unix|tcp|tls (unix:/path, tcp:host:port or
     /// tls:host:port); the engine and RPO are then the server's own, whatever --engine and
     /// --rpo say. The decisions name the dummy resource managers dummy-0 and dummy-1, which
@@ -231,7 +232,11 @@ impl Args {
             format!("{rm} needs exactly two --dsn (database A, then B), got {}", dsns.len())
         })?;
         let tls = [&self.tls_ca, &self.tls_cert, &self.tls_key].iter().any(|f| f.is_some());
-        if self.mode != [Mode::Embedded] || self.replicas != [1] || self.connect.is_some() || tls {
+        if self.mode != [Mode::Embedded]
+            || self.replicas != [Replicas::SINGLE]
+            || self.connect.is_some()
+            || tls
+        {
             return Err(format!(
                 "{rm} runs the coordinator embedded: drop --mode, --replicas, --connect and --tls-*"
             ));
@@ -408,9 +413,9 @@ pub fn run(args: Args) -> CliResult {
 fn modes_text(spec: &BenchSpec) -> String {
     let modes = spec.modes.iter().map(Mode::name).collect::<Vec<_>>().join(",");
     match &spec.replicas[..] {
-        [1] => modes,
+        [Replicas::SINGLE] => modes,
         counts => {
-            let counts: Vec<String> = counts.iter().map(usize::to_string).collect();
+            let counts: Vec<String> = counts.iter().map(Replicas::to_string).collect();
             format!("{modes} replicas={}", counts.join(","))
         }
     }
@@ -523,7 +528,10 @@ mod tests {
         assert_eq!(spec.t1, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.t2, ThinkRange::from_us(500, 1500));
         assert_eq!(spec.rms, 2);
-        assert_eq!((spec.modes, spec.replicas, spec.rounds), (vec![Mode::Embedded], vec![1], 1));
+        assert_eq!(
+            (spec.modes, spec.replicas, spec.rounds),
+            (vec![Mode::Embedded], vec![Replicas::SINGLE], 1)
+        );
         assert_eq!(args.format, Format::Table);
         assert!(args.chart.is_none());
     }
@@ -595,18 +603,26 @@ mod tests {
         let line =
             "decree bench --mode unix --replicas 1,2 --rounds 3 --threads 32 --duration 5 --t1 0 --t2 0";
         let spec = parse(line).spec(PathBuf::new());
-        assert_eq!((spec.replicas.clone(), spec.rounds), (vec![1, 2], 3));
+        assert_eq!((spec.replicas.clone(), spec.rounds), (vec![Replicas::SINGLE, Replicas::PAIR], 3));
         let names: Vec<String> = spec.variants().iter().map(Variant::name).collect();
         assert_eq!(names, ["unix", "unix-pair"]);
         tx::check(&spec).expect("a single server and a pair in alternated rounds");
         let spec = parse("decree bench --mode unix --replicas 2").spec(PathBuf::new());
-        assert_eq!(spec.variants(), vec![Variant { mode: Mode::Unix, replicas: 2 }]);
+        assert_eq!(spec.variants(), vec![Variant { mode: Mode::Unix, replicas: Replicas::PAIR }]);
         tx::check(&spec).expect("a pair alone");
         assert_eq!(modes_text(&spec), "unix replicas=2");
+        let line = "decree bench --mode unix --replicas 1,2-received,2,2-received-tls";
+        let names: Vec<String> =
+            parse(line).spec(PathBuf::new()).variants().iter().map(Variant::name).collect();
+        assert_eq!(names, ["unix", "unix-pair-received", "unix-pair", "unix-pair-received-tls"]);
+        for line in ["decree bench --mode unix --replicas 3", "decree bench --mode unix --replicas 0,1"] {
+            let Err(e) = Cli::try_parse_from(line.split_whitespace()) else { panic!("{line}: accepted") };
+            let e = e.to_string();
+            assert!(e.contains("expected 1 (a single server) or 2"), "{line}: {e}");
+        }
         for (line, says) in [
-            ("decree bench --mode unix --replicas 3", "--replicas 3: expected 1 (a single server) or 2"),
-            ("decree bench --mode unix --replicas 0,1", "--replicas 0: expected 1"),
             ("decree bench --mode unix --replicas 2,2", "--replicas lists 2 twice"),
+            ("decree bench --mode unix --replicas 2-tls,2-tls", "--replicas lists 2-tls twice"),
             ("decree bench --replicas 2", "over the Unix socket only: drop --mode embedded"),
             ("decree bench --mode unix,tcp --replicas 1,2", "drop --mode tcp"),
             (
