@@ -42,7 +42,7 @@ wait_for "$dir/a.sock"; wait_for "$dir/b.sock"
 $decree status --config "$dir/a.toml"
 echo "== the first promotion of a new pair is forced (nobody holds anything yet)"
 $decree promote --force --config "$dir/a.toml"
-for _ in $(seq 100); do $decree status --config "$dir/a.toml" | grep -q '"strict":true' && break; sleep 0.05; done
+for _ in $(seq 100); do $decree status --format json --config "$dir/a.toml" | grep -q '"strict":true' && break; sleep 0.05; done
 $decree status --config "$dir/a.toml"
 $decree status --config "$dir/b.toml"
 echo "== a short benchmark through the primary (every commit waits for the backup's disk)"

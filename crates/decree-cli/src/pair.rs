@@ -7,7 +7,7 @@
 //! member whose peer's disk is lost), at the risk of losing what only the peer held, and
 //! is recorded in the member's `PAIR` file.
 
-use crate::common::CliResult;
+use crate::common::{CliResult, Format};
 use decree_server::ServerConfig;
 use std::path::PathBuf;
 
@@ -28,6 +28,9 @@ pub struct StatusArgs {
     /// The member's TOML configuration (its `log_dir` holds the control socket).
     #[arg(long, short = 'c')]
     pub config: PathBuf,
+    /// `table`: a few lines for people; `json`: the member's answer, one JSON line.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 /// Asks the member to lead; prints its answer, fails when it refused.
@@ -42,9 +45,79 @@ pub fn promote(args: PromoteArgs) -> CliResult {
     Ok(())
 }
 
-/// Prints the member's role, epoch and whether it caught up or is strict, as JSON.
+/// Prints the member's role, epoch, whether its peer is in sync, its link, lag and
+/// promotion: as lines for people, or as the member's JSON line (`--format json`).
 pub fn status(args: StatusArgs) -> CliResult {
     let config = ServerConfig::from_toml_file(&args.config)?;
-    println!("{}", decree_server::control_request(&config.log_dir, "status")?);
+    let answer = decree_server::control_request(&config.log_dir, "status")?;
+    match args.format {
+        Format::Json => println!("{answer}"),
+        Format::Table => {
+            let status: serde_json::Value = serde_json::from_str(&answer).map_err(|e| {
+                format!("the member answered something that is not its status ({e}): {answer}")
+            })?;
+            print!("{}", status_text(&status));
+        }
+    }
     Ok(())
+}
+
+/// The status for people: what the member is, then one line per fact.
+fn status_text(s: &serde_json::Value) -> String {
+    let yes_no = |v: &serde_json::Value| if v.as_bool() == Some(true) { "yes" } else { "no" };
+    let role = s["role"].as_str().unwrap_or("unknown");
+    if role == "changing" {
+        return "the member is changing role (being promoted); ask again\n".to_string();
+    }
+    let epoch = match s["epoch_raw"].as_u64() {
+        Some(0) => "no epoch yet (never led, never followed)".to_string(),
+        _ => format!("epoch {} (raw {})", text(&s["epoch"]), s["epoch_raw"]),
+    };
+    let mut out = format!("member {}: {role} of {epoch}\n", s["member"]);
+    let link = &s["link"];
+    let connected = if link["connected"].as_bool() == Some(true) { "connected" } else { "not connected" };
+    let last_end =
+        link["last_end"].as_str().map(|why| format!("\n  the last link ended: {why}")).unwrap_or_default();
+    if role == "primary" {
+        let strict = if s["strict"].as_bool() == Some(true) {
+            "yes: acknowledges only what its backup holds"
+        } else {
+            "no: runs alone, acknowledges on its own write, until a backup catches up"
+        };
+        out += &format!("  backup in sync (strict): {strict}\n  link to the backup: {connected}{last_end}\n");
+        let lag = &s["lag"];
+        let oldest = lag["oldest_ms"].as_f64().map(|ms| format!(" (the oldest waiting {ms:.1} ms)"));
+        out += &format!(
+            "  records not acknowledged by the backup: {}{}\n  decisions waiting for the backup: {}\n",
+            lag["records"],
+            oldest.unwrap_or_default(),
+            lag["decisions_waiting"]
+        );
+        let p = &s["promotion"];
+        let ago_s = p["at_unix_ms"].as_u64().map(|at| now_unix_ms().saturating_sub(at) / 1000);
+        out += &format!(
+            "  promoted {} s ago, in {:.1} ms{}\n",
+            ago_s.map_or_else(|| "?".to_string(), |s| s.to_string()),
+            p["took_ms"].as_f64().unwrap_or(0.0),
+            if p["forced"].as_bool() == Some(true) { ", forced" } else { "" }
+        );
+    } else {
+        out += &format!(
+            "  caught up with the primary: {} (promotion without --force needs it)\n",
+            yes_no(&s["caught_up"])
+        );
+        out += &format!("  link from the primary: {connected}{last_end}\n");
+        out +=
+            &format!("  acknowledges: {}\n  live decisions held: {}\n", text(&s["ack"]), s["live_decisions"]);
+    }
+    out
+}
+
+/// A JSON string without its quotes (anything else as JSON).
+fn text(v: &serde_json::Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -91,7 +91,7 @@ fn decree(args: &[&str], m: &Member) -> (bool, String) {
 }
 
 fn status(m: &Member) -> serde_json::Value {
-    let (ok, text) = decree(&["status"], m);
+    let (ok, text) = decree(&["status", "--format", "json"], m);
     let log = std::fs::read_to_string(m.config.with_extension("log")).unwrap_or_default();
     assert!(ok, "{text}\nits log:\n{log}");
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
@@ -199,12 +199,13 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
 }
 
-/// A loopback TCP proxy whose link can be cut: while cut, open connections are closed and
-/// new ones refused at once.
+/// A loopback TCP proxy whose link can be cut (while cut, open connections are closed and
+/// new ones refused at once) or slowed (each chunk waits before it is passed on, both ways).
 struct Proxy {
     port: u16,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -214,7 +215,8 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (cut2, open2) = (cut.clone(), open.clone());
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (cut2, open2, delay2) = (cut.clone(), open.clone(), delay_ms.clone());
         std::thread::spawn(move || {
             for inbound in listener.incoming() {
                 let Ok(inbound) = inbound else { continue };
@@ -228,14 +230,25 @@ impl Proxy {
                 for (mut from, mut into) in
                     [(inbound.try_clone().unwrap(), outbound.try_clone().unwrap()), (outbound, inbound)]
                 {
+                    let delay_ms = delay2.clone();
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut into);
+                        use std::io::{Read, Write};
+                        let mut chunk = [0u8; 16 << 10];
+                        while let Ok(n @ 1..) = from.read(&mut chunk) {
+                            std::thread::sleep(Duration::from_millis(delay_ms.load(Ordering::SeqCst)));
+                            if into.write_all(&chunk[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = into.shutdown(std::net::Shutdown::Both);
                     });
                 }
             }
         });
-        Proxy { port, cut, open }
+        Proxy { port, cut, open, delay_ms }
+    }
+    fn set_delay(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
     }
     fn set_cut(&self, cut: bool) {
         self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
@@ -293,6 +306,14 @@ fn a_cut_link_or_a_dead_backup_holds_acknowledgements_until_the_backup_holds_the
     assert!(cut["lag"]["records"].as_u64().unwrap() >= 1, "{cut}");
     assert!(cut["lag"]["oldest_ms"].as_f64().unwrap() >= 400.0, "waiting since the cut: {cut}");
     assert!(cut["link"]["last_end"].as_str().is_some(), "{cut}");
+    // The same for a person (`decree status` without --format json).
+    let (ok, text) = decree(&["status"], &a);
+    assert!(ok, "{text}");
+    for line in
+        ["member 1: primary of epoch 1.1", "link to the backup: not connected", "waiting for the backup: 1"]
+    {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
     eventually("the backup reports the link down", || status(&b)["link"]["connected"] == false);
     proxy.set_cut(false);
     acknowledged.push(waiting.join().unwrap());
@@ -451,4 +472,122 @@ fn a_peer_without_a_certificate_of_the_pair_naming_it_is_refused_on_the_link() {
         let log = std::fs::read_to_string(b.config.with_extension("log")).unwrap();
         assert!(log.contains(backup_says), "case {n}: the backup's log names the refusal:\n{log}");
     }
+}
+
+/// Gives `m` a metrics endpoint on `port` (a top-level key, so before the sections).
+fn with_metrics(m: Member, port: u16) -> Member {
+    let text = std::fs::read_to_string(&m.config).unwrap();
+    std::fs::write(&m.config, format!("metrics = \"127.0.0.1:{port}\"\n{text}")).unwrap();
+    m
+}
+
+/// The text of `GET /metrics` on `port`, or why there is none.
+fn scrape(port: u16) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    assert!(text.starts_with("HTTP/1.0 200 OK"), "{text}");
+    Ok(text)
+}
+
+/// The value of the sample `name` (with its labels, if any) in a scrape.
+fn sample(text: &str, name: &str) -> f64 {
+    let value = text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')));
+    value.unwrap_or_else(|| panic!("no sample {name} in:\n{text}")).parse().unwrap()
+}
+
+/// Whether every `(sample, value)` of `expected` holds in a scrape of `port` now.
+fn scraped(port: u16, expected: &[(&str, f64)]) -> bool {
+    let text = scrape(port).unwrap_or_else(|e| panic!("no metrics on port {port}: {e}"));
+    expected.iter().all(|(name, value)| sample(&text, name) == *value)
+}
+
+/// The Prometheus endpoint of each member, bound from its start as a backup through its
+/// promotion, shows its role, epoch and link; the primary's shows a cut link (connected
+/// 0, a decision waiting, a lag that grows) and a slow one (connected 1, a decision
+/// waiting with a lag), and both go back once the backup acknowledges.
+#[test]
+fn the_metrics_show_each_members_role_and_a_cut_or_lagging_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link_a, link_b, metrics_a, metrics_b) = (free_port(), free_port(), free_port(), free_port());
+    let proxy = Proxy::start(link_b);
+    let a = with_metrics(member(dir.path(), "a", 1, link_a, proxy.port, "b"), metrics_a);
+    let b = with_metrics(member(dir.path(), "b", 2, link_b, link_a, "a"), metrics_b);
+    let _server_a = serve(&a);
+    let _server_b = serve(&b);
+    let backup = [("decree_pair_role{role=\"backup\"}", 1.0), ("decree_pair_role{role=\"primary\"}", 0.0)];
+    for (port, member) in [(metrics_a, 1.0), (metrics_b, 2.0)] {
+        let text = scrape(port).expect("a backup serves its metrics");
+        assert!(scraped(port, &backup), "{text}");
+        assert_eq!(sample(&text, "decree_pair_member"), member, "{text}");
+        assert_eq!(sample(&text, "decree_pair_epoch"), 0.0, "{text}");
+        assert_eq!(sample(&text, "decree_pair_link_connected"), 0.0, "{text}");
+        assert_eq!(sample(&text, "decree_pair_caught_up"), 0.0, "{text}");
+        assert!(!text.contains("decree_commits_total"), "a backup serves no client: {text}");
+    }
+
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    let epoch = f64::from((1 << 8) | 1);
+    let in_sync = [
+        ("decree_pair_role{role=\"primary\"}", 1.0),
+        ("decree_pair_epoch", epoch),
+        ("decree_pair_strict", 1.0),
+        ("decree_pair_link_connected", 1.0),
+    ];
+    eventually("the primary's metrics show it strict", || scraped(metrics_a, &in_sync));
+    let caught_up =
+        [("decree_pair_epoch", epoch), ("decree_pair_caught_up", 1.0), ("decree_pair_link_connected", 1.0)];
+    eventually("the backup's metrics show it caught up", || scraped(metrics_b, &caught_up));
+    let store = std::sync::Arc::new(connect(&a).unwrap());
+    let session = store.open_session().unwrap();
+    decide_later(&store, session, 1).join().unwrap();
+    let text = scrape(metrics_a).unwrap();
+    assert_eq!(sample(&text, "decree_commits_total"), 1.0, "the state's figures once it leads: {text}");
+    assert_eq!(sample(&text, "decree_pair_decisions_waiting"), 0.0, "{text}");
+
+    // Cut: the decision waits, the lag grows, the link is down on both sides.
+    proxy.set_cut(true);
+    let waiting = decide_later(&store, session, 2);
+    let cut = [("decree_pair_link_connected", 0.0), ("decree_pair_decisions_waiting", 1.0)];
+    eventually("the primary's metrics show the cut link", || scraped(metrics_a, &cut));
+    let text = scrape(metrics_a).unwrap();
+    assert!(sample(&text, "decree_pair_lag_records") >= 1.0, "{text}");
+    assert!(sample(&text, "decree_pair_link_ends_total") >= 1.0, "{text}");
+    let lag = sample(&text, "decree_pair_lag_seconds");
+    std::thread::sleep(Duration::from_millis(300));
+    let later = sample(&scrape(metrics_a).unwrap(), "decree_pair_lag_seconds");
+    assert!(later >= lag + 0.25, "the lag grows while the link is cut: {lag} s, then {later} s");
+    eventually("the backup's metrics show the cut link", || {
+        scraped(metrics_b, &[("decree_pair_link_connected", 0.0)])
+    });
+    proxy.set_cut(false);
+    waiting.join().unwrap();
+    let settled = [
+        ("decree_pair_link_connected", 1.0),
+        ("decree_pair_decisions_waiting", 0.0),
+        ("decree_pair_lag_seconds", 0.0),
+    ];
+    eventually("the primary's metrics show the link back", || scraped(metrics_a, &settled));
+    eventually("the backup holds both decisions", || {
+        scraped(metrics_b, &[("decree_pair_link_connected", 1.0), ("decree_pair_live_decisions", 2.0)])
+    });
+    assert!(sample(&scrape(metrics_a).unwrap(), "decree_pair_link_opens_total") >= 2.0);
+
+    // Slow: the link stays up, the decision waits with a lag.
+    proxy.set_delay(Duration::from_millis(500));
+    let started = Instant::now();
+    let waiting = decide_later(&store, session, 3);
+    eventually("the primary's metrics show the lagging backup", || {
+        let text = scrape(metrics_a).unwrap();
+        sample(&text, "decree_pair_link_connected") == 1.0
+            && sample(&text, "decree_pair_decisions_waiting") == 1.0
+            && sample(&text, "decree_pair_lag_seconds") >= 0.2
+    });
+    waiting.join().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500), "acknowledged only through the slow link");
+    proxy.set_delay(Duration::ZERO);
+    eventually("nothing waits once the backup acknowledged", || scraped(metrics_a, &settled));
 }

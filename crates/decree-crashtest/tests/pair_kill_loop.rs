@@ -318,7 +318,7 @@ impl Member {
     }
 
     fn status(&self) -> serde_json::Value {
-        let (ok, text) = self.decree(&["status"]);
+        let (ok, text) = self.decree(&["status", "--format", "json"]);
         assert!(ok, "decree status of member {}: {text}\nits log:\n{}", self.name, self.log_tail());
         serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
     }

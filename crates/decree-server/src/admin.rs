@@ -39,7 +39,7 @@ use decree_core::{
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
-use decree_pair::PairState;
+use decree_pair::{Epoch, PairState};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -195,6 +195,12 @@ impl InDoubt {
         }
     }
 
+    /// The pair's epoch this transaction belongs to, read from its Xid: in a pair the
+    /// incarnation in a primary's Xids is its epoch. Meaningful on a pair member's log only.
+    pub fn epoch(&self) -> Option<Epoch> {
+        self.origin.map(|o| Epoch::from_raw(o.incarnation))
+    }
+
     /// The age column: a duration, or "age unknown" with the origin to judge by.
     pub fn age_text(&self) -> String {
         match (self.age_s, self.origin) {
@@ -253,53 +259,69 @@ impl Listing {
         if self.in_doubt.is_empty() {
             out.push_str("no in-doubt transactions\n");
         } else {
-            let header = ["XID", "STATE", "AGE", "ORIGIN (incarnation/session/sequence)", "BRANCHES"];
-            let rows: Vec<[String; 5]> = self
-                .in_doubt
-                .iter()
-                .map(|t| {
-                    let origin = t.origin.map_or_else(
-                        || "-".to_string(),
-                        |o| format!("{}/{}/{}", o.incarnation, o.session, o.sequence),
-                    );
-                    let age = t.age_s.map_or_else(|| "unknown".to_string(), format_duration);
-                    let branches: Vec<String> = t
-                        .branches
-                        .iter()
-                        .map(|b| {
-                            let n = b.xid.branch_number().map_or_else(|| "?".to_string(), |n| n.to_string());
-                            format!("{}#{n}: {}", b.rm, b.state)
-                        })
-                        .collect();
-                    [t.xid.to_gid(), t.state().to_string(), age, origin, branches.join(", ")]
-                })
-                .collect();
-            let mut widths = header.map(str::len);
-            for row in &rows {
-                for (w, cell) in widths.iter_mut().zip(row) {
-                    *w = (*w).max(cell.len());
-                }
-            }
-            let mut line = |cells: [&str; 5]| {
-                let mut text = String::new();
-                for (i, cell) in cells.iter().enumerate() {
-                    if i + 1 == cells.len() {
-                        text.push_str(cell);
-                    } else {
-                        let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
-                    }
-                }
-                let _ = writeln!(out, "{}", text.trim_end());
-            };
-            line(header);
-            for row in &rows {
-                line([&row[0], &row[1], &row[2], &row[3], &row[4]]);
-            }
+            self.write_rows(&mut out);
         }
         for w in &self.warnings {
             let _ = writeln!(out, "warning: {w}");
         }
         out
+    }
+
+    /// The table's rows, aligned under their header; on a pair member's log an EPOCH column
+    /// shows the pair's epoch each transaction was decided or prepared in.
+    fn write_rows(&self, out: &mut String) {
+        let pair = self.pair.is_some();
+        let mut header = vec!["XID", "STATE"];
+        if pair {
+            header.push("EPOCH");
+        }
+        header.extend(["AGE", "ORIGIN (incarnation/session/sequence)", "BRANCHES"]);
+        let rows: Vec<Vec<String>> = self
+            .in_doubt
+            .iter()
+            .map(|t| {
+                let origin = t.origin.map_or_else(
+                    || "-".to_string(),
+                    |o| format!("{}/{}/{}", o.incarnation, o.session, o.sequence),
+                );
+                let age = t.age_s.map_or_else(|| "unknown".to_string(), format_duration);
+                let branches: Vec<String> = t
+                    .branches
+                    .iter()
+                    .map(|b| {
+                        let n = b.xid.branch_number().map_or_else(|| "?".to_string(), |n| n.to_string());
+                        format!("{}#{n}: {}", b.rm, b.state)
+                    })
+                    .collect();
+                let mut row = vec![t.xid.to_gid(), t.state().to_string()];
+                if pair {
+                    row.push(t.epoch().map_or_else(|| "-".to_string(), |e| e.to_string()));
+                }
+                row.extend([age, origin, branches.join(", ")]);
+                row
+            })
+            .collect();
+        let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let mut line = |cells: &[&str]| {
+            let mut text = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    text.push_str(cell);
+                } else {
+                    let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+                }
+            }
+            let _ = writeln!(out, "{}", text.trim_end());
+        };
+        line(&header);
+        for row in &rows {
+            line(&row.iter().map(String::as_str).collect::<Vec<_>>());
+        }
     }
 
     /// The same listing as a JSON document (`--format json`).
@@ -313,6 +335,8 @@ impl Listing {
                     "decided": t.decided,
                     "state": t.state(),
                     "age_seconds": t.age_s,
+                    // On a pair member's log, the pair's epoch (the Xid's incarnation).
+                    "epoch": self.pair.and(t.epoch()).map(|e| e.to_string()),
                     "origin": t.origin.map(|o| serde_json::json!({
                         "node": o.node,
                         "incarnation": o.incarnation,

@@ -317,7 +317,7 @@ async fn serve(
             .await
             .map_err(|e| ServerError::Io(format!("cannot listen for metrics on {addr}: {e}")))?;
         bound.metrics = listener.local_addr().ok();
-        tasks.push(tokio::spawn(metrics::serve(listener, state.clone())));
+        tasks.push(tokio::spawn(metrics::serve(listener, metrics::of_state(state.clone()))));
     }
     let worker_stop = Arc::new(AtomicBool::new(false));
     let worker = {

@@ -3,6 +3,10 @@
 //! The endpoint is a deliberately tiny HTTP/1.0 responder (GET /metrics only, requests
 //! read up to `REQUEST_BYTES_MAX`, one response per connection), bound to a loopback
 //! address and off unless configured: it must not become a second attack surface.
+//!
+//! A member of a pair binds the endpoint once, when it starts as a backup, and keeps it
+//! through its promotion: it shows the pair's figures ([`PairFigures`], `decree_pair_*`)
+//! in every role, and the state server's figures once it leads.
 
 use crate::state::State;
 use std::fmt::Write as _;
@@ -166,14 +170,137 @@ fn render_latency(out: &mut String, m: &Metrics) {
     let _ = writeln!(out, "decree_decide_seconds_count {cumulative}");
 }
 
+/// What the endpoint answers: the text of every metric now.
+pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The endpoint's text for a single server.
+pub(crate) fn of_state(state: Arc<State>) -> Render {
+    Arc::new(move || render(&state))
+}
+
+/// What a pair member's metrics say of the pair (filled in by `pair.rs`).
+pub(crate) struct PairFigures {
+    /// The member's id in its pair.
+    pub(crate) member: u8,
+    /// The highest epoch it has seen (the one it leads, as a primary), raw.
+    pub(crate) epoch_raw: u64,
+    /// A link to the peer is open.
+    pub(crate) link_connected: bool,
+    pub(crate) link_opens_total: u64,
+    pub(crate) link_ends_total: u64,
+    pub(crate) role: PairRole,
+}
+
+/// The role-specific figures of a pair member.
+pub(crate) enum PairRole {
+    Backup {
+        /// It holds everything its primary holds (live set received, no batch missing).
+        caught_up: bool,
+        /// Decisions its copy holds.
+        live_decisions: usize,
+    },
+    Primary {
+        /// It waits for its backup before acknowledging (it does not run alone).
+        strict: bool,
+        /// Records sent or queued, not acknowledged by the backup.
+        lag_records: usize,
+        /// How long the oldest of them has waited.
+        lag: Duration,
+        /// Decisions whose answer waits for the backup's confirmation.
+        decisions_waiting: usize,
+    },
+}
+
+/// The role labels of `decree_pair_role`; while a member changes role it shows "changing".
+const PAIR_ROLES: [&str; 3] = ["backup", "primary", "changing"];
+
+/// Appends a pair member's figures; `None` while it changes role.
+pub(crate) fn render_pair(out: &mut String, figures: Option<&PairFigures>) {
+    let current = match figures.map(|f| &f.role) {
+        Some(PairRole::Backup { .. }) => "backup",
+        Some(PairRole::Primary { .. }) => "primary",
+        None => "changing",
+    };
+    let _ = writeln!(
+        out,
+        "# HELP decree_pair_role The role this pair member plays now (1 for its role).\n\
+         # TYPE decree_pair_role gauge"
+    );
+    for role in PAIR_ROLES {
+        let _ = writeln!(out, "decree_pair_role{{role=\"{role}\"}} {}", u8::from(role == current));
+    }
+    let Some(f) = figures else { return };
+    let mut gauge = |name: &str, help: &str, value: &dyn std::fmt::Display| {
+        let _ =
+            writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} gauge\ndecree_{name} {value}");
+    };
+    gauge("pair_member", "This member's id in its pair.", &f.member);
+    gauge(
+        "pair_epoch",
+        "The highest epoch this member has seen (the one it leads, as a primary), raw: count << 8 | member.",
+        &f.epoch_raw,
+    );
+    gauge(
+        "pair_link_connected",
+        "1 while a replication link to the peer is open.",
+        &u8::from(f.link_connected),
+    );
+    match &f.role {
+        PairRole::Backup { caught_up, live_decisions } => {
+            gauge(
+                "pair_caught_up",
+                "1 once this backup holds everything its primary holds (it may be promoted without --force).",
+                &u8::from(*caught_up),
+            );
+            gauge("pair_live_decisions", "Decisions this backup's copy holds.", live_decisions);
+        }
+        PairRole::Primary { strict, lag_records, lag, decisions_waiting } => {
+            gauge(
+                "pair_strict",
+                "1 while this primary waits for its backup before acknowledging (0: it runs alone).",
+                &u8::from(*strict),
+            );
+            gauge(
+                "pair_lag_records",
+                "Records sent or queued for the backup, not acknowledged by it.",
+                lag_records,
+            );
+            gauge(
+                "pair_lag_seconds",
+                "How long the oldest record not acknowledged by the backup has waited (0 when none).",
+                &lag.as_secs_f64(),
+            );
+            gauge(
+                "pair_decisions_waiting",
+                "Decisions whose answer waits for the backup's confirmation.",
+                decisions_waiting,
+            );
+        }
+    }
+    let mut counter = |name: &str, help: &str, value: u64| {
+        let _ =
+            writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} counter\ndecree_{name} {value}");
+    };
+    counter(
+        "pair_link_opens_total",
+        "Replication links opened since this member started.",
+        f.link_opens_total,
+    );
+    counter(
+        "pair_link_ends_total",
+        "Replication links that ended, and openings that failed or were refused (a primary redials every 100 ms), since this member started.",
+        f.link_ends_total,
+    );
+}
+
 /// Serves `/metrics` on `listener` until the task is dropped.
-pub(crate) async fn serve(listener: TcpListener, state: Arc<State>) {
+pub(crate) async fn serve(listener: TcpListener, render: Render) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let state = state.clone();
+        let render = render.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(512);
             let mut chunk = [0u8; 1024];
@@ -192,7 +319,7 @@ pub(crate) async fn serve(listener: TcpListener, state: Arc<State>) {
             }
             let response = if request.starts_with(b"GET /metrics ") || request.starts_with(b"GET /metrics\r")
             {
-                let body = render(&state);
+                let body = render();
                 format!(
                     "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
                      Connection: close\r\n\r\n{body}",

@@ -21,6 +21,7 @@
 
 use crate::config::{PairAck, PairConfig, ServerConfig};
 use crate::crash_points::{self, CrashPoint};
+use crate::metrics::{PairFigures, PairRole};
 use crate::state::State;
 use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
@@ -235,10 +236,11 @@ fn decision_record(decision: &Decision) -> LinkRecord {
     LinkRecord { kind: RecordKind::Decision, xid: decision.xid, payload: decision.encode() }
 }
 
-/// What the control socket reports and acts on.
+/// What the control socket and the metrics report, and what the control socket acts on.
 enum Member {
     Backup(Arc<Follower>, PairAck),
-    Primary(Arc<Leader>, Promotion),
+    /// The leader, this member's promotion, and the server's state (for its metrics).
+    Primary(Arc<Leader>, Promotion, Weak<State>),
     Changing,
 }
 
@@ -277,13 +279,16 @@ pub(crate) async fn run(
     let (promote_tx, mut promote_rx) = mpsc::channel::<PromoteRequest>(4);
     let control = bind_control(&config.log_dir)?;
     tokio::spawn(serve_control(control, member.clone(), promote_tx));
+    // Bound once for both roles: a backup's figures are what an operator watches too.
+    let (metrics_addr, _metrics) = serve_metrics(&config, member.clone()).await?;
 
     let link = TcpListener::bind(pair.link)
         .await
         .map_err(|e| io(&format!("cannot listen on pair.link {}", pair.link), &e))?;
     let (follower_stop, follower_stop_rx) = watch::channel(false);
     let following = tokio::spawn(follower.clone().serve(link, follower_stop_rx));
-    let (bound, refusing) = refuse_clients(&config, &pair).await?;
+    let (mut bound, refusing) = refuse_clients(&config, &pair).await?;
+    bound.metrics = metrics_addr;
     tracing::info!(member = pair.member, epoch = %follower.pair_state().seen, "pair member started as a backup");
     let _ = ready.send((bound.clone(), config.node, 0));
 
@@ -312,26 +317,14 @@ pub(crate) async fn run(
     }
     remove_socket(&bound);
     // The follower's log must be closed before the state reopens it (one owner).
-    let pair_state = follower.pair_state();
+    let (pair_state, backup_link) = (follower.pair_state(), follower.link_report());
     drop(follower);
     let state = Arc::new(crate::open_state(&config, &log_config, factories, None, Some(epoch.raw()))?);
     let on_deposed = deposition(stop.clone(), config.log_dir.clone(), pair_state);
-    let shared = Arc::new(LinkShared {
-        state: Arc::downgrade(&state),
-        leader: std::sync::OnceLock::new(),
-        pending: Mutex::new(HashMap::new()),
-        overflow: Mutex::new(VecDeque::new()),
-        deposed: Mutex::new(None),
-        on_deposed,
-    });
-    let leader =
-        Leader::new(node, config.node, OutboxLimits::default(), shared.clone()).with_transport(transport);
-    let leader = Arc::new(leader);
-    let _ = shared.leader.set(Arc::downgrade(&leader));
-    let primary = Arc::new(PrimaryLink { leader: leader.clone(), shared, next_ticket: AtomicU64::new(1) });
-    state.set_pair(primary.clone());
+    let primary = start_link(&state, node, config.node, transport, on_deposed, &backup_link);
+    let leader = primary.leader.clone();
     let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
-    *member.lock() = Member::Primary(leader.clone(), promotion);
+    *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
     tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
     // Answered once the client listeners are bound: a client told "promoted" connects at once.
@@ -342,11 +335,109 @@ pub(crate) async fn run(
             let _ = reply.send(answer);
         }
     });
+    // The metrics endpoint bound above goes on serving, the state's figures now included.
+    let config = ServerConfig { metrics: None, ..config };
     crate::serve(config, state, stop, stop_rx, listening, listeners).await?;
     match primary.deposed_by() {
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
     }
+}
+
+/// The leader of the epoch `node` leads and the commit path's link to it, for `state`; its
+/// link counts go on from `backup_link` (this member's as a backup).
+fn start_link(
+    state: &Arc<State>,
+    node: decree_pair::rules::Node,
+    node_id: u32,
+    transport: Arc<dyn Transport>,
+    on_deposed: Box<dyn Fn(Epoch) + Send + Sync>,
+    backup_link: &decree_pair::link::LinkReport,
+) -> Arc<PrimaryLink> {
+    let shared = Arc::new(LinkShared {
+        state: Arc::downgrade(state),
+        leader: std::sync::OnceLock::new(),
+        pending: Mutex::new(HashMap::new()),
+        overflow: Mutex::new(VecDeque::new()),
+        deposed: Mutex::new(None),
+        on_deposed,
+    });
+    let leader = Leader::new(node, node_id, OutboxLimits::default(), shared.clone())
+        .with_transport(transport)
+        .with_link_totals(backup_link);
+    let leader = Arc::new(leader);
+    let _ = shared.leader.set(Arc::downgrade(&leader));
+    let primary = Arc::new(PrimaryLink { leader, shared, next_ticket: AtomicU64::new(1) });
+    state.set_pair(primary.clone());
+    primary
+}
+
+/// Stops a task when dropped (the metrics endpoint, when the member stops).
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Binds the metrics endpoint of `config` (if any) for the member's whole run: the pair's
+/// figures in every role, the state server's too once it leads.
+async fn serve_metrics(
+    config: &ServerConfig,
+    member: Arc<Mutex<Member>>,
+) -> Result<(Option<std::net::SocketAddr>, AbortOnDrop), ServerError> {
+    let Some(addr) = config.metrics else { return Ok((None, AbortOnDrop(None))) };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServerError::Io(format!("cannot listen for metrics on {addr}: {e}")))?;
+    let bound = listener.local_addr().ok();
+    let render: crate::metrics::Render = Arc::new(move || {
+        let (figures, state) = {
+            let member = member.lock();
+            let state = match &*member {
+                Member::Primary(_, _, state) => state.upgrade(),
+                _ => None,
+            };
+            (pair_figures(&member), state)
+        };
+        let mut out = state.map(|state| crate::metrics::render(&state)).unwrap_or_default();
+        crate::metrics::render_pair(&mut out, figures.as_ref());
+        out
+    });
+    Ok((bound, AbortOnDrop(Some(tokio::spawn(crate::metrics::serve(listener, render))))))
+}
+
+/// The member's figures for the metrics; `None` while it changes role.
+fn pair_figures(member: &Member) -> Option<PairFigures> {
+    let (node, report, role) = match member {
+        Member::Backup(follower, _) => {
+            let node = follower.node();
+            let role = PairRole::Backup { caught_up: node.caught_up, live_decisions: follower.live_count() };
+            (node, follower.link_report(), role)
+        }
+        Member::Primary(leader, ..) => {
+            let (node, lag) = (leader.node(), leader.lag());
+            let role = PairRole::Primary {
+                strict: node.role == (Role::Primary { alone: false }),
+                lag_records: lag.records,
+                lag: lag.oldest.unwrap_or_default(),
+                decisions_waiting: lag.tickets,
+            };
+            (node, leader.link_report(), role)
+        }
+        Member::Changing => return None,
+    };
+    Some(PairFigures {
+        member: node.member.get(),
+        epoch_raw: node.seen.raw(),
+        link_connected: report.connected,
+        link_opens_total: report.opens_total,
+        link_ends_total: report.ends_total,
+        role,
+    })
 }
 
 /// The backup's side of this member: its log and outcome memory as the replica's copy,
@@ -506,7 +597,7 @@ async fn serve_control(
                 "promote" | "promote --force" => {
                     let forced = line.trim().ends_with("--force");
                     let already = match &*member.lock() {
-                        Member::Primary(leader, _) => Some(leader.node().seen),
+                        Member::Primary(leader, ..) => Some(leader.node().seen),
                         _ => None,
                     };
                     match already {
@@ -547,7 +638,7 @@ fn status_line(member: &Member) -> String {
             });
             (node, follower.link_report(), status)
         }
-        Member::Primary(leader, promotion) => {
+        Member::Primary(leader, promotion, _) => {
             let node = leader.node();
             let lag = leader.lag();
             let at_ms =

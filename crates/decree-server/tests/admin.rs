@@ -308,3 +308,52 @@ fn a_pair_members_log_is_listed_but_not_resolved_without_an_override() {
         "{recorded}"
     );
 }
+
+/// `decree recover list` on a pair member's log shows the pair's epoch of each in-doubt
+/// transaction (the incarnation in its Xid), so that an operator sees which primary
+/// decided it: here one decision of epoch 1.1 (member 1 led) and one of epoch 2.2 (member
+/// 2 led after it), on member 2's log.
+#[test]
+fn recover_list_on_a_pair_members_log_shows_each_transactions_epoch() {
+    use decree_pair::{Epoch, MemberId, PairState};
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 3, &[]);
+    std::fs::create_dir_all(&config.log_dir).unwrap();
+    let first = Epoch::mint(MemberId::new(1).unwrap(), &[]);
+    let second = Epoch::mint(MemberId::new(2).unwrap(), &[first]);
+    assert_eq!((first.to_string().as_str(), second.to_string().as_str()), ("1.1", "2.2"));
+    let state = PairState { member: MemberId::new(2).unwrap(), seen: second, forced: None };
+    decree_pair::state_file::store(&decree_log::io::StdStorage, &config.log_dir, None, &state).unwrap();
+    {
+        let log = decree_log::open(&config.log_config().unwrap()).expect("open log");
+        for (epoch, sequence) in [(first, 1), (second, 2)] {
+            let xid = Xid::decree(Origin { node: 3, incarnation: epoch.raw(), session: 7, sequence });
+            let decision = Decision { xid, branches: vec![BranchRecord { rm: "pg-a".into(), branch: 0 }] };
+            log.append(xid.log_key(), &decision.encode()).expect("append decision");
+        }
+        log.sync().unwrap();
+    }
+    let listing = Inspector::open(&config, Vec::new()).expect("opens").list();
+    assert_eq!(listing.in_doubt.len(), 2, "{listing:?}");
+    let table = listing.to_table();
+    let header = table.lines().find(|l| l.starts_with("XID")).expect("a header");
+    assert!(header.contains("EPOCH"), "{table}");
+    let column = header.find("EPOCH").unwrap();
+    for (epoch, sequence) in [(first, 1), (second, 2)] {
+        let origin = format!(" {}/7/{sequence} ", epoch.raw());
+        let row = table.lines().find(|l| l.contains(&origin)).unwrap_or_else(|| panic!("{origin}: {table}"));
+        let cell = row[column..].split_whitespace().next();
+        assert_eq!(cell, Some(epoch.to_string().as_str()), "the EPOCH column: {table}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&listing.to_json()).unwrap();
+    let epochs: Vec<&str> =
+        json["in_doubt"].as_array().unwrap().iter().map(|t| t["epoch"].as_str().unwrap()).collect();
+    assert_eq!(epochs, ["1.1", "2.2"], "{json}");
+
+    // Off a pair, incarnations are not epochs: no column, no value.
+    std::fs::remove_file(config.log_dir.join(decree_pair::state_file::PAIR_FILE)).unwrap();
+    let listing = Inspector::open(&config, Vec::new()).expect("opens").list();
+    assert!(!listing.to_table().contains("EPOCH"), "{}", listing.to_table());
+    let json: serde_json::Value = serde_json::from_str(&listing.to_json()).unwrap();
+    assert!(json["in_doubt"][0]["epoch"].is_null(), "{json}");
+}

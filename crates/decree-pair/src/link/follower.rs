@@ -241,7 +241,7 @@ impl Follower {
                 Err(_) => format!("not opened within {OPENING_TIMEOUT:?}"),
             };
             tracing::warn!(%from, "replication link refused: {why}");
-            self.report.lock().ended(format!("refused a link from {from}: {why}"));
+            self.report.lock().refused(format!("refused a link from {from}: {why}"));
         });
     }
 

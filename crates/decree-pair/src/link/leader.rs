@@ -80,6 +80,13 @@ impl Leader {
         self
     }
 
+    /// Counts links on from `earlier` (this member's report as a backup), so that the
+    /// totals a member shows cover both of its roles.
+    pub fn with_link_totals(self, earlier: &LinkReport) -> Leader {
+        *self.report.lock() = LinkReport::continuing(earlier);
+        self
+    }
+
     /// Whether a link to the backup is open, and why the last one ended.
     pub fn link_report(&self) -> LinkReport {
         self.report.lock().clone()

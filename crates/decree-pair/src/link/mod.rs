@@ -52,18 +52,41 @@ pub struct LinkReport {
     pub connected: bool,
     /// Why the last link ended or could not open, if one did.
     pub last_end: Option<String>,
+    /// Links opened since this end started.
+    pub opens_total: u64,
+    /// Links that ended, and openings that failed or were refused, since this end started.
+    pub ends_total: u64,
 }
 
 impl LinkReport {
+    /// A report that goes on counting from `earlier`'s totals (the member's previous role's
+    /// end of the link), with no link open.
+    pub fn continuing(earlier: &LinkReport) -> LinkReport {
+        LinkReport {
+            connected: false,
+            last_end: earlier.last_end.clone(),
+            opens_total: earlier.opens_total,
+            ends_total: earlier.ends_total,
+        }
+    }
+
     /// Notes an open link.
     pub fn opened(&mut self) {
         self.connected = true;
+        self.opens_total += 1;
     }
 
-    /// Notes the end of a link (or a failed opening), and why.
+    /// Notes the end of the open link (or a failed opening when none is open), and why.
     pub fn ended(&mut self, why: String) {
         self.connected = false;
         self.last_end = Some(why);
+        self.ends_total += 1;
+    }
+
+    /// Notes a peer refused while opening: the link being served, if one is, stays open.
+    pub fn refused(&mut self, why: String) {
+        self.last_end = Some(why);
+        self.ends_total += 1;
     }
 }
 

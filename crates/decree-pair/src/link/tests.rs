@@ -6,7 +6,7 @@
 
 use super::follower::{AckMode, Follower};
 use super::leader::{Leader, LiveSet};
-use super::LinkEnd;
+use super::{LinkEnd, LinkReport};
 use crate::epoch::{Epoch, MemberId};
 use crate::outbox::{OutboxLimits, Ticket};
 use crate::replica::Replica;
@@ -333,4 +333,19 @@ async fn durable_acks_wait_for_the_backups_sync_and_received_acks_do_not() {
             AckMode::Durable => assert!(!server.confirmed.lock().contains(&2)),
         }
     }
+}
+
+#[test]
+fn a_refused_opening_leaves_the_served_link_open_and_every_end_is_counted() {
+    let mut report = LinkReport::default();
+    report.opened();
+    report.refused("refused a link from 127.0.0.1:9: no certificate".into());
+    assert!(report.connected, "a refused second peer does not end the served link");
+    assert_eq!((report.opens_total, report.ends_total), (1, 1));
+    report.ended("link closed: the peer closed the link".into());
+    assert!(!report.connected);
+    assert_eq!((report.opens_total, report.ends_total), (1, 2));
+    let next = LinkReport::continuing(&report);
+    assert!(!next.connected, "the next role's end of the link starts closed");
+    assert_eq!((next.opens_total, next.ends_total, next.last_end), (1, 2, report.last_end));
 }
