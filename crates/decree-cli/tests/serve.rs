@@ -103,8 +103,9 @@ fn a_client_that_closes_before_reading_its_replies_does_not_kill_the_server() {
             .expect("starts decree serve"),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "no socket after 20 s");
+    // Both listeners: the Unix socket may exist before the TCP port is bound.
+    while !socket.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "no listeners after 20 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut frames = Vec::new();
