@@ -46,7 +46,7 @@ def control(server: Server, *args: str) -> str:
 
 def wait_strict(server: Server) -> None:
     deadline = time.monotonic() + 30
-    while json.loads(control(server, "status")).get("strict") is not True:
+    while json.loads(control(server, "status", "--format", "json")).get("strict") is not True:
         assert time.monotonic() < deadline, "the primary never turned strict"
         time.sleep(0.05)
 
