@@ -214,6 +214,12 @@ impl PrimaryLink {
         let _ = self.leader.ship(record, None);
     }
 
+    /// Decisions shipped or queued for the backup whose answer waits for its confirmation
+    /// (bounded by the server's in-flight decides).
+    pub(crate) fn waiting(&self) -> usize {
+        self.shared.pending.lock().values().filter(|p| !p.confirmed).count()
+    }
+
     /// Whether a newer epoch deposed this member.
     pub(crate) fn is_deposed(&self) -> bool {
         self.shared.deposed.lock().is_some()
@@ -410,6 +416,13 @@ async fn serve_metrics(
     Ok((bound, AbortOnDrop(Some(tokio::spawn(crate::metrics::serve(listener, render))))))
 }
 
+/// Decisions whose answer waits for the backup: every pending one, those the outbox could
+/// not take yet and those whose local write is still on its way included (`in_outbox`, the
+/// leader's count, while the state is gone at shutdown).
+fn decisions_waiting(state: &Weak<State>, in_outbox: usize) -> usize {
+    state.upgrade().and_then(|state| state.pair().map(|link| link.waiting())).unwrap_or(in_outbox)
+}
+
 /// The member's figures for the metrics; `None` while it changes role.
 fn pair_figures(member: &Member) -> Option<PairFigures> {
     let (node, report, role) = match member {
@@ -418,13 +431,13 @@ fn pair_figures(member: &Member) -> Option<PairFigures> {
             let role = PairRole::Backup { caught_up: node.caught_up, live_decisions: follower.live_count() };
             (node, follower.link_report(), role)
         }
-        Member::Primary(leader, ..) => {
+        Member::Primary(leader, _, state) => {
             let (node, lag) = (leader.node(), leader.lag());
             let role = PairRole::Primary {
                 strict: node.role == (Role::Primary { alone: false }),
                 lag_records: lag.records,
                 lag: lag.oldest.unwrap_or_default(),
-                decisions_waiting: lag.tickets,
+                decisions_waiting: decisions_waiting(state, lag.tickets),
             };
             (node, leader.link_report(), role)
         }
@@ -638,9 +651,10 @@ fn status_line(member: &Member) -> String {
             });
             (node, follower.link_report(), status)
         }
-        Member::Primary(leader, promotion, _) => {
+        Member::Primary(leader, promotion, state) => {
             let node = leader.node();
             let lag = leader.lag();
+            let waiting = decisions_waiting(state, lag.tickets);
             let at_ms =
                 promotion.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             let status = serde_json::json!({
@@ -648,7 +662,7 @@ fn status_line(member: &Member) -> String {
                 "strict": node.role == (Role::Primary { alone: false }),
                 "lag": {
                     "records": lag.records,
-                    "decisions_waiting": lag.tickets,
+                    "decisions_waiting": waiting,
                     "oldest_ms": lag.oldest.map(|d| d.as_secs_f64() * 1e3),
                 },
                 "promotion": {
