@@ -92,19 +92,6 @@ fn spawn_reader(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 fn stderr_of(child: &mut Child) -> String {
     let mut text = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -153,12 +140,12 @@ fn kill_loop(pair: PairKind, prefix: &str, node: u32) {
                     panic!("{context}: the workload ended by itself ({status}): {}", stderr_of(&mut child));
                 }
                 child.kill().expect("SIGKILL the workload");
-                let status = wait_exit(&mut child, WAIT_MAX).expect("a killed process exits");
+                let status = common::wait_exit(&mut child, WAIT_MAX).expect("a killed process exits");
                 assert_eq!(status.signal(), Some(libc::SIGKILL), "{context}");
                 random_kills += 1;
             }
             Mode::Point(point, _) => {
-                let Some(status) = wait_exit(&mut child, WAIT_MAX) else {
+                let Some(status) = common::wait_exit(&mut child, WAIT_MAX) else {
                     let _ = child.kill();
                     panic!("{context}: the crash point was not reached within {WAIT_MAX:?}");
                 };

@@ -417,7 +417,7 @@ impl Pair {
     fn wait_crash(&mut self, name: &str, log_from: u64, context: &str) -> String {
         let member = &self.members[self.primary];
         let mut server = self.servers[self.primary].take().expect("the primary runs");
-        let Some(status) = wait_exit(&mut server.0, WAIT_MAX) else {
+        let Some(status) = common::wait_exit(&mut server.0, WAIT_MAX) else {
             panic!(
                 "{context}: crash point {name} never fired within {WAIT_MAX:?}; the primary's log:\n{}",
                 member.log_tail()
@@ -497,20 +497,6 @@ impl Bank {
             }
         });
         (Reaped(child), rx)
-    }
-}
-
-/// Waits until the child exits (None after `timeout`).
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -601,7 +587,7 @@ fn finish_killed_workload(
     totals: &mut Totals,
     context: &str,
 ) {
-    let status = wait_exit(child, WAIT_MAX);
+    let status = common::wait_exit(child, WAIT_MAX);
     let why = std::fs::read_to_string(stderr).unwrap_or_default();
     let Some(status) = status else {
         let _ = child.kill();
@@ -835,7 +821,7 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
     let why = || std::fs::read_to_string(k.stderr).unwrap_or_default();
     let context = k.context;
     if k.mode.workload_point().is_some() {
-        let status = wait_exit(child, WAIT_MAX);
+        let status = common::wait_exit(child, WAIT_MAX);
         let killed = status.is_some_and(|s| s.signal() == Some(libc::SIGKILL));
         assert!(killed, "{context}: expected the crash point's SIGKILL, got {status:?}: {}", why());
     } else if let Mode::Primary | Mode::Both = k.mode {
@@ -900,7 +886,7 @@ fn old_primary_refuses(l: &Loop<'_>, pair: &Pair, cycle: u64, context: &str) {
     let address = format!("unix:{}", old.socket.display());
     let extra = ["--failover-wait-s", "0", "--transfers-max", "1"];
     let (mut child, lines) = l.bank.run(&address, &acked, &stderr, &extra);
-    let status = wait_exit(&mut child.0, WAIT_MAX);
+    let status = common::wait_exit(&mut child.0, WAIT_MAX);
     let why = std::fs::read_to_string(&stderr).unwrap_or_default();
     let out: Vec<String> = lines.iter().collect();
     let acked = std::fs::read_to_string(&acked).unwrap_or_default();
@@ -917,7 +903,7 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
     let (acked, stderr) =
         (l.dir.join(format!("acked-{cycle}-after")), l.dir.join(format!("after-{cycle}.log")));
     let (mut child, lines) = l.bank.run(&pair.addresses, &acked, &stderr, &["--transfers-max", "3"]);
-    let status = wait_exit(&mut child.0, WAIT_MAX);
+    let status = common::wait_exit(&mut child.0, WAIT_MAX);
     let why = std::fs::read_to_string(&stderr).unwrap_or_default();
     let Some(status) = status else {
         panic!("{context}: the run through the new primary did not end within {WAIT_MAX:?}: {why}");

@@ -173,19 +173,27 @@ fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {
     e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>())
 }
 
+/// What this member found wrong with the peer's (`peer`: "backup" or "primary")
+/// certificate, the same on both sides.
+fn explain_certificate(cert: &rustls::CertificateError, peer: &str, peer_name: &str) -> String {
+    use rustls::CertificateError as Cert;
+    match cert {
+        Cert::NotValidForName | Cert::NotValidForNameContext { .. } => {
+            format!("the {peer}'s certificate does not name {peer_name:?} (pair.tls.peer_name): not this pair's peer")
+        }
+        Cert::UnknownIssuer | Cert::BadSignature => {
+            format!("the {peer}'s certificate does not chain to pair.tls.ca: not this pair's peer")
+        }
+        Cert::Expired | Cert::ExpiredContext { .. } => format!("the {peer}'s certificate has expired"),
+        other => format!("the {peer}'s certificate was refused: {other:?}"),
+    }
+}
+
 /// What a failed link means on the primary's side, which dialled.
 fn explain_dial(e: &std::io::Error, peer_name: &str) -> String {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    use rustls::{AlertDescription as Alert, Error as Tls};
     match tls_error(e) {
-        Some(Tls::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. })) => {
-            format!("the backup's certificate does not name {peer_name:?} (pair.tls.peer_name): not this pair's peer")
-        }
-        Some(Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature)) => {
-            "the backup's certificate does not chain to pair.tls.ca: not this pair's peer".into()
-        }
-        Some(Tls::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. })) => {
-            "the backup's certificate has expired".into()
-        }
+        Some(Tls::InvalidCertificate(cert)) => explain_certificate(cert, "backup", peer_name),
         Some(Tls::AlertReceived(Alert::UnknownCA)) => {
             "the backup refused this member's certificate: it is not of the backup's pair.tls.ca".into()
         }
@@ -213,17 +221,9 @@ fn explain_dial(e: &std::io::Error, peer_name: &str) -> String {
 
 /// What a refused link means on the backup's side, which accepted.
 fn explain_accept(e: &std::io::Error, peer_name: &str) -> String {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    use rustls::{AlertDescription as Alert, Error as Tls};
     match tls_error(e) {
-        Some(Tls::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. })) => {
-            format!("the primary's certificate does not name {peer_name:?} (pair.tls.peer_name): not this pair's peer")
-        }
-        Some(Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature)) => {
-            "the primary's certificate does not chain to pair.tls.ca: not this pair's peer".into()
-        }
-        Some(Tls::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. })) => {
-            "the primary's certificate has expired".into()
-        }
+        Some(Tls::InvalidCertificate(cert)) => explain_certificate(cert, "primary", peer_name),
         Some(Tls::NoCertificatesPresented) => "the peer sent no certificate; the link requires one".into(),
         Some(Tls::AlertReceived(Alert::UnknownCA | Alert::BadCertificate | Alert::CertificateUnknown)) => {
             "the primary refused this member's certificate (not of its pair.tls.ca, or not naming its peer_name)"

@@ -9,7 +9,8 @@
 
 use decree_crashtest::{BankConfig, PairKind};
 use rand::{Rng, SeedableRng};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
 
 /// The bank workload's binary (built by cargo for this test crate).
 pub const BANK_BIN: &str = env!("CARGO_BIN_EXE_decree-bank");
@@ -73,4 +74,18 @@ pub fn seeded_rng(var: &str) -> (u64, rand::rngs::StdRng) {
 /// A count from the environment, or `default`.
 pub fn env_count(var: &str, default: u64) -> u64 {
     std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Waits until the child exits (None after `timeout`), polling every few milliseconds.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
