@@ -12,6 +12,7 @@
 
 use crate::wire::{LinkRecord, BATCH_RECORDS_MAX};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Identifies a decision waiting for its batch's acknowledgement (the server's reply to
@@ -40,8 +41,8 @@ impl Default for OutboxLimits {
 pub struct Batch {
     /// Its number in the epoch, from 1.
     pub sequence: u64,
-    /// Its records, in the order they were pushed.
-    pub records: Vec<LinkRecord>,
+    /// Its records, in the order they were pushed (shared with the message that sends them).
+    pub records: Arc<[LinkRecord]>,
     /// The decisions the backup confirms by acknowledging it.
     pub tickets: Vec<Ticket>,
     /// When its oldest record was pushed: how long the backup has kept it waiting.
@@ -122,7 +123,7 @@ impl Outbox {
         }
         let batch = Batch {
             sequence: self.next_sequence,
-            records: std::mem::take(&mut self.current),
+            records: std::mem::take(&mut self.current).into(),
             tickets: std::mem::take(&mut self.current_tickets),
             since: self.current_since.take().expect("a batch with records has its first push's time"),
         };

@@ -14,6 +14,7 @@
 use crate::epoch::{Epoch, MemberId};
 use crate::rules::PeerMessage;
 use decree_core::Xid;
+use std::sync::Arc;
 
 /// The frame version this decree writes and reads.
 pub const LINK_VERSION: u8 = 1;
@@ -70,8 +71,9 @@ pub struct LinkRecord {
 pub enum LinkMessage {
     /// When a link opens, each way: who the sender is and what it knows.
     Hello { epoch: Epoch, member: MemberId, node: u32, next_sequence: u64 },
-    /// Primary to backup: the records of one batch.
-    Batch { epoch: Epoch, sequence: u64, records: Vec<LinkRecord> },
+    /// Primary to backup: the records of one batch (shared with the primary's copy kept
+    /// for a resend, so that sending copies no record).
+    Batch { epoch: Epoch, sequence: u64, records: Arc<[LinkRecord]> },
     /// Primary to backup: with the batches up to `up_to`, the live set is complete.
     CaughtUp { epoch: Epoch, up_to: u64 },
     /// Backup to primary: batches up to `sequence` are durable.
@@ -131,7 +133,7 @@ impl LinkMessage {
                 out.extend_from_slice(&epoch.raw().to_be_bytes());
                 out.extend_from_slice(&sequence.to_be_bytes());
                 out.extend_from_slice(&(records.len() as u16).to_be_bytes());
-                for record in records {
+                for record in records.iter() {
                     assert!(
                         record.payload.len() <= PAYLOAD_BYTES_MAX,
                         "a payload of {} bytes",
@@ -197,7 +199,7 @@ impl LinkMessage {
                 for _ in 0..count {
                     records.push(body.record()?);
                 }
-                LinkMessage::Batch { epoch, sequence, records }
+                LinkMessage::Batch { epoch, sequence, records: records.into() }
             }
             3 => LinkMessage::CaughtUp { epoch: body.epoch()?, up_to: body.u64("up_to")? },
             4 => LinkMessage::Ack { epoch: body.epoch()?, sequence: body.u64("sequence")? },
@@ -268,7 +270,7 @@ mod tests {
         let epoch = Epoch::from_raw(0x301);
         vec![
             LinkMessage::Hello { epoch, member: MemberId::new(2).unwrap(), node: 7, next_sequence: 12 },
-            LinkMessage::Batch { epoch, sequence: 1, records: Vec::new() },
+            LinkMessage::Batch { epoch, sequence: 1, records: Vec::new().into() },
             LinkMessage::Batch {
                 epoch,
                 sequence: 2,
@@ -276,7 +278,8 @@ mod tests {
                     LinkRecord { kind: RecordKind::Decision, xid: xid(1), payload: vec![0xdc; 300] },
                     LinkRecord { kind: RecordKind::Completion, xid: xid(0), payload: Vec::new() },
                     LinkRecord { kind: RecordKind::Outcome, xid: xid(2), payload: vec![1] },
-                ],
+                ]
+                .into(),
             },
             LinkMessage::CaughtUp { epoch, up_to: 3 },
             LinkMessage::Ack { epoch, sequence: u64::MAX },
@@ -321,13 +324,15 @@ mod tests {
         let e = LinkMessage::decode(&[huge[0], huge[1], huge[2], huge[3], 1, 2]).unwrap_err();
         assert!(e.0.contains("exceeds"), "{e}");
         let mut batch = Vec::new();
-        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: Vec::new() }.encode(&mut batch);
+        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: Vec::new().into() }
+            .encode(&mut batch);
         let count_at = batch.len() - 2;
         batch[count_at..].copy_from_slice(&((BATCH_RECORDS_MAX + 1) as u16).to_be_bytes());
         assert!(LinkMessage::decode(&batch).unwrap_err().0.contains("records in a batch"));
         let mut record = Vec::new();
         let one = LinkRecord { kind: RecordKind::Outcome, xid: xid(1), payload: vec![1] };
-        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: vec![one] }.encode(&mut record);
+        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: vec![one].into() }
+            .encode(&mut record);
         let len_at = record.len() - 1 - 4;
         record[len_at..len_at + 4].copy_from_slice(&((PAYLOAD_BYTES_MAX + 1) as u32).to_be_bytes());
         assert!(LinkMessage::decode(&record).unwrap_err().0.contains("payload of"));
@@ -349,7 +354,7 @@ mod tests {
         assert!(LinkMessage::decode(&long).unwrap_err().0.contains("1 bytes after the body"));
         let mut kind = Vec::new();
         let record = LinkRecord { kind: RecordKind::Completion, xid: xid(1), payload: Vec::new() };
-        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: vec![record] }
+        LinkMessage::Batch { epoch: Epoch::from_raw(1), sequence: 1, records: vec![record].into() }
             .encode(&mut kind);
         kind[LINK_HEADER_BYTES + 18] = 0;
         assert!(LinkMessage::decode(&kind).unwrap_err().0.contains("record kind 0"));

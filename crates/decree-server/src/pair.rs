@@ -204,14 +204,14 @@ impl PrimaryLink {
     /// The primary remembers `outcome` for the finished `xid`: the backup remembers it too.
     pub(crate) fn ship_outcome(&self, xid: &Xid, outcome: u8) {
         let record = LinkRecord { kind: RecordKind::Outcome, xid: *xid, payload: vec![outcome] };
-        let _ = self.leader.ship(record, None);
+        let _ = self.leader.ship_lazy(record);
     }
 
     /// `xid` is finished: the backup may forget it (lost when the backup is far behind:
     /// the next catch-up forgets it then).
     pub(crate) fn ship_completion(&self, xid: &Xid) {
         let record = LinkRecord { kind: RecordKind::Completion, xid: *xid, payload: Vec::new() };
-        let _ = self.leader.ship(record, None);
+        let _ = self.leader.ship_lazy(record);
     }
 
     /// Decisions shipped or queued for the backup whose answer waits for its confirmation

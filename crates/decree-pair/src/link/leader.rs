@@ -115,6 +115,26 @@ impl Leader {
         Ok(())
     }
 
+    /// Queues a record no client waits for (a completion, an outcome) without waking the
+    /// link while a batch awaits its acknowledgement: the record goes with the next batch,
+    /// which that acknowledgement or the next decision sends. Waking the link for each of
+    /// them cost a send and a backup wake-up per record under load, for records that are
+    /// lazy by design. Refused like [`Leader::ship`].
+    pub fn ship_lazy(&self, record: LinkRecord) -> Result<(), OutboxFull> {
+        let wake = {
+            let mut outbox = self.outbox.lock();
+            let (quiet, next) = (outbox.unacked_count() == 0, outbox.next_sequence());
+            outbox.push(record, None)?;
+            // A batch the push cut must go now, and with nothing awaiting an acknowledgement
+            // no acknowledgement would send the record.
+            quiet || outbox.next_sequence() != next
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// Dials `backup` until `stop` or until deposed, serving each link until it ends.
     pub async fn run(self: Arc<Self>, backup: SocketAddr, mut stop: watch::Receiver<bool>) -> LinkEnd {
         loop {

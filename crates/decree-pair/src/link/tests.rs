@@ -349,3 +349,36 @@ fn a_refused_opening_leaves_the_served_link_open_and_every_end_is_counted() {
     assert!(!next.connected, "the next role's end of the link starts closed");
     assert_eq!((next.opens_total, next.ends_total, next.last_end), (1, 2, report.last_end));
 }
+
+/// Lazy records (completions, outcomes) wake the link only when nothing awaits an
+/// acknowledgement. The bug this guards against: a completion left in the outbox for good
+/// because no decision and no acknowledgement came after it, so the backup would keep a
+/// finished transaction live (and a promoted backup would finish it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_completions_reach_the_backup_with_no_decision_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stop_tx, stop) = watch::channel(false);
+    let (follower, addr) = start_follower(dir.path(), stop.clone()).await;
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    let run = tokio::spawn(leader.clone().run(addr, stop.clone()));
+    eventually("the primary is strict", || leader.node().role == Role::Primary { alone: false }).await;
+    // Completions queued right behind their decisions, while those batches await acks.
+    for i in 1..=50 {
+        ship_decision(&leader, &server, i);
+        server.live.lock().retain(|r| r.xid != xid(i));
+        leader.ship_lazy(completion(i)).unwrap();
+    }
+    eventually("every ticket confirmed", || server.confirmed.lock().len() == 50).await;
+    eventually("every completion applied", || follower.live_count() == 0).await;
+    eventually("nothing left unacknowledged", || leader.lag().records == 0).await;
+    // And one queued on a quiet link, with nothing in flight to carry it.
+    ship_decision(&leader, &server, 51);
+    eventually("decision 51 confirmed", || server.confirmed.lock().contains(&51)).await;
+    eventually("the link is quiet", || leader.lag().records == 0).await;
+    assert_eq!(follower.live_count(), 1);
+    leader.ship_lazy(completion(51)).unwrap();
+    eventually("the last completion applied", || follower.live_count() == 0).await;
+    stop_tx.send(true).unwrap();
+    let _ = run.await;
+}
