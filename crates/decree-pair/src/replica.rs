@@ -10,7 +10,10 @@
 //! (`RecoveredDecisions` joins records of one Xid), a completion of a transaction the copy
 //! does not hold is nothing to do. Outcome records go to the backup's outcome memory when
 //! it keeps one ([`Replica::with_outcomes`]), so that a promoted member answers `Outcome`
-//! for what the old primary had finished. Not here: the link, the epochs (the rules
+//! for what the old primary had finished; the memory makes them durable on its own
+//! schedule, and a batch's acknowledgement does not wait for it: the acknowledgement
+//! confirms the batch's decisions, which no outcome record is (a failed memory fails the
+//! next batch instead: fail-stop). Not here: the link, the epochs (the rules
 //! decide which batches reach [`Replica::apply`]).
 
 use crate::wire::{LinkRecord, RecordKind};
@@ -39,6 +42,9 @@ pub struct Replica {
     /// The backup's outcome memory, which replicated outcome records go to (`None`: they
     /// are refused, as by a copy without one).
     outcomes: Option<OutcomeMemory>,
+    /// The outcome memory's first failure to make a record durable: every later batch is
+    /// refused with it.
+    outcomes_failed: Arc<Mutex<Option<LogError>>>,
     keys: KeyAllocator,
     /// The keys each live Xid's records are filed under (one, unless an earlier run of the
     /// log filed them under several): a completion completes them all.
@@ -54,7 +60,7 @@ impl Replica {
         for (key, error) in &recovered.undecodable {
             tracing::error!(key, %error, "undecodable record in the backup's log; left as is");
         }
-        Replica { log, outcomes: None, keys, live }
+        Replica { log, outcomes: None, outcomes_failed: Arc::new(Mutex::new(None)), keys, live }
     }
 
     /// Keeps the outcome records the primary sends in `outcomes` (the memory a promoted
@@ -81,10 +87,14 @@ impl Replica {
     }
 
     /// Applies one batch: decisions are appended (durable under the log's policy),
-    /// completions and outcomes recorded lazily; `durable` is called once every decision of the batch is
-    /// durable (at once for a batch with none: completions need no sync), or with the
-    /// log's error. A refused batch writes nothing and never calls `durable`.
+    /// completions and outcomes recorded lazily; `durable` is called once every decision of
+    /// the batch is durable (at once for a batch with none: completions and outcomes need
+    /// no sync before the acknowledgement), or with the log's error. A refused batch writes
+    /// nothing and never calls `durable`.
     pub fn apply(&mut self, records: &[LinkRecord], durable: DurableCallback) -> Result<(), ReplicaError> {
+        if let Some(e) = self.outcomes_failed.lock().clone() {
+            return Err(ReplicaError::Log(e));
+        }
         let decisions = check_batch(records, self.outcomes.is_some())?;
         let waiter = Arc::new(BatchWaiter {
             pending: AtomicUsize::new(decisions.len() + 1),
@@ -108,12 +118,14 @@ impl Replica {
                         self.outcomes.as_ref().expect("check_batch refuses outcomes without a memory");
                     let mut id = Vec::new();
                     record.xid.global().encode(&mut id);
-                    let waiter = waiter.clone();
-                    memory.remember(
-                        &id,
-                        record.payload[0],
-                        Box::new(move |result| waiter.one_done(result)),
-                    )?;
+                    let failed = self.outcomes_failed.clone();
+                    let noted = Box::new(move |result: Result<(), LogError>| {
+                        if let Err(e) = result {
+                            tracing::error!(error = %e, "the backup's outcome memory failed");
+                            failed.lock().get_or_insert(e);
+                        }
+                    });
+                    memory.remember(&id, record.payload[0], noted)?;
                 }
                 _ => unreachable!("check_batch let only decisions, completions and outcomes through"),
             }

@@ -10,7 +10,7 @@
 
 use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
 use crate::epoch::{Epoch, MemberId};
-use crate::replica::Replica;
+use crate::replica::{Replica, ReplicaError};
 use crate::rules::{Command, Event, Node, PeerMessage};
 use crate::state_file::{self, PairState};
 use crate::wire::{LinkMessage, RecordKind};
@@ -339,7 +339,10 @@ impl Follower {
                             let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
                         }
                     });
-                    self.replica.lock().apply(records, done).map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+                    self.replica.lock().apply(records, done).map_err(|e| match e {
+                        ReplicaError::Log(e) => LinkEnd::Storage(format!("the backup's log failed: {e}")),
+                        refused => LinkEnd::Protocol(refused.to_string()),
+                    })?;
                     if received {
                         self.batch_acked(stream, sequence, Ok(()), out).await?;
                     }

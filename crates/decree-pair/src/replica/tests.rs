@@ -195,3 +195,40 @@ fn outcome_records_go_to_the_backups_outcome_memory() {
     );
     assert_eq!(memory.entries().len(), 2);
 }
+
+/// A batch's acknowledgement waits for its decisions only: outcome records go to the
+/// memory, which syncs them on its own schedule. The bug this guards against: a failure of
+/// that memory going unnoticed, so that a promoted backup would lack outcomes it was sent
+/// while it went on acknowledging; the failure refuses every later batch (fail-stop).
+#[test]
+fn a_failed_outcome_memory_refuses_the_next_batch() {
+    use decree_log::outcomes::OutcomeMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = FaultStorage::new(11);
+    let memory =
+        OutcomeMemory::open(Arc::new(storage.clone()), dir.path(), 64, std::time::Duration::ZERO).unwrap();
+    let log_dir = dir.path().join("log");
+    let mut replica = open(&log_dir, EngineKind::Journal).with_outcomes(memory);
+    let outcome = |sequence| LinkRecord { kind: RecordKind::Outcome, xid: xid(sequence), payload: vec![1] };
+    apply(&mut replica, &[decision(1), outcome(2)]).unwrap();
+    storage.fail_syncs_after(0);
+    // Acknowledged: its decision is durable, whatever the memory does with the outcome.
+    apply(&mut replica, &[decision(3), outcome(4)]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match replica.apply(&[decision(5)], Box::new(|_| {})) {
+            Err(ReplicaError::Log(e)) => {
+                assert!(!e.to_string().is_empty());
+                break;
+            }
+            Err(other) => panic!("refused for another reason: {other}"),
+            // The memory's sync may not have run yet: a batch before it is taken.
+            Ok(()) => assert!(std::time::Instant::now() < deadline, "the memory's failure was never seen"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        matches!(replica.apply(&[decision(6)], Box::new(|_| {})), Err(ReplicaError::Log(_))),
+        "every later batch is refused"
+    );
+}
