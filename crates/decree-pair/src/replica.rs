@@ -86,34 +86,59 @@ impl Replica {
         self.live.len()
     }
 
+    /// Checks a batch whole before anything of it is written: a record that does not decode,
+    /// or a decision filed under another Xid than its own, refuses it; so does an earlier
+    /// failure of the outcome memory. What passes may be acknowledged as received before
+    /// [`Replica::apply_checked`] writes it.
+    pub fn check(&self, records: &[LinkRecord]) -> Result<CheckedBatch, ReplicaError> {
+        if let Some(e) = self.outcomes_failed.lock().clone() {
+            return Err(ReplicaError::Log(e));
+        }
+        let decisions = check_batch(records, self.outcomes.is_some())?;
+        Ok(CheckedBatch { records: records.len(), decisions })
+    }
+
     /// Applies one batch: decisions are appended (durable under the log's policy),
     /// completions and outcomes recorded lazily; `durable` is called once every decision of
     /// the batch is durable (at once for a batch with none: completions and outcomes need
     /// no sync before the acknowledgement), or with the log's error. A refused batch writes
     /// nothing and never calls `durable`.
     pub fn apply(&mut self, records: &[LinkRecord], durable: DurableCallback) -> Result<(), ReplicaError> {
-        if let Some(e) = self.outcomes_failed.lock().clone() {
-            return Err(ReplicaError::Log(e));
-        }
-        let decisions = check_batch(records, self.outcomes.is_some())?;
+        let checked = self.check(records)?;
+        self.apply_checked(records, checked, durable)
+    }
+
+    /// [`Replica::apply`] for a batch [`Replica::check`] passed (`checked` is its verdict).
+    pub fn apply_checked(
+        &mut self,
+        records: &[LinkRecord],
+        checked: CheckedBatch,
+        durable: DurableCallback,
+    ) -> Result<(), ReplicaError> {
+        assert_eq!(checked.records, records.len(), "the verdict is of another batch");
         let waiter = Arc::new(BatchWaiter {
-            pending: AtomicUsize::new(decisions.len() + 1),
+            pending: AtomicUsize::new(checked.decisions + 1),
             outcome: Mutex::new((Ok(()), Some(durable))),
         });
-        for (record, decision) in records.iter().zip(decisions_by_index(records.len(), decisions)) {
-            match (record.kind, decision) {
-                (RecordKind::Decision, Some(payload)) => {
+        for record in records {
+            match record.kind {
+                // check_batch decoded every decision and found it filed under its own Xid.
+                RecordKind::Decision => {
                     let keys = &self.keys;
                     let key = self.live.entry(record.xid).or_insert_with(|| vec![keys.next()])[0];
                     let waiter = waiter.clone();
-                    self.log.append_with(key, payload, Box::new(move |result| waiter.one_done(result)));
+                    self.log.append_with(
+                        key,
+                        &record.payload,
+                        Box::new(move |result| waiter.one_done(result)),
+                    );
                 }
-                (RecordKind::Completion, _) => {
+                RecordKind::Completion => {
                     for key in self.live.remove(&record.xid).unwrap_or_default() {
                         self.log.complete(key)?;
                     }
                 }
-                (RecordKind::Outcome, _) => {
+                RecordKind::Outcome => {
                     let memory =
                         self.outcomes.as_ref().expect("check_batch refuses outcomes without a memory");
                     let mut id = Vec::new();
@@ -127,7 +152,6 @@ impl Replica {
                     });
                     memory.remember(&id, record.payload[0], noted)?;
                 }
-                _ => unreachable!("check_batch let only decisions, completions and outcomes through"),
             }
         }
         waiter.one_done(Ok(()));
@@ -147,10 +171,19 @@ impl Replica {
     }
 }
 
-/// Checks every record of a batch (outcomes only when the copy keeps them); returns the
-/// decision payloads by record index.
-fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<Vec<(usize, &[u8])>, ReplicaError> {
-    let mut decisions = Vec::new();
+/// A batch that passed [`Replica::check`]: what [`Replica::apply_checked`] needs of the verdict.
+#[derive(Debug)]
+pub struct CheckedBatch {
+    /// Records in the batch checked (the one applied must be that batch).
+    records: usize,
+    /// Decisions among them: the acknowledgement waits for each.
+    decisions: usize,
+}
+
+/// Checks every record of a batch (outcomes only when the copy keeps them); returns how
+/// many decisions it holds.
+fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<usize, ReplicaError> {
+    let mut decisions = 0;
     for (index, record) in records.iter().enumerate() {
         let bad = |reason: String| ReplicaError::BadRecord { index, xid: record.xid.to_string(), reason };
         match record.kind {
@@ -160,7 +193,7 @@ fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<Vec<(usiz
                 if decision.xid != record.xid {
                     return Err(bad(format!("the decision inside is of {}", decision.xid)));
                 }
-                decisions.push((index, record.payload.as_slice()));
+                decisions += 1;
             }
             RecordKind::Completion if record.payload.is_empty() => {}
             RecordKind::Completion => return Err(bad("a completion carries no payload".into())),
@@ -174,15 +207,6 @@ fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<Vec<(usiz
         }
     }
     Ok(decisions)
-}
-
-/// The decision payload of each record index, `None` for the others.
-fn decisions_by_index(len: usize, decisions: Vec<(usize, &[u8])>) -> Vec<Option<&[u8]>> {
-    let mut by_index = vec![None; len];
-    for (index, payload) in decisions {
-        by_index[index] = Some(payload);
-    }
-    by_index
 }
 
 /// Calls the batch's callback once its last decision is durable, with the first error.

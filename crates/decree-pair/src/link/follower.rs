@@ -61,6 +61,15 @@ pub struct Follower {
     report: Mutex<LinkReport>,
 }
 
+/// The link's end when the copy refuses a batch (a protocol error of the primary) or its
+/// log failed (fail-stop).
+fn replica_end(e: ReplicaError) -> LinkEnd {
+    match e {
+        ReplicaError::Log(e) => LinkEnd::Storage(format!("the backup's log failed: {e}")),
+        refused => LinkEnd::Protocol(refused.to_string()),
+    }
+}
+
 /// How long a connection may take to pass the transport's checks (the TLS handshake)
 /// before the backup closes it: a peer that connects and says nothing holds no link.
 const OPENING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -339,13 +348,13 @@ impl Follower {
                             let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
                         }
                     });
-                    self.replica.lock().apply(records, done).map_err(|e| match e {
-                        ReplicaError::Log(e) => LinkEnd::Storage(format!("the backup's log failed: {e}")),
-                        refused => LinkEnd::Protocol(refused.to_string()),
-                    })?;
+                    let checked = self.replica.lock().check(records).map_err(replica_end)?;
                     if received {
+                        // Checked and in memory: acknowledged before the log's work (its
+                        // writer's wake-up) delays the answer the primary waits for.
                         self.batch_acked(stream, sequence, Ok(()), out).await?;
                     }
+                    self.replica.lock().apply_checked(records, checked, done).map_err(replica_end)?;
                 }
                 Command::AckAgain { sequence, .. } if sequence <= stream.acked_up_to => {
                     let _ = out

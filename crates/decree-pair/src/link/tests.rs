@@ -382,3 +382,38 @@ async fn lazy_completions_reach_the_backup_with_no_decision_after_them() {
     stop_tx.send(true).unwrap();
     let _ = run.await;
 }
+
+/// Under either mode a batch is checked whole before it is acknowledged: `Received`
+/// acknowledges before the backup's log writes the batch, never before the check. The bug
+/// this guards against: a decision the backup refuses (here one filed under another Xid)
+/// confirmed to the primary, so answered to its client, while no backup holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_backup_refuses_is_never_acknowledged_in_either_mode() {
+    for mode in [AckMode::Durable, AckMode::Received] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+        let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+        let follower =
+            Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+        let follower = Arc::new(follower.with_ack_mode(mode));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop) = watch::channel(false);
+        tokio::spawn(follower.clone().serve(listener, stop.clone()));
+        let server = Arc::new(TestServer::default());
+        let leader = leader(server.clone());
+        let run = tokio::spawn(leader.clone().run(addr, stop));
+        ship_decision(&leader, &server, 1);
+        eventually("the first decision confirmed", || server.confirmed.lock().contains(&1)).await;
+        let misfiled = LinkRecord { kind: RecordKind::Decision, xid: xid(2), payload: decision(3).payload };
+        leader.ship(misfiled, Some(2)).unwrap();
+        eventually("the backup ended the link over it", || {
+            follower.link_report().last_end.is_some_and(|why| why.contains("the decision inside is of"))
+        })
+        .await;
+        assert!(!server.confirmed.lock().contains(&2), "{mode:?}: a refused batch was acknowledged");
+        assert_eq!(follower.live_count(), 1, "{mode:?}: nothing of the refused batch was taken");
+        stop_tx.send(true).unwrap();
+        let _ = run.await;
+    }
+}
