@@ -24,6 +24,7 @@
 pub mod chart;
 pub mod client;
 pub mod compare;
+pub mod cpus;
 pub mod embedded;
 pub mod error;
 pub mod handshake;

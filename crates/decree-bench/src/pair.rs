@@ -17,6 +17,7 @@
 //! socket; member 2 answers clients `NotPrimary` throughout.
 
 use crate::client::Replicas;
+use crate::cpus::CpuPlacement;
 use crate::remote::client_error;
 use crate::BenchError;
 use decree_client::{ClientOptions, Endpoint, RemoteDecisions};
@@ -83,12 +84,14 @@ pub struct StartedPair {
 /// Starts a pair from `base` (the single server's configuration: engine, RPO, limits) with
 /// the logs under `base.log_dir` and the client sockets in `socket_dir`, its backup
 /// acknowledging and its link secured as `replicas` says (TLS with throwaway member
-/// certificates, written in `socket_dir`), promotes member 1 and waits until it is strict.
+/// certificates, written in `socket_dir`) and its threads placed as `cpus` says, promotes
+/// member 1 and waits until it is strict.
 pub fn start(
     base: &ServerConfig,
     socket_dir: &Path,
     factories: Vec<Arc<dyn RmFactory>>,
     replicas: Replicas,
+    cpus: CpuPlacement,
 ) -> Result<StartedPair, BenchError> {
     let [link_1, link_2, metrics] = free_ports()?;
     let sockets = [socket_dir.join("decree.sock"), socket_dir.join("backup.sock")];
@@ -114,7 +117,11 @@ pub fn start(
     };
     let (config_1, config_2) = (member(1, link_1, link_2)?, member(2, link_2, link_1)?);
     let control_dir = config_1.log_dir.clone();
-    let backup = start_member(config_2, factories.clone())?;
+    let backup = {
+        // Every thread of the backup inherits this placement (its own CPU when split).
+        let _placed = cpus.for_backup()?;
+        start_member(config_2, factories.clone())?
+    };
     let primary = start_member(config_1, factories.clone())?;
     let endpoint = format!("unix:{}", sockets[0].display());
     let branches: Vec<String> = factories.iter().map(|f| f.name().to_string()).collect();

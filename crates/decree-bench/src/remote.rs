@@ -69,6 +69,8 @@ pub struct RemoteSpec {
     /// Servers holding each decision: one, or a primary + backup pair (the benchmark's
     /// own server, over the Unix socket, only).
     pub replicas: Replicas,
+    /// Where the threads run: a pair's backup is started on CPU 1 when split.
+    pub cpus: crate::cpus::CpuPlacement,
 }
 
 /// A coordinator over a state server, shared by the clients of one run.
@@ -239,7 +241,7 @@ fn start_server(
     let (dir, tls_files) = match spec.mode {
         Mode::Unix if spec.replicas.count == 2 => {
             let dir = private_dir()?;
-            let started = pair::start(&config, dir.path(), factories, spec.replicas)?;
+            let started = pair::start(&config, dir.path(), factories, spec.replicas, spec.cpus)?;
             return Ok(Started {
                 endpoint: started.endpoint,
                 server: Some(started.primary),

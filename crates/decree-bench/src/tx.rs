@@ -317,6 +317,8 @@ pub struct BenchSpec {
     pub tls_files: ClientTlsFiles,
     /// Fixed-rate mode: transactions per second over all threads (no think times).
     pub rate: Option<f64>,
+    /// Where each run's threads run (a pair's backup on a CPU of its own, or not).
+    pub cpus: crate::cpus::CpuPlacement,
 }
 
 impl BenchSpec {
@@ -744,6 +746,8 @@ fn run_target(
     run_spec: &RunSpec,
     progress: &ProgressBar,
 ) -> Result<RunExtras, BenchError> {
+    // Every thread of the run (its server's, its clients') inherits this placement.
+    let _placed = spec.cpus.for_run()?;
     match variant.mode {
         Mode::Embedded => EmbeddedTarget::open(config, spec.rms)
             .and_then(|target| run(&target, run_spec, progress))
@@ -756,6 +760,7 @@ fn run_target(
                 rms: spec.rms,
                 threads: run_spec.threads,
                 replicas: variant.replicas,
+                cpus: spec.cpus,
             };
             let target = RemoteTarget::open(config, &remote)?;
             let handshake = target.handshakes()?;

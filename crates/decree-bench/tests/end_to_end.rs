@@ -4,6 +4,7 @@
 
 use decree_bench::chart;
 use decree_bench::client::{Mode, Replicas};
+use decree_bench::cpus::CpuPlacement;
 use decree_bench::embedded::EmbeddedTarget;
 use decree_bench::log_bench::{self, LogBenchSpec, LogPoint, LogStep, RAW_ENGINE};
 use decree_bench::report;
@@ -34,6 +35,7 @@ fn bench_spec(dir: &std::path::Path, engines: Vec<EngineKind>, rpos_ms: Vec<u64>
         connect: None,
         tls_files: ClientTlsFiles::default(),
         rate: None,
+        cpus: CpuPlacement::Shared,
     }
 }
 
@@ -412,6 +414,30 @@ fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
     assert_eq!((summaries[1].mode.as_str(), summaries[1].versus.as_deref()), ("unix-pair", Some("unix")));
     assert!(summaries[1].promotion_ms.is_some() && summaries[1].tps_ratio.is_some());
     assert!(empty_dir(dir.path()), "both members' logs are removed after the run");
+}
+
+#[test]
+fn a_split_run_gives_the_backup_its_own_cpu_and_gives_the_harness_its_cpus_back() {
+    // `--mode unix --replicas 1,2 --cpus split`: both runs complete (the backup's threads
+    // on CPU 1, the rest on CPU 0), and the calling thread may use every CPU it had after.
+    let allowed = || std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let before = allowed();
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
+    (spec.modes, spec.replicas, spec.cpus) =
+        (vec![Mode::Unix], vec![Replicas::SINGLE, Replicas::PAIR], CpuPlacement::Split);
+    spec.stop = Stop::Duration(Duration::from_millis(300));
+    let mut steps = Vec::new();
+    let result = tx::run_all(&spec, &ProgressBar::hidden(), |step| steps.push(step));
+    if before < 2 {
+        assert!(result.is_err(), "a machine with one CPU cannot split a run");
+        return;
+    }
+    result.expect("benchmark runs");
+    let measured = steps.iter().filter(|s| matches!(s, Step::Measured(p) if p.cycles > 0)).count();
+    assert_eq!(measured, 2, "the single server and the pair both committed");
+    assert_eq!(allowed(), before, "the harness's thread got its CPUs back");
+    assert!(empty_dir(dir.path()));
 }
 
 #[test]

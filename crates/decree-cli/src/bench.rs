@@ -5,6 +5,7 @@ use crate::bench_log::parse_seconds;
 use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
 use decree_bench::client::{Mode, Replicas, Variant};
+use decree_bench::cpus::CpuPlacement;
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
 use decree_bench::round_trip::{self, Transport};
@@ -99,6 +100,12 @@ pub struct Args {
     /// commit latency percentiles from each commit's scheduled time and its service time.
     #[arg(long, conflicts_with_all = ["t1", "t2", "workload"])]
     pub rate: Option<f64>,
+    /// Where each run's threads run: shared (every thread on every CPU, as on one machine),
+    /// or split (the benchmark's clients and the single server or the pair's primary on CPU
+    /// 0, the pair's backup on CPU 1, as if it had a machine of its own; its disk stays the
+    /// same). Needs CPUs 0 and 1.
+    #[arg(long, default_value = "shared")]
+    pub cpus: CpuPlacement,
     /// Output format on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -215,6 +222,7 @@ impl Args {
             connect: self.connect.clone(),
             tls_files: self.tls_files(),
             rate: self.rate,
+            cpus: self.cpus,
         }
     }
 
@@ -234,11 +242,12 @@ impl Args {
         let tls = [&self.tls_ca, &self.tls_cert, &self.tls_key].iter().any(|f| f.is_some());
         if self.mode != [Mode::Embedded]
             || self.replicas != [Replicas::SINGLE]
+            || self.cpus != CpuPlacement::Shared
             || self.connect.is_some()
             || tls
         {
             return Err(format!(
-                "{rm} runs the coordinator embedded: drop --mode, --replicas, --connect and --tls-*"
+                "{rm} runs the coordinator embedded: drop --mode, --replicas, --cpus, --connect and --tls-*"
             ));
         }
         if self.rate.is_some() || self.chart.is_some() {
@@ -409,15 +418,19 @@ pub fn run(args: Args) -> CliResult {
 }
 
 /// The modes as --mode takes them ("tcp,tls"), with the replica counts where a pair runs
-/// ("unix replicas=1,2").
+/// ("unix replicas=1,2") and the CPU placement when it is not the default.
 fn modes_text(spec: &BenchSpec) -> String {
     let modes = spec.modes.iter().map(Mode::name).collect::<Vec<_>>().join(",");
-    match &spec.replicas[..] {
+    let modes = match &spec.replicas[..] {
         [Replicas::SINGLE] => modes,
         counts => {
             let counts: Vec<String> = counts.iter().map(Replicas::to_string).collect();
             format!("{modes} replicas={}", counts.join(","))
         }
+    };
+    match spec.cpus {
+        CpuPlacement::Shared => modes,
+        split => format!("{modes} cpus={}", split.name()),
     }
 }
 
