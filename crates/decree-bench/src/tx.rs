@@ -381,6 +381,8 @@ pub struct BenchPoint {
     pub mode: String,
     /// Servers holding each decision (2 for a pair; 1 otherwise, the embedded mode too).
     pub replicas: usize,
+    /// Where the run's threads ran (`shared`, or `split`: a pair's backup on a CPU of its own).
+    pub cpus: &'static str,
     /// Dummy resource managers per transaction.
     pub rms: usize,
     /// Threads of the run.
@@ -435,6 +437,7 @@ impl BenchPoint {
             rpo_ms,
             mode: mode.name().into(),
             replicas: 1,
+            cpus: crate::cpus::CpuPlacement::Shared.name(),
             rms,
             threads: run.threads,
             cycles: run.cycles,
@@ -719,7 +722,8 @@ fn run_one(
         Ok((result, handshake, promotion)) => {
             removed?;
             let mut point = BenchPoint::new(engine, rpo_ms, variant.mode, spec.rms, &result);
-            (point.mode, point.replicas) = (variant.name(), variant.replicas.count);
+            (point.mode, point.replicas, point.cpus) =
+                (variant.name(), variant.replicas.count, spec.cpus.name());
             point.rate = spec.rate.map(|rate| RatePoint::new(rate, &result));
             point.handshake = handshake;
             point.promotion = promotion;

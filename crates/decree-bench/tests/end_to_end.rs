@@ -434,8 +434,14 @@ fn a_split_run_gives_the_backup_its_own_cpu_and_gives_the_harness_its_cpus_back(
         return;
     }
     result.expect("benchmark runs");
-    let measured = steps.iter().filter(|s| matches!(s, Step::Measured(p) if p.cycles > 0)).count();
-    assert_eq!(measured, 2, "the single server and the pair both committed");
+    let measured: Vec<&BenchPoint> =
+        steps.iter().filter_map(|s| if let Step::Measured(p) = s { Some(&**p) } else { None }).collect();
+    assert_eq!(measured.len(), 2);
+    for point in measured {
+        assert!(point.cycles > 0, "the single server and the pair both committed: {point:?}");
+        let json: serde_json::Value = serde_json::from_str(&report::bench_json(point)).unwrap();
+        assert_eq!(json["cpus"].as_str(), Some("split"), "{json}");
+    }
     assert_eq!(allowed(), before, "the harness's thread got its CPUs back");
     assert!(empty_dir(dir.path()));
 }

@@ -115,7 +115,12 @@ impl Replica {
         checked: CheckedBatch,
         durable: DurableCallback,
     ) -> Result<(), ReplicaError> {
-        assert_eq!(checked.records, records.len(), "the verdict is of another batch");
+        let decisions = records.iter().filter(|r| r.kind == RecordKind::Decision).count();
+        assert_eq!(
+            (checked.records, checked.decisions),
+            (records.len(), decisions),
+            "the verdict is of another batch"
+        );
         let waiter = Arc::new(BatchWaiter {
             pending: AtomicUsize::new(checked.decisions + 1),
             outcome: Mutex::new((Ok(()), Some(durable))),
