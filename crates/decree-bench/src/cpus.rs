@@ -74,6 +74,18 @@ impl Drop for Pinned {
     }
 }
 
+/// The CPUs the calling thread may run on now (a container may allow others than 0 and 1).
+pub fn cpus_of_this_thread() -> Vec<usize> {
+    // SAFETY: a zeroed CPU set is valid, and the call gets one of its own size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
 /// Pins the calling thread to `cpu`, which it must be allowed to use.
 fn pin_current_thread(cpu: usize) -> Result<Pinned, BenchError> {
     let size = std::mem::size_of::<libc::cpu_set_t>();
@@ -102,18 +114,10 @@ fn pin_current_thread(cpu: usize) -> Result<Pinned, BenchError> {
 mod tests {
     use super::*;
 
-    fn cpus_of_this_thread() -> Vec<usize> {
-        // SAFETY: as in pin_current_thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
-            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-        }
-    }
-
     #[test]
     fn a_split_run_pins_its_threads_and_a_backup_inside_it_then_restores_both() {
         let before = cpus_of_this_thread();
+        assert!(!before.is_empty(), "a running thread runs somewhere");
         if !(before.contains(&0) && before.contains(&1)) {
             let e = CpuPlacement::Split.for_run().and_then(|_| CpuPlacement::Split.for_backup());
             assert!(e.is_err(), "a machine without CPUs 0 and 1 is refused, not half pinned");

@@ -4,7 +4,7 @@
 
 use decree_bench::chart;
 use decree_bench::client::{Mode, Replicas};
-use decree_bench::cpus::CpuPlacement;
+use decree_bench::cpus::{cpus_of_this_thread, CpuPlacement};
 use decree_bench::embedded::EmbeddedTarget;
 use decree_bench::log_bench::{self, LogBenchSpec, LogPoint, LogStep, RAW_ENGINE};
 use decree_bench::report;
@@ -420,16 +420,8 @@ fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
 fn a_split_run_gives_the_backup_its_own_cpu_and_gives_the_harness_its_cpus_back() {
     // `--mode unix --replicas 1,2 --cpus split`: both runs complete (the backup's threads
     // on CPU 1, the rest on CPU 0), and the calling thread may use every CPU it had after.
-    // The CPUs this thread may use (a container may allow others than 0 and 1).
-    let allowed = || -> Vec<usize> {
-        // SAFETY: a zeroed CPU set is valid and the call gets one of its own size.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
-            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-        }
-    };
-    let before = allowed();
+    let before = cpus_of_this_thread();
+    assert!(!before.is_empty());
     let dir = tempfile::tempdir_in(".").unwrap();
     let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
     (spec.modes, spec.replicas, spec.cpus) =
@@ -450,7 +442,7 @@ fn a_split_run_gives_the_backup_its_own_cpu_and_gives_the_harness_its_cpus_back(
         let json: serde_json::Value = serde_json::from_str(&report::bench_json(point)).unwrap();
         assert_eq!(json["cpus"].as_str(), Some("split"), "{json}");
     }
-    assert_eq!(allowed(), before, "the harness's thread got its CPUs back");
+    assert_eq!(cpus_of_this_thread(), before, "the harness's thread got its CPUs back");
     assert!(empty_dir(dir.path()));
 }
 

@@ -77,10 +77,19 @@ fn ship_completion(leader: &Leader, server: &TestServer, i: u64) {
 
 /// Member 2's follower over a journal log in `dir`, listening on loopback.
 async fn start_follower(dir: &Path, stop: watch::Receiver<bool>) -> (Arc<Follower>, SocketAddr) {
+    start_follower_acking(dir, stop, AckMode::Durable).await
+}
+
+/// [`start_follower`] acknowledging as `ack` says.
+async fn start_follower_acking(
+    dir: &Path,
+    stop: watch::Receiver<bool>,
+    ack: AckMode,
+) -> (Arc<Follower>, SocketAddr) {
     let config = LogConfig::new(dir, EngineKind::Journal, SyncPolicy::Immediate);
     let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-    let follower =
-        Arc::new(Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.to_path_buf()).unwrap());
+    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.to_path_buf()).unwrap();
+    let follower = Arc::new(follower.with_ack_mode(ack));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(follower.clone().serve(listener, stop));
@@ -92,6 +101,32 @@ fn leader(server: Arc<TestServer>) -> Arc<Leader> {
     let mut node = Node::start(m(1), Epoch::NONE);
     node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
     Arc::new(Leader::new(node, 7, OutboxLimits::default(), server))
+}
+
+/// A follower acknowledging as `ack` says, over a log in `dir`, and a leader linked to it:
+/// what most tests start from.
+struct Linked {
+    stop_tx: watch::Sender<bool>,
+    follower: Arc<Follower>,
+    server: Arc<TestServer>,
+    leader: Arc<Leader>,
+    run: tokio::task::JoinHandle<LinkEnd>,
+}
+
+async fn start_linked(dir: &Path, ack: AckMode) -> Linked {
+    let (stop_tx, stop) = watch::channel(false);
+    let (follower, addr) = start_follower_acking(dir, stop.clone(), ack).await;
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    let run = tokio::spawn(leader.clone().run(addr, stop));
+    Linked { stop_tx, follower, server, leader, run }
+}
+
+impl Linked {
+    async fn stop(self) {
+        self.stop_tx.send(true).unwrap();
+        let _ = self.run.await;
+    }
 }
 
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -357,15 +392,12 @@ fn a_refused_opening_leaves_the_served_link_open_and_every_end_is_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lazy_completions_reach_the_backup_with_no_decision_after_them() {
     let dir = tempfile::tempdir().unwrap();
-    let (stop_tx, stop) = watch::channel(false);
-    let (follower, addr) = start_follower(dir.path(), stop.clone()).await;
-    let server = Arc::new(TestServer::default());
-    let leader = leader(server.clone());
-    let run = tokio::spawn(leader.clone().run(addr, stop.clone()));
+    let linked = start_linked(dir.path(), AckMode::Durable).await;
+    let Linked { follower, server, leader, .. } = &linked;
     eventually("the primary is strict", || leader.node().role == Role::Primary { alone: false }).await;
     // Completions queued right behind their decisions, while those batches await acks.
     for i in 1..=50 {
-        ship_decision(&leader, &server, i);
+        ship_decision(leader, server, i);
         server.live.lock().retain(|r| r.xid != xid(i));
         leader.ship_lazy(completion(i)).unwrap();
     }
@@ -373,14 +405,13 @@ async fn lazy_completions_reach_the_backup_with_no_decision_after_them() {
     eventually("every completion applied", || follower.live_count() == 0).await;
     eventually("nothing left unacknowledged", || leader.lag().records == 0).await;
     // And one queued on a quiet link, with nothing in flight to carry it.
-    ship_decision(&leader, &server, 51);
+    ship_decision(leader, server, 51);
     eventually("decision 51 confirmed", || server.confirmed.lock().contains(&51)).await;
     eventually("the link is quiet", || leader.lag().records == 0).await;
     assert_eq!(follower.live_count(), 1);
     leader.ship_lazy(completion(51)).unwrap();
     eventually("the last completion applied", || follower.live_count() == 0).await;
-    stop_tx.send(true).unwrap();
-    let _ = run.await;
+    linked.stop().await;
 }
 
 /// Under either mode a batch is checked whole before it is acknowledged: `Received`
@@ -391,19 +422,9 @@ async fn lazy_completions_reach_the_backup_with_no_decision_after_them() {
 async fn a_batch_the_backup_refuses_is_never_acknowledged_in_either_mode() {
     for mode in [AckMode::Durable, AckMode::Received] {
         let dir = tempfile::tempdir().unwrap();
-        let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
-        let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-        let follower =
-            Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
-        let follower = Arc::new(follower.with_ack_mode(mode));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop_tx, stop) = watch::channel(false);
-        tokio::spawn(follower.clone().serve(listener, stop.clone()));
-        let server = Arc::new(TestServer::default());
-        let leader = leader(server.clone());
-        let run = tokio::spawn(leader.clone().run(addr, stop));
-        ship_decision(&leader, &server, 1);
+        let linked = start_linked(dir.path(), mode).await;
+        let Linked { follower, server, leader, .. } = &linked;
+        ship_decision(leader, server, 1);
         eventually("the first decision confirmed", || server.confirmed.lock().contains(&1)).await;
         let misfiled = LinkRecord { kind: RecordKind::Decision, xid: xid(2), payload: decision(3).payload };
         leader.ship(misfiled, Some(2)).unwrap();
@@ -413,7 +434,6 @@ async fn a_batch_the_backup_refuses_is_never_acknowledged_in_either_mode() {
         .await;
         assert!(!server.confirmed.lock().contains(&2), "{mode:?}: a refused batch was acknowledged");
         assert_eq!(follower.live_count(), 1, "{mode:?}: nothing of the refused batch was taken");
-        stop_tx.send(true).unwrap();
-        let _ = run.await;
+        linked.stop().await;
     }
 }
