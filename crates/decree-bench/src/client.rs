@@ -100,8 +100,9 @@ impl FromStr for Mode {
 pub const REPLICAS_MAX: usize = 2;
 
 /// How many servers hold each decision: one, or a primary + backup pair with how its
-/// backup acknowledges and whether its link runs TLS. Written `1`, `2` (durable, plain
-/// link), `2-received`, `2-tls`, `2-received-tls`.
+/// backup acknowledges, whether its link runs TLS and whether its backup busy-polls the
+/// link. Written `1`, `2` (durable, plain link), `2-received`, `2-tls`, `2-received-tls`,
+/// each pair optionally followed by `-poll`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replicas {
     /// Servers: 1, or 2 for a pair the benchmark starts itself.
@@ -110,21 +111,31 @@ pub struct Replicas {
     pub ack: PairAck,
     /// A pair's link runs TLS with throwaway member certificates.
     pub link_tls: bool,
+    /// A pair's backup busy-polls its link for [`BUSY_POLL_US`] after each frame
+    /// (`pair.busy_poll_us`).
+    pub busy_poll: bool,
 }
+
+/// The `pair.busy_poll_us` of a `-poll` pair: about two batches apart at 10,000 decisions
+/// a second, so that a steady flow keeps the backup's reader awake.
+pub const BUSY_POLL_US: u64 = 200;
 
 impl Replicas {
     /// One server.
-    pub const SINGLE: Replicas = Replicas { count: 1, ack: PairAck::Durable, link_tls: false };
+    pub const SINGLE: Replicas =
+        Replicas { count: 1, ack: PairAck::Durable, link_tls: false, busy_poll: false };
     /// A pair whose backup acknowledges after its durable write, over a plain link.
-    pub const PAIR: Replicas = Replicas { count: 2, ack: PairAck::Durable, link_tls: false };
+    pub const PAIR: Replicas =
+        Replicas { count: 2, ack: PairAck::Durable, link_tls: false, busy_poll: false };
 
-    /// What a pair adds to the mode's name: `-pair`, then `-received` and `-tls`.
+    /// What a pair adds to the mode's name: `-pair`, then `-received`, `-tls` and `-poll`.
     fn suffix(&self) -> String {
         match self.count {
             1 => String::new(),
             2 => {
                 let ack = if self.ack == PairAck::Received { "-received" } else { "" };
-                format!("-pair{ack}{}", if self.link_tls { "-tls" } else { "" })
+                let tls = if self.link_tls { "-tls" } else { "" };
+                format!("-pair{ack}{tls}{}", if self.busy_poll { "-poll" } else { "" })
             }
             n => format!("-x{n}"),
         }
@@ -147,7 +158,8 @@ impl FromStr for Replicas {
             BenchError::Option(format!(
                 "--replicas {s}: expected 1 (a single server) or 2 (a primary + backup pair), the pair \
                  optionally followed by -received (its backup acknowledges from memory) and -tls (TLS on \
-                 its link): 2, 2-received, 2-tls, 2-received-tls"
+                 its link), then -poll (its backup busy-polls the link): 2, 2-received, 2-tls, \
+                 2-received-tls, 2-received-poll"
             ))
         };
         let mut parts = s.split('-');
@@ -161,6 +173,7 @@ impl FromStr for Replicas {
             match (replicas.count, last, part) {
                 (2, "", "received") => replicas.ack = PairAck::Received,
                 (2, "" | "received", "tls") => replicas.link_tls = true,
+                (2, "" | "received" | "tls", "poll") => replicas.busy_poll = true,
                 _ => return Err(bad()),
             }
             last = part;
@@ -263,6 +276,16 @@ mod tests {
             assert_eq!(text.parse::<Replicas>().unwrap().to_string(), text);
         }
         assert_eq!("2-tls".parse::<Replicas>().unwrap(), Replicas { link_tls: true, ..Replicas::PAIR });
+        let polled = "2-received-tls-poll".parse::<Replicas>().unwrap();
+        assert_eq!(
+            polled,
+            Replicas { ack: PairAck::Received, link_tls: true, busy_poll: true, ..Replicas::PAIR }
+        );
+        assert_eq!(polled.to_string(), "2-received-tls-poll");
+        assert_eq!(polled.suffix(), "-pair-received-tls-poll");
+        for bad in ["1-poll", "2-poll-tls", "2-poll-poll", "2-received-poll-received"] {
+            assert!(bad.parse::<Replicas>().is_err(), "{bad} was accepted");
+        }
         for bad in ["0", "3", "1-received", "2-tls-received", "2-received-received", "2-", "two"] {
             let e = bad.parse::<Replicas>().unwrap_err().to_string();
             assert!(e.contains("2-received-tls"), "{bad}: {e}");

@@ -112,6 +112,7 @@ pub fn start(
             peer_clients: Some(format!("unix:{}", sockets[peer].display())),
             ack: replicas.ack,
             tls: link_tls.as_ref().map(|tls| tls[own].clone()),
+            busy_poll_us: if replicas.busy_poll { crate::client::BUSY_POLL_US } else { 0 },
         });
         Ok(config)
     };

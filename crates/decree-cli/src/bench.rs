@@ -75,7 +75,8 @@ pub struct Args {
     /// primary + backup pair started for each run on two logs, member 1 promoted with force
     /// and strict before the run; its promotion time is reported), 2-received (its backup
     /// acknowledges from memory), 2-tls (TLS on its link, throwaway member certificates),
-    /// 2-received-tls. Comma-separated, they alternate like the modes in every round and
+    /// 2-received-tls; a pair followed by -poll has its backup busy-poll the link (200 us
+    /// after each frame: `pair.busy_poll_us`). Comma-separated, they alternate like the modes in every round and
     /// are compared to the first: --mode unix --replicas 1,2-received,2 --rounds 3.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub replicas: Vec<Replicas>,

@@ -50,7 +50,8 @@
 //! it started, those after the promotion the new epoch, so no epoch gains one once it was
 //! superseded; the summary prints the counts. Cycles: DECREE_PAIR_KILL_CYCLES (default 50
 //! per database pair); seed: DECREE_PAIR_KILL_SEED. PostgreSQL + PostgreSQL also runs with
-//! the backup acknowledging from memory (`ack = "received"`). The `decree` binary is built by the
+//! the backup acknowledging from memory (`ack = "received"`) and busy-polling its link on a
+//! thread of its own (`busy_poll_us`), so that promotions stop that thread. The `decree` binary is built by the
 //! test (`cargo build -p decree-cli --features crash-points` with this test's profile and
 //! target directory), so the servers are never a stale build. On a failure the temporary
 //! directory (member logs, configurations, acknowledged ids) is kept and its path printed.
@@ -249,6 +250,8 @@ struct Site<'a> {
     bank: &'a BankConfig,
     /// When the backup acknowledges (`[pair] ack`).
     ack: &'static str,
+    /// How long the backup's link reader stays awake after each frame (`[pair] busy_poll_us`).
+    busy_poll_us: u64,
 }
 
 impl Member {
@@ -263,7 +266,7 @@ impl Member {
             "node = {}\nlog_dir = {}\nengine = \"journal\"\nunix = {}\n\
              [recovery]\nperiodic_pass_ms = {PERIODIC_PASS_MS}\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{}\"\npeer_link = \"127.0.0.1:{}\"\npeer_clients = {}\n\
-             ack = \"{}\"\n\
+             ack = \"{}\"\nbusy_poll_us = {}\n\
              [[rm]]\nname = \"bank-a\"\nkind = \"postgres\"\ndsn = {}\n\
              [[rm]]\nname = \"bank-b\"\nkind = \"{kind_b}\"\ndsn = {}\n",
             site.node,
@@ -273,6 +276,7 @@ impl Member {
             links.1,
             toml_str(&format!("unix:{}", site.dir.join(format!("{peer}.sock")).display())),
             site.ack,
+            site.busy_poll_us,
             toml_str(&site.bank.dsn_a),
             toml_str(&site.bank.dsn_b),
         );
@@ -919,8 +923,9 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
 }
 
 /// `ack` is the backup's acknowledgement mode: `durable`, or `received` (issue 19's: the
-/// backup acknowledges from memory; the loop kills only primaries, which it survives too).
-fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str) {
+/// backup acknowledges from memory; the loop kills only primaries, which it survives too);
+/// `busy_poll_us` the backup's busy poll of its link (0: none).
+fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, busy_poll_us: u64) {
     let Some(config) = common::bank_config(kind, prefix, ACCOUNTS) else { return };
     let (seed, mut rng) = common::seeded_rng("DECREE_PAIR_KILL_SEED");
     let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
@@ -935,7 +940,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str) {
     let bin = dir.join("decree-pair-member");
     std::fs::copy(decree_bin(), &bin).expect("copy the decree binary");
     let started = Instant::now();
-    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack });
+    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack, busy_poll_us });
     let mut totals = Totals::default();
     let l = Loop { bank: &bank, config: &config, dir, seed };
     for n in 0..cycles {
@@ -951,7 +956,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str) {
     }
     let counts: Vec<u64> = totals.per_epoch.values().copied().collect();
     eprintln!(
-        "{} (ack = {}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
+        "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
          phase-two: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
@@ -982,15 +987,15 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str) {
 
 #[test]
 fn pair_kill_loop_postgres_postgres() {
-    pair_kill_loop(PairKind::PgPg, "pair_pgpg", 0x00C0_0011, "durable");
+    pair_kill_loop(PairKind::PgPg, "pair_pgpg", 0x00C0_0011, "durable", 0);
 }
 
 #[test]
-fn pair_kill_loop_postgres_postgres_with_received_acknowledgements() {
-    pair_kill_loop(PairKind::PgPg, "pair_pgpg_rcv", 0x00C0_0013, "received");
+fn pair_kill_loop_postgres_postgres_with_received_acknowledgements_and_a_busy_polling_backup() {
+    pair_kill_loop(PairKind::PgPg, "pair_pgpg_rcv", 0x00C0_0013, "received", 200);
 }
 
 #[test]
 fn pair_kill_loop_postgres_mariadb() {
-    pair_kill_loop(PairKind::PgMariaDb, "pair_pgm", 0x00C0_0012, "durable");
+    pair_kill_loop(PairKind::PgMariaDb, "pair_pgm", 0x00C0_0012, "durable", 0);
 }

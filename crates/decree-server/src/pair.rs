@@ -292,7 +292,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| io(&format!("cannot listen on pair.link {}", pair.link), &e))?;
     let (follower_stop, follower_stop_rx) = watch::channel(false);
-    let following = tokio::spawn(follower.clone().serve(link, follower_stop_rx));
+    let following = serve_follower(&follower, link, follower_stop_rx, pair.busy_poll_us)?;
     let (mut bound, refusing) = refuse_clients(&config, &pair).await?;
     bound.metrics = metrics_addr;
     tracing::info!(member = pair.member, epoch = %follower.pair_state().seen, "pair member started as a backup");
@@ -453,6 +453,26 @@ fn pair_figures(member: &Member) -> Option<PairFigures> {
     })
 }
 
+/// Serves the backup's link on the server's runtime or, when it busy-polls, on a thread of
+/// its own; the handle resolves when the link's serving ends.
+fn serve_follower(
+    follower: &Arc<Follower>,
+    link: TcpListener,
+    stop: watch::Receiver<bool>,
+    busy_poll_us: u64,
+) -> Result<tokio::task::JoinHandle<()>, ServerError> {
+    if busy_poll_us == 0 {
+        return Ok(tokio::spawn(follower.clone().serve(link, stop)));
+    }
+    let cannot =
+        |e: std::io::Error| ServerError::Io(format!("cannot start the link's busy-polling thread: {e}"));
+    let link = link.into_std().map_err(cannot)?;
+    let thread = follower.clone().serve_on_own_thread(link, stop).map_err(cannot)?;
+    Ok(tokio::task::spawn_blocking(move || {
+        let _ = thread.join();
+    }))
+}
+
 /// The backup's side of this member: its log and outcome memory as the replica's copy,
 /// acknowledging as `pair.ack` says, accepting links through `transport`.
 fn open_follower(
@@ -479,7 +499,8 @@ fn open_follower(
         PairAck::Durable => AckMode::Durable,
         PairAck::Received => AckMode::Received,
     })
-    .with_transport(transport);
+    .with_transport(transport)
+    .with_busy_poll(std::time::Duration::from_micros(pair.busy_poll_us));
     Ok(Arc::new(follower))
 }
 

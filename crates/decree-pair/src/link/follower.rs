@@ -20,7 +20,9 @@ use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
@@ -59,7 +61,14 @@ pub struct Follower {
     ack: AckMode,
     transport: Arc<dyn Transport>,
     report: Mutex<LinkReport>,
+    /// How long the link's reader stays awake after each frame (zero: it sleeps at once).
+    busy_poll: Duration,
+    /// Turns the reader spent awake without a frame, for tests and figures.
+    busy_poll_turns: AtomicU64,
 }
+
+/// The longest busy poll a backup accepts: past a few milliseconds it only burns a CPU.
+pub const BUSY_POLL_MAX: Duration = Duration::from_millis(10);
 
 /// The link's end when the copy refuses a batch (a protocol error of the primary) or its
 /// log failed (fail-stop).
@@ -72,7 +81,7 @@ fn replica_end(e: ReplicaError) -> LinkEnd {
 
 /// How long a connection may take to pass the transport's checks (the TLS handshake)
 /// before the backup closes it: a peer that connects and says nothing holds no link.
-const OPENING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections being opened (in their TLS handshake) at once, at most.
 const OPENINGS_MAX: usize = 8;
@@ -124,6 +133,8 @@ impl Follower {
             ack: AckMode::Durable,
             transport: Arc::new(Plaintext),
             report: Mutex::new(LinkReport::default()),
+            busy_poll: Duration::ZERO,
+            busy_poll_turns: AtomicU64::new(0),
         })
     }
 
@@ -137,6 +148,23 @@ impl Follower {
     /// Whether a primary's link is open, and why the last one ended.
     pub fn link_report(&self) -> LinkReport {
         self.report.lock().clone()
+    }
+
+    /// Keeps the link's reader awake for `budget` after each frame, so that the primary's
+    /// next batch is read without waking a sleeping CPU: on a backup whose machine halts
+    /// idle CPUs, that wake-up is most of what a decision waits for on the link. Costs up to
+    /// a CPU of the backup while decisions flow; serve with [`Follower::serve_on_own_thread`]
+    /// (a runtime thread of the server's asleep in the IO driver would still be woken by
+    /// every frame, and the spinning task would hold a thread the server's tasks need).
+    pub fn with_busy_poll(mut self, budget: Duration) -> Follower {
+        assert!(budget <= BUSY_POLL_MAX, "busy poll {budget:?} above {BUSY_POLL_MAX:?}");
+        self.busy_poll = budget;
+        self
+    }
+
+    /// Turns the link's reader has spent awake waiting for a frame (busy polling).
+    pub fn busy_poll_turns(&self) -> u64 {
+        self.busy_poll_turns.load(Ordering::Relaxed)
     }
 
     /// Acknowledges batches as `ack` says (durable by default).
@@ -224,6 +252,35 @@ impl Follower {
         }
     }
 
+    /// Serves links as [`Follower::serve`] does, on a thread of its own (`decree-pair-link`)
+    /// with a single-threaded runtime of its own, which alone polls the link's socket: what
+    /// [`Follower::with_busy_poll`] needs. The thread ends when `stop` is set or the backup
+    /// stops (fail-stop).
+    pub fn serve_on_own_thread(
+        self: Arc<Self>,
+        listener: std::net::TcpListener,
+        stop: watch::Receiver<bool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("decree-pair-link".into()).spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => self.serve(listener, stop).await,
+                    Err(e) => tracing::error!("the backup's link listener cannot be polled: {e}"),
+                }
+            })
+        })
+    }
+
+    /// One turn of a busy poll: other threads of this CPU run first (`sched_yield`), then
+    /// the runtime polls its IO driver without sleeping and runs what is ready.
+    async fn busy_poll_turn(&self) {
+        self.busy_poll_turns.fetch_add(1, Ordering::Relaxed);
+        std::thread::yield_now();
+        tokio::task::yield_now().await;
+    }
+
     /// Opens an accepted connection through the transport in its own task; what passes
     /// goes to `opened`, what does not is logged with the reason and closed.
     fn open_link(
@@ -281,12 +338,18 @@ impl Follower {
             acked_above: BTreeSet::new(),
         };
         let mut buf = Vec::new();
+        // Until when the reader stays awake for the next frame (busy polling).
+        let mut awake_until: Option<Instant> = None;
         loop {
+            let awake = awake_until.is_some_and(|until| Instant::now() < until);
+            // A turn that wins drops the read, which loses nothing: `read_message` keeps
+            // every byte it took in `buf` before it awaits again.
             let message = tokio::select! {
                 message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => match message {
                     Ok(message) => message,
                     Err(end) => return end,
                 },
+                _ = self.busy_poll_turn(), if awake => continue,
                 Some((sequence, result)) = durable_rx.recv() => {
                     if let Err(end) = self.batch_acked(&mut stream, sequence, result, &out).await {
                         return end;
@@ -294,6 +357,9 @@ impl Follower {
                     continue;
                 }
             };
+            if !self.busy_poll.is_zero() {
+                awake_until = Some(Instant::now() + self.busy_poll);
+            }
             if let Err(end) = self.receive(message, &mut stream, &durable_tx, &mut durable_rx, &out).await {
                 return end;
             }

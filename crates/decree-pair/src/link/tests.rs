@@ -437,3 +437,67 @@ async fn a_batch_the_backup_refuses_is_never_acknowledged_in_either_mode() {
         linked.stop().await;
     }
 }
+
+/// A busy-polling backup on a thread of its own takes every batch and confirms every
+/// decision in either mode, spends turns awake between frames, and its thread ends when
+/// stopped. The bugs this guards against: a frame lost when a busy-poll turn wins the race
+/// with the read, a link that never reads again once awake, and a thread that outlives the
+/// member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_polling_backup_on_its_own_thread_confirms_every_decision_and_stops() {
+    for mode in [AckMode::Durable, AckMode::Received] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+        let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+        let follower =
+            Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+        let follower = Arc::new(follower.with_ack_mode(mode).with_busy_poll(Duration::from_millis(2)));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop) = watch::channel(false);
+        let thread = follower.clone().serve_on_own_thread(listener, stop.clone()).unwrap();
+        let server = Arc::new(TestServer::default());
+        let leader = leader(server.clone());
+        let run = tokio::spawn(leader.clone().run(addr, stop));
+        eventually("the primary is strict", || leader.node().role == Role::Primary { alone: false }).await;
+        // One at a time, so that the reader is awake when most of them arrive; then a burst.
+        for i in 1..=40 {
+            ship_decision(&leader, &server, i);
+            eventually("the decision confirmed", || server.confirmed.lock().contains(&i)).await;
+        }
+        for i in 41..=200 {
+            ship_decision(&leader, &server, i);
+        }
+        for i in 1..=100 {
+            ship_completion(&leader, &server, i);
+        }
+        eventually("every ticket confirmed", || server.confirmed.lock().len() == 200).await;
+        eventually("every completion applied", || follower.live_count() == 100).await;
+        assert!(follower.busy_poll_turns() > 0, "{mode:?}: the reader never stayed awake");
+        stop_tx.send(true).unwrap();
+        let _ = run.await;
+        let joined = tokio::task::spawn_blocking(move || thread.join());
+        tokio::time::timeout(Duration::from_secs(20), joined)
+            .await
+            .expect("the link's thread ends once stopped")
+            .unwrap()
+            .expect("the link's thread did not panic");
+        drop(follower);
+        let live = live_after_reopen(dir.path());
+        assert_eq!(live, (101..=200).collect::<Vec<_>>(), "{mode:?}: confirmed means in the backup's log");
+    }
+}
+
+/// Without a busy poll the reader never spins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_without_busy_poll_sleeps_between_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let linked = start_linked(dir.path(), AckMode::Received).await;
+    let Linked { follower, server, leader, .. } = &linked;
+    for i in 1..=20 {
+        ship_decision(leader, server, i);
+        eventually("the decision confirmed", || server.confirmed.lock().contains(&i)).await;
+    }
+    assert_eq!(follower.busy_poll_turns(), 0);
+    linked.stop().await;
+}
