@@ -379,14 +379,15 @@ fn alternated_rounds_compare_every_mode_to_the_first() {
 
 #[test]
 fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
-    // `--mode unix --replicas 1,2,2-received-tls`, one round of a tiny duration: a single
-    // server, then a pair whose member 1 is promoted and strict before the run, then one
-    // whose backup acknowledges from memory over a TLS link. run_bench refuses a failed
+    // `--mode unix --replicas 1,2,2-received-tls-poll`, one round of a tiny duration: a
+    // single server, then a pair whose member 1 is promoted and strict before the run, then
+    // one whose backup acknowledges from memory over a TLS link, busy-polling it on a thread
+    // of its own (which the promotion of member 1 stops there). run_bench refuses a failed
     // run, and a run fails unless the primary's metrics count one decision and one
     // completion per commit (plus the promotion's probe).
     let dir = tempfile::tempdir_in(".").unwrap();
     let mut spec = bench_spec(dir.path(), vec![EngineKind::Journal], vec![0]);
-    let received_tls: Replicas = "2-received-tls".parse().unwrap();
+    let received_tls: Replicas = "2-received-tls-poll".parse().unwrap();
     (spec.modes, spec.replicas) = (vec![Mode::Unix], vec![Replicas::SINGLE, Replicas::PAIR, received_tls]);
     spec.stop = Stop::Duration(Duration::from_millis(300));
     let mut steps = Vec::new();
@@ -396,8 +397,12 @@ fn a_pair_is_promoted_then_commits_every_decision_with_its_backup() {
     let skipped: Vec<_> = steps.iter().filter(|s| matches!(s, Step::Skipped(_))).collect();
     assert!(skipped.is_empty(), "{skipped:?}");
     let names: Vec<(&str, usize)> = points.iter().map(|p| (p.mode.as_str(), p.replicas)).collect();
-    assert_eq!(names, [("unix", 1), ("unix-pair", 2), ("unix-pair-received-tls", 2)]);
-    assert!(points[2].cycles > 0, "the received pair over TLS committed decisions: {:?}", points[2]);
+    assert_eq!(names, [("unix", 1), ("unix-pair", 2), ("unix-pair-received-tls-poll", 2)]);
+    assert!(
+        points[2].cycles > 0,
+        "the busy-polled received pair over TLS committed decisions: {:?}",
+        points[2]
+    );
     let (single, pair) = (points[0], points[1]);
     assert!(pair.cycles > 0, "the pair committed decisions: {pair:?}");
     assert!(single.promotion.is_none());
