@@ -109,6 +109,9 @@ fn status_text(s: &serde_json::Value) -> String {
         out += &format!("  link from the primary: {connected}{last_end}\n");
         out +=
             &format!("  acknowledges: {}\n  live decisions held: {}\n", text(&s["ack"]), s["live_decisions"]);
+        if let Some(us) = s["busy_poll_us"].as_u64().filter(|&us| us > 0) {
+            out += &format!("  busy poll: {us} us after each batch ({} turns awake)\n", s["busy_poll_turns"]);
+        }
     }
     out
 }

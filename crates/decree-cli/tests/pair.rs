@@ -199,6 +199,58 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
 }
 
+/// A backup that busy-polls its link (`busy_poll_us`) takes every decision, says so in its
+/// status, and once the primary is killed is promoted and answers for them: its polling
+/// thread lets go of the log it must reopen as a primary.
+#[test]
+fn a_busy_polling_backup_holds_every_decision_and_is_promoted_like_any_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link_a, link_b) = (free_port(), free_port());
+    let a = member(dir.path(), "a", 1, link_a, link_b, "b");
+    let b = member(dir.path(), "b", 2, link_b, link_a, "a");
+    let text =
+        std::fs::read_to_string(&b.config).unwrap().replace("[pair]\n", "[pair]\nbusy_poll_us = 500\n");
+    std::fs::write(&b.config, text).unwrap();
+    let mut server_a = serve(&a);
+    let _server_b = serve(&b);
+    assert_eq!(
+        (status(&a)["busy_poll_us"].as_u64(), status(&b)["busy_poll_us"].as_u64()),
+        (Some(0), Some(500))
+    );
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    eventually("the primary is strict", || status(&a)["strict"] == true);
+    let store = connect(&a).expect("the primary serves");
+    let session = store.open_session().unwrap();
+    let decided: Vec<Xid> = (1..=40)
+        .map(|sequence| {
+            let d = decision(&store, session, sequence);
+            store.decide(&d).expect("acknowledged with the busy-polling backup");
+            d.xid
+        })
+        .collect();
+    let backup = status(&b);
+    assert_eq!(backup["live_decisions"], 40, "{backup}");
+    assert!(
+        backup["busy_poll_turns"].as_u64().unwrap() > 0,
+        "the backup's reader never stayed awake: {backup}"
+    );
+    let (_, shown) = decree(&["status"], &b);
+    assert!(shown.contains("busy poll: 500 us"), "{shown}");
+
+    server_a.0.kill().unwrap();
+    server_a.0.wait().unwrap();
+    drop(store);
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(ok, "{text}");
+    let store = connect(&b).expect("the promoted backup serves");
+    for xid in &decided {
+        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    let session = store.open_session().unwrap();
+    store.decide(&decision(&store, session, 1)).expect("the new primary decides alone");
+}
+
 /// A loopback TCP proxy whose link can be cut (while cut, open connections are closed and
 /// new ones refused at once) or slowed (each chunk waits before it is passed on, both ways).
 struct Proxy {

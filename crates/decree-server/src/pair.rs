@@ -669,6 +669,8 @@ fn status_line(member: &Member) -> String {
                 "role": "backup",
                 "ack": match ack { PairAck::Durable => "durable", PairAck::Received => "received" },
                 "live_decisions": follower.live_count(),
+                "busy_poll_us": follower.busy_poll().as_micros() as u64,
+                "busy_poll_turns": follower.busy_poll_turns(),
             });
             (node, follower.link_report(), status)
         }

@@ -162,6 +162,11 @@ impl Follower {
         self
     }
 
+    /// How long the link's reader stays awake after each frame (zero: no busy poll).
+    pub fn busy_poll(&self) -> Duration {
+        self.busy_poll
+    }
+
     /// Turns the link's reader has spent awake waiting for a frame (busy polling).
     pub fn busy_poll_turns(&self) -> u64 {
         self.busy_poll_turns.load(Ordering::Relaxed)
