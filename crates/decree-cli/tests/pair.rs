@@ -97,6 +97,18 @@ fn status(m: &Member) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+/// Decides the transactions of `sequences` in `session`, each acknowledged with the
+/// backup; returns their Xids.
+fn decide_each(store: &RemoteDecisions, session: u64, sequences: std::ops::RangeInclusive<u64>) -> Vec<Xid> {
+    sequences
+        .map(|sequence| {
+            let d = decision(store, session, sequence);
+            store.decide(&d).unwrap_or_else(|e| panic!("decision {sequence} not acknowledged: {e}"));
+            d.xid
+        })
+        .collect()
+}
+
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !cond() {
@@ -150,13 +162,7 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     let follower = RemoteDecisions::connect(&both).expect("whichever member serves");
     assert_eq!(follower.endpoint().to_string(), format!("unix:{}", a.socket.display()));
     let session = store.open_session().unwrap();
-    let decided: Vec<Xid> = (1..=50)
-        .map(|sequence| {
-            let d = decision(&store, session, sequence);
-            store.decide(&d).expect("acknowledged with the backup");
-            d.xid
-        })
-        .collect();
+    let decided = decide_each(&store, session, 1..=50);
 
     // The first 25 finish (their completions go with the next request of the session):
     // the backup forgets their decisions and remembers their outcomes.
@@ -222,13 +228,7 @@ fn a_busy_polling_backup_holds_every_decision_and_is_promoted_like_any_other() {
     eventually("the primary is strict", || status(&a)["strict"] == true);
     let store = connect(&a).expect("the primary serves");
     let session = store.open_session().unwrap();
-    let decided: Vec<Xid> = (1..=40)
-        .map(|sequence| {
-            let d = decision(&store, session, sequence);
-            store.decide(&d).expect("acknowledged with the busy-polling backup");
-            d.xid
-        })
-        .collect();
+    let decided = decide_each(&store, session, 1..=40);
     let backup = status(&b);
     assert_eq!(backup["live_decisions"], 40, "{backup}");
     assert!(

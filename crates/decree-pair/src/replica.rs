@@ -115,12 +115,10 @@ impl Replica {
         checked: CheckedBatch,
         durable: DurableCallback,
     ) -> Result<(), ReplicaError> {
-        let decisions = records.iter().filter(|r| r.kind == RecordKind::Decision).count();
-        assert_eq!(
-            (checked.records, checked.decisions),
-            (records.len(), decisions),
-            "the verdict is of another batch"
-        );
+        assert_eq!(checked.records, records.len(), "the verdict is of another batch");
+        // Counted in the loop that appends them (no second walk of the batch), and held
+        // against the verdict before the waiter can be released.
+        let mut decisions = 0;
         let waiter = Arc::new(BatchWaiter {
             pending: AtomicUsize::new(checked.decisions + 1),
             outcome: Mutex::new((Ok(()), Some(durable))),
@@ -129,6 +127,7 @@ impl Replica {
             match record.kind {
                 // check_batch decoded every decision and found it filed under its own Xid.
                 RecordKind::Decision => {
+                    decisions += 1;
                     let keys = &self.keys;
                     let key = self.live.entry(record.xid).or_insert_with(|| vec![keys.next()])[0];
                     let waiter = waiter.clone();
@@ -159,6 +158,7 @@ impl Replica {
                 }
             }
         }
+        assert_eq!(checked.decisions, decisions, "the verdict is of another batch");
         waiter.one_done(Ok(()));
         Ok(())
     }
