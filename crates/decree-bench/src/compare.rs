@@ -68,6 +68,10 @@ pub struct ModeSummary {
     /// Fixed rate only: median commit latency from its scheduled time, in us.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_p50_us: Option<Spread>,
+    /// Fixed rate only: the median of the bare round trip measured beside each run
+    /// ([`crate::round_trip`]: over TLS for the tls mode), in us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trip_p50_us: Option<Spread>,
     /// State servers only: median time to open a connection (a full TLS handshake in the
     /// tls mode), in us.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,6 +104,10 @@ pub struct ModeSummary {
     /// Fixed rate only: this mode's commit p50 over the reference's, per round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_p50_ratio: Option<Spread>,
+    /// Fixed rate only: this mode's bare round trip p50 over the reference's, per round:
+    /// what the transport alone costs (`--mode tcp,tls`: TLS without decree).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trip_p50_ratio: Option<Spread>,
 }
 
 /// A figure of a run, picked out of its point (`None` where the run has no such figure).
@@ -138,6 +146,7 @@ pub fn summaries(modes: &[Variant], points: &[BenchPoint]) -> Vec<ModeSummary> {
         let tps: Figure = |p| Some(p.tps);
         let total_p95: Figure = |p| Some(p.total.p95);
         let commit_p50: Figure = |p| p.rate.map(|r| r.commit_p50_us);
+        let round_trip_p50: Figure = |p| p.round_trip_floor.as_ref().map(|r| r.p50_us);
         out.push(ModeSummary {
             summary: "modes",
             engine: first.engine.clone(),
@@ -149,6 +158,7 @@ pub fn summaries(modes: &[Variant], points: &[BenchPoint]) -> Vec<ModeSummary> {
             tps: spread(&runs, tps).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
             total_p95_us: spread(&runs, total_p95).unwrap_or(Spread { median: 0.0, min: 0.0, max: 0.0 }),
             commit_p50_us: spread(&runs, commit_p50),
+            round_trip_p50_us: spread(&runs, round_trip_p50),
             connect_p50_us: spread(&runs, |p| p.handshake.map(|h| h.connect.p50)),
             connect_p95_us: spread(&runs, |p| p.handshake.map(|h| h.connect.p95)),
             resumed_p50_us: spread(&runs, |p| p.handshake.and_then(|h| h.resumed).map(|r| r.p50)),
@@ -159,6 +169,7 @@ pub fn summaries(modes: &[Variant], points: &[BenchPoint]) -> Vec<ModeSummary> {
             tps_ratio: compared(tps),
             total_p95_ratio: compared(total_p95),
             commit_p50_ratio: compared(commit_p50),
+            round_trip_p50_ratio: compared(round_trip_p50),
         });
     }
     out
@@ -231,6 +242,44 @@ mod tests {
         assert_eq!((json["summary"].as_str(), json["versus"].as_str()), (Some("modes"), Some("tcp")));
         assert!(json.get("commit_p50_us").is_none(), "{json}");
         assert!(summaries(&[Variant::single(Mode::Unix)], &points).is_empty(), "no runs, no summary");
+    }
+
+    #[test]
+    fn the_bare_round_trips_beside_the_runs_are_compared_within_each_round_too() {
+        let floored = |mut point: BenchPoint, p50_us: f64| {
+            point.round_trip_floor = Some(crate::round_trip::RoundTripPoint {
+                reference: crate::round_trip::REFERENCE_NAME,
+                transport: if point.mode == "tls" { "tls" } else { "tcp" },
+                threads: 4,
+                rate_target: 10_000.0,
+                round_trips: 1,
+                rate_achieved: 10_000.0,
+                p50_us,
+                p99_us: p50_us,
+                p999_us: p50_us,
+                service_p50_us: p50_us,
+                service_p99_us: p50_us,
+                service_p999_us: p50_us,
+            });
+            point
+        };
+        let points = vec![
+            floored(run(Mode::Tcp, 1, 1000.0, 100.0), 20.0),
+            floored(run(Mode::Tls, 1, 1000.0, 100.0), 25.0),
+            floored(run(Mode::Tls, 2, 1000.0, 100.0), 22.0),
+            floored(run(Mode::Tcp, 2, 1000.0, 100.0), 40.0),
+        ];
+        let both = summaries(&[Variant::single(Mode::Tcp), Variant::single(Mode::Tls)], &points);
+        let (tcp, tls) = (&both[0], &both[1]);
+        assert_eq!(tcp.round_trip_p50_us, Some(Spread { median: 30.0, min: 20.0, max: 40.0 }));
+        assert!(tcp.round_trip_p50_ratio.is_none(), "the reference has no ratio");
+        let ratio = tls.round_trip_p50_ratio.expect("a ratio per round");
+        // Round 1: 25 / 20; round 2: 22 / 40 (within the round, not the medians' 23.5 / 30).
+        assert!((ratio.max - 1.25).abs() < 1e-9 && (ratio.min - 0.55).abs() < 1e-9, "{ratio:?}");
+        let json = serde_json::to_value(tls).expect("JSON");
+        assert_eq!(json["round_trip_p50_us"]["median"].as_f64(), Some(23.5));
+        let lines = crate::report::mode_summary_lines(tls);
+        assert!(lines.contains("bare round trip p50 0.90x (0.55-1.25) (the transport alone)"), "{lines}");
     }
 
     #[test]

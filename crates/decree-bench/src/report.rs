@@ -307,6 +307,9 @@ pub fn mode_summary_lines(s: &ModeSummary) -> String {
     if let Some(p50) = &s.commit_p50_us {
         let _ = write!(out, ", commit p50 at the fixed rate {}", spread_text(p50, 1, " us"));
     }
+    if let Some(p50) = &s.round_trip_p50_us {
+        let _ = write!(out, ", bare round trip p50 {}", spread_text(p50, 1, " us"));
+    }
     if let (Some(p50), Some(p95)) = (&s.connect_p50_us, &s.connect_p95_us) {
         let what = if s.resumed_p50_us.is_some() { "connect with a full TLS handshake" } else { "connect" };
         let _ = write!(out, "\n    {what}: p50 {:.1} us, p95 {:.1} us", p50.median, p95.median);
@@ -329,6 +332,9 @@ pub fn mode_summary_lines(s: &ModeSummary) -> String {
         }
         if let Some(p50) = &s.commit_p50_ratio {
             let _ = write!(out, ", commit p50 at the fixed rate {}", spread_text(p50, 2, "x"));
+        }
+        if let Some(p50) = &s.round_trip_p50_ratio {
+            let _ = write!(out, "; bare round trip p50 {} (the transport alone)", spread_text(p50, 2, "x"));
         }
     }
     out

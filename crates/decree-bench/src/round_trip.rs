@@ -12,11 +12,17 @@
 //! for a reply the size of `DecideOk`. Latencies are counted the same way as the commits':
 //! from the scheduled slot (coordinated-omission aware) and from the send (service time).
 //!
+//! For the tls mode the reference is a bare round trip over mutual TLS 1.3 with the very
+//! rustls configurations of decree's TLS listener and client (the handshake made before the
+//! clock starts), so that what TLS itself costs on this machine is measured beside what it
+//! costs through decree.
+//!
 //! Not a benchmark of decree: nothing of decree's runs here. Nothing asserts on speed.
 
+use crate::client::{Mode, Variant};
 use crate::rate::Schedule;
 use crate::stats::Latencies;
-use crate::tx::{panic_message, run_together, THREADS_MAX};
+use crate::tx::{panic_message, run_together, BenchPoint, BenchSpec, Stop, THREADS_MAX};
 use crate::BenchError;
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -39,14 +45,18 @@ pub enum Transport {
     Unix,
     /// TCP on 127.0.0.1 with Nagle's algorithm off (as decree's client and server set it).
     Tcp,
+    /// The same TCP with mutual TLS 1.3: a throwaway CA, the configurations of decree's TLS
+    /// listener ([`decree_server::tls::TlsListener`]) and client ([`decree_client::ClientTls`]).
+    Tls,
 }
 
 impl Transport {
-    /// The name in reports ("unix" or "tcp"), as the benchmark's `--mode`.
+    /// The name in reports ("unix", "tcp" or "tls"), as the benchmark's `--mode`.
     pub fn name(self) -> &'static str {
         match self {
             Transport::Unix => "unix",
             Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
         }
     }
 }
@@ -56,7 +66,7 @@ impl Transport {
 pub struct RoundTripPoint {
     /// Always [`REFERENCE_NAME`], so that JSON readers can tell it from a run.
     pub reference: &'static str,
-    /// "unix" or "tcp".
+    /// "unix", "tcp" or "tls".
     pub transport: &'static str,
     /// Client threads, each with its own connection and schedule.
     pub threads: usize,
@@ -94,12 +104,13 @@ fn io_error(what: &str, e: std::io::Error) -> BenchError {
     BenchError::Reference(format!("raw round trip: {what}: {e}"))
 }
 
-/// Answers every [`REQUEST_BYTES`] read with [`REPLY_BYTES`] until the peer closes.
+/// Answers every [`REQUEST_BYTES`] read with [`REPLY_BYTES`] until the peer closes (the
+/// flush sends a TLS record at once, as decree's server does; plain sockets ignore it).
 fn serve_echo(mut stream: impl Read + Write) {
     let mut request = [0u8; REQUEST_BYTES];
     let reply = [0u8; REPLY_BYTES];
     while stream.read_exact(&mut request).is_ok() {
-        if stream.write_all(&reply).is_err() {
+        if stream.write_all(&reply).and_then(|()| stream.flush()).is_err() {
             return;
         }
     }
@@ -158,7 +169,61 @@ impl Echo {
                 };
                 Ok(Echo { connect: Box::new(connect), _dir: None })
             }
+            Transport::Tls => Echo::start_tls(),
         }
+    }
+
+    /// The TLS echo: a throwaway CA in a temporary directory, decree's own rustls
+    /// configurations built from its files, and clients that finish the handshake before
+    /// they are handed out.
+    fn start_tls() -> Result<Echo, BenchError> {
+        use decree_server::testing::{TestCa, Validity};
+        let dir = tempfile::Builder::new()
+            .prefix("decree-rtt")
+            .tempdir()
+            .map_err(|e| io_error("creating the certificate directory", e))?;
+        let ca = TestCa::new("decree-bench round-trip CA");
+        let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+        let server = ca.server(dir.path(), "echo", Validity::Current);
+        let client = ca.client(dir.path(), "decree-bench", Validity::Current);
+        let listener_tls = decree_server::tls::TlsListener::load(&decree_server::config::TlsConfig {
+            cert: server.cert,
+            key: server.key,
+            client_ca: ca_file.clone(),
+            clients_allowed: Vec::new(),
+        })
+        .map_err(|e| BenchError::Reference(format!("raw round trip: TLS listener: {e}")))?;
+        let server_config = listener_tls.rustls_config();
+        let client_config = decree_client::ClientTls::from_files(&ca_file, &client.cert, &client.key)
+            .map_err(|e| BenchError::Reference(format!("raw round trip: TLS client: {e}")))?
+            .rustls_config();
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| io_error("binding 127.0.0.1", e))?;
+        let address = listener.local_addr().map_err(|e| io_error("reading the port", e))?;
+        std::thread::Builder::new()
+            .name("decree-rtt-accept".into())
+            .spawn(move || loop {
+                let Ok((stream, _)) = listener.accept() else { continue };
+                let Ok(session) = rustls::ServerConnection::new(server_config.clone()) else { continue };
+                let _ = stream.set_nodelay(true);
+                // The handshake runs inside the first read of the echo thread.
+                let _ = std::thread::Builder::new()
+                    .name("decree-rtt-echo".into())
+                    .spawn(move || serve_echo(rustls::StreamOwned::new(session, stream)));
+            })
+            .map_err(|e| io_error("starting the accept thread", e))?;
+        let connect = move || {
+            let mut stream = TcpStream::connect(address)?;
+            stream.set_nodelay(true)?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+            let mut session =
+                rustls::ClientConnection::new(client_config.clone(), name).map_err(std::io::Error::other)?;
+            while session.is_handshaking() {
+                session.complete_io(&mut stream)?;
+            }
+            Ok(Box::new(rustls::StreamOwned::new(session, stream)) as Box<dyn Stream>)
+        };
+        Ok(Echo { connect: Box::new(connect), _dir: Some(dir) })
     }
 }
 
@@ -181,7 +246,7 @@ fn client_loop(
     while start.elapsed() < duration && !failed.load(Ordering::Relaxed) {
         let slot = schedule.wait_next();
         let sent = Instant::now();
-        stream.write_all(&request).map_err(|e| io_error("sending", e))?;
+        stream.write_all(&request).and_then(|()| stream.flush()).map_err(|e| io_error("sending", e))?;
         stream.read_exact(&mut reply).map_err(|e| io_error("receiving", e))?;
         let end = Instant::now();
         scheduled.record(end.saturating_duration_since(slot));
@@ -189,6 +254,38 @@ fn client_loop(
         count += 1;
     }
     Ok((count, scheduled, service))
+}
+
+/// The transport of a fixed-rate run's same-run floor: the run's own, when it goes through a
+/// state server on this machine (for the tls mode, a bare round trip over the same TLS, so
+/// that `--mode tcp,tls` shows what TLS itself costs beside what it costs through decree).
+/// None for the embedded mode (nothing crosses a socket) or a server given by TCP address
+/// (it may be on another machine, and the reference is loopback).
+pub fn transport_of(mode: Mode, connect: Option<&str>) -> Option<Transport> {
+    match (mode, connect) {
+        (Mode::Unix, _) => Some(Transport::Unix),
+        (Mode::Tcp, None) => Some(Transport::Tcp),
+        (Mode::Tls, None) => Some(Transport::Tls),
+        _ => None,
+    }
+}
+
+/// Measures the same-run floor of the fixed-rate run `point` of `spec` (a bare round trip
+/// over its transport, at its rate and thread count, for as long, on the same CPUs), where
+/// it has one.
+pub fn floor_of(spec: &BenchSpec, point: &BenchPoint) -> Result<Option<RoundTripPoint>, BenchError> {
+    let mode = point.mode.parse::<Variant>()?.mode;
+    let (Some(rate), Some(transport)) = (spec.rate, transport_of(mode, spec.connect.as_deref())) else {
+        return Ok(None);
+    };
+    let duration = match spec.stop {
+        Stop::Duration(d) => d,
+        Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * point.threads as f64 / rate),
+    };
+    // On the CPUs of the run (`--cpus split`: clients and echo on CPU 0, as the run's
+    // clients and server), so that the floor crosses what the run crossed.
+    let _placed = spec.cpus.for_run()?;
+    measure(transport, rate, point.threads, duration).map(Some)
 }
 
 /// Measures round trips over `transport` at `rate` per second spread over `threads`
@@ -235,8 +332,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_scheduled_round_trip_is_counted_over_both_transports() {
-        for transport in [Transport::Unix, Transport::Tcp] {
+    fn every_scheduled_round_trip_is_counted_over_every_transport() {
+        for transport in [Transport::Unix, Transport::Tcp, Transport::Tls] {
             let point = measure(transport, 2_000.0, 2, Duration::from_millis(200)).unwrap();
             assert_eq!(point.transport, transport.name());
             // Every thread makes its first round trip at once (its slot is within 1 ms of
@@ -248,6 +345,17 @@ mod tests {
             assert!(point.service_p50_us > 0.0 && point.service_p50_us <= point.p50_us);
             assert!(point.service_p999_us <= point.p999_us);
         }
+    }
+
+    #[test]
+    fn each_server_mode_on_this_machine_has_the_floor_of_its_own_transport() {
+        assert_eq!(transport_of(Mode::Unix, None), Some(Transport::Unix));
+        assert_eq!(transport_of(Mode::Unix, Some("unix:/run/decree.sock")), Some(Transport::Unix));
+        assert_eq!(transport_of(Mode::Tcp, None), Some(Transport::Tcp));
+        assert_eq!(transport_of(Mode::Tls, None), Some(Transport::Tls), "TLS is measured bare too");
+        assert_eq!(transport_of(Mode::Tcp, Some("tcp:10.0.0.7:7878")), None, "maybe another machine");
+        assert_eq!(transport_of(Mode::Tls, Some("tls:db.example:7879")), None);
+        assert_eq!(transport_of(Mode::Embedded, None), None, "nothing crosses a socket");
     }
 
     #[test]

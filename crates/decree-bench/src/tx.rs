@@ -678,6 +678,10 @@ fn run_rounds(
             match run_one(spec, engine, rpo_ms, threads, variant, progress)? {
                 Ok(mut point) => {
                     point.round = round;
+                    progress.set_message(format!(
+                        "{engine} rpo={rpo_ms}ms threads={threads} {variant}: bare round trip"
+                    ));
+                    point.round_trip_floor = crate::round_trip::floor_of(spec, &point)?;
                     points.push((*point).clone());
                     report(Step::Measured(point));
                 }

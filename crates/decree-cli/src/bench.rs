@@ -4,11 +4,10 @@
 use crate::bench_log::parse_seconds;
 use crate::common::{progress_bar, CliResult, Format, WorkDir};
 use decree_bench::chart;
-use decree_bench::client::{Mode, Replicas, Variant};
+use decree_bench::client::{Mode, Replicas};
 use decree_bench::cpus::CpuPlacement;
 use decree_bench::report;
 use decree_bench::rm_bench::{self, DbKind, RmBenchSpec, RmStep};
-use decree_bench::round_trip::{self, Transport};
 use decree_bench::think::{ThinkRange, Workload};
 use decree_bench::tx::BenchPoint;
 use decree_bench::tx::{self, BenchSpec, Step, Stop};
@@ -364,7 +363,6 @@ pub fn run(args: Args) -> CliResult {
     } else {
         Vec::new()
     };
-    let mut reference_error = None;
     let mut points = Vec::new();
     let mut failures = Vec::new();
     let outcome = tx::run_all(&spec, &progress, |step| {
@@ -372,9 +370,6 @@ pub fn run(args: Args) -> CliResult {
             Step::Measured(mut point) => {
                 if point.rpo_ms == 0 && point.engine != EngineKind::Volatile.name() {
                     point.disk_floor = floors.clone();
-                }
-                if let Err(e) = add_round_trip_floor(&spec, &mut point) {
-                    reference_error.get_or_insert(e.to_string());
                 }
                 match args.format {
                     Format::Table => print!("{}", report::bench_block(&point)),
@@ -402,9 +397,6 @@ pub fn run(args: Args) -> CliResult {
     }
     if points.is_empty() {
         return Err("no engine could be measured (see the skipped lines)".into());
-    }
-    if let Some(e) = reference_error {
-        return Err(e.into());
     }
     if args.format == Format::Table {
         print_summaries(&spec, &points, &floors);
@@ -480,22 +472,6 @@ fn print_summaries(spec: &BenchSpec, points: &[BenchPoint], floors: &[write_floo
     }
 }
 
-/// Measures a fixed-rate run's same-run floor (`decree_bench::round_trip`: a bare round
-/// trip over its transport, at its rate and thread count) into `point`, where it has one.
-fn add_round_trip_floor(spec: &BenchSpec, point: &mut BenchPoint) -> Result<(), decree_bench::BenchError> {
-    let mode = point.mode.parse::<Variant>()?.mode;
-    let (Some(rate), Some(transport)) = (spec.rate, round_trip_transport(mode, spec.connect.as_deref()))
-    else {
-        return Ok(());
-    };
-    let duration = match spec.stop {
-        Stop::Duration(d) => d,
-        Stop::Cycles(n) => Duration::from_secs_f64(n as f64 * point.threads as f64 / rate),
-    };
-    point.round_trip_floor = Some(round_trip::measure(transport, rate, point.threads, duration)?);
-    Ok(())
-}
-
 /// Whether a run waits for the disk (a durable engine at `rpo = 0`) on this machine (the
 /// embedded mode, or a server the benchmark starts itself), so that the disk's own synced
 /// write is worth measuring next to it (`decree_bench::write_floor`).
@@ -505,24 +481,12 @@ fn needs_write_floor(spec: &BenchSpec) -> bool {
         && (spec.modes.contains(&Mode::Embedded) || spec.connect.is_none())
 }
 
-/// The transport of a fixed-rate run's same-run floor (`decree_bench::round_trip`): the
-/// run's own, when it goes through a state server on this machine; for the tls mode,
-/// plaintext loopback TCP (the floor has no TLS, so the difference includes its cost).
-/// None for the embedded mode (nothing crosses a socket) or a server given by TCP address
-/// (it may be on another machine, and the reference is loopback).
-fn round_trip_transport(mode: Mode, connect: Option<&str>) -> Option<Transport> {
-    match (mode, connect) {
-        (Mode::Unix, _) => Some(Transport::Unix),
-        (Mode::Tcp | Mode::Tls, None) => Some(Transport::Tcp),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Cli;
     use clap::Parser;
+    use decree_bench::client::Variant;
 
     fn parse(line: &str) -> Args {
         match crate::parse_command(line) {

@@ -62,6 +62,12 @@ impl ClientTls {
         self
     }
 
+    /// The rustls configuration of this client's connections, for a benchmark's bare TLS
+    /// round trip that must cost what the client's TLS costs.
+    pub fn rustls_config(&self) -> Arc<rustls::ClientConfig> {
+        self.config.clone()
+    }
+
     /// Runs the TLS handshake over `socket` (connected to `host`), within `timeout`.
     pub(crate) fn handshake(
         &self,

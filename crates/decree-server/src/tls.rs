@@ -80,6 +80,12 @@ impl TlsListener {
         Ok(())
     }
 
+    /// The rustls configuration in use, for a benchmark's bare TLS echo that must cost what
+    /// the listener's TLS costs (same versions, provider and client verification).
+    pub fn rustls_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server.read().clone()
+    }
+
     /// Whether `identity` may open a session: any certificate of the CA when
     /// `clients_allowed` is empty, else one that carries an allowed name.
     pub fn allows(&self, identity: &ClientIdentity) -> bool {
