@@ -12,6 +12,12 @@
 //! for a reply the size of `DecideOk`. Latencies are counted the same way as the commits':
 //! from the scheduled slot (coordinated-omission aware) and from the send (service time).
 //!
+//! For a pair (`--replicas 2...`) the reference is a bare relay: the client's Unix socket
+//! to a relay thread (where the primary runs) that forwards each request over loopback TCP
+//! to an echo (where the backup runs, CPU 1 with `--cpus split`) and answers once the echo
+//! has: the path of a replicated decision with nothing of decree in it, so that what the
+//! second hop costs on this machine is measured beside what the pair adds.
+//!
 //! For the tls mode the reference is a bare round trip over mutual TLS 1.3 with the very
 //! rustls configurations of decree's TLS listener and client (the handshake made before the
 //! clock starts), so that what TLS itself costs on this machine is measured beside what it
@@ -20,6 +26,7 @@
 //! Not a benchmark of decree: nothing of decree's runs here. Nothing asserts on speed.
 
 use crate::client::{Mode, Variant};
+use crate::cpus::CpuPlacement;
 use crate::rate::Schedule;
 use crate::stats::Latencies;
 use crate::tx::{panic_message, run_together, BenchPoint, BenchSpec, Stop, THREADS_MAX};
@@ -48,6 +55,9 @@ pub enum Transport {
     /// The same TCP with mutual TLS 1.3: a throwaway CA, the configurations of decree's TLS
     /// listener ([`decree_server::tls::TlsListener`]) and client ([`decree_client::ClientTls`]).
     Tls,
+    /// A Unix socket to a relay that forwards each request over loopback TCP to a second
+    /// echo (on a pair's backup CPU) and answers with its reply: a pair's two hops.
+    UnixRelay,
 }
 
 impl Transport {
@@ -57,6 +67,7 @@ impl Transport {
             Transport::Unix => "unix",
             Transport::Tcp => "tcp",
             Transport::Tls => "tls",
+            Transport::UnixRelay => "unix-relay",
         }
     }
 }
@@ -66,7 +77,7 @@ impl Transport {
 pub struct RoundTripPoint {
     /// Always [`REFERENCE_NAME`], so that JSON readers can tell it from a run.
     pub reference: &'static str,
-    /// "unix", "tcp" or "tls".
+    /// "unix", "tcp", "tls" or "unix-relay".
     pub transport: &'static str,
     /// Client threads, each with its own connection and schedule.
     pub threads: usize,
@@ -96,7 +107,7 @@ impl<T: Read + Write + Send> Stream for T {}
 
 /// The echo server: its listener's address and the thread accepting on it.
 struct Echo {
-    connect: Box<dyn Fn() -> std::io::Result<Box<dyn Stream>> + Sync>,
+    connect: Box<dyn Fn() -> std::io::Result<Box<dyn Stream>> + Send + Sync>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -137,9 +148,25 @@ where
         .map_err(|e| io_error("starting the accept thread", e))
 }
 
+/// Forwards every request of `client` over `link` and its reply back, until either closes.
+fn relay(mut client: impl Read + Write, mut link: Box<dyn Stream>) {
+    let mut request = [0u8; REQUEST_BYTES];
+    let mut reply = [0u8; REPLY_BYTES];
+    while client.read_exact(&mut request).is_ok() {
+        let forwarded = link
+            .write_all(&request)
+            .and_then(|()| link.flush())
+            .and_then(|()| link.read_exact(&mut reply))
+            .and_then(|()| client.write_all(&reply));
+        if forwarded.is_err() {
+            return;
+        }
+    }
+}
+
 impl Echo {
-    /// Starts the listener and its accept thread.
-    fn start(transport: Transport) -> Result<Echo, BenchError> {
+    /// Starts the listener and its accept thread (with `cpus`, for a relay's far echo).
+    fn start(transport: Transport, cpus: CpuPlacement) -> Result<Echo, BenchError> {
         match transport {
             Transport::Unix => {
                 let dir = tempfile::Builder::new()
@@ -170,7 +197,37 @@ impl Echo {
                 Ok(Echo { connect: Box::new(connect), _dir: None })
             }
             Transport::Tls => Echo::start_tls(),
+            Transport::UnixRelay => Echo::start_relay(cpus),
         }
+    }
+
+    /// The relay: a TCP echo started from a thread placed as a pair's backup (its threads
+    /// inherit the CPU), and a Unix listener whose every connection gets a relay thread
+    /// with a TCP connection of its own to that echo.
+    fn start_relay(cpus: CpuPlacement) -> Result<Echo, BenchError> {
+        let far = {
+            let _placed = cpus.for_backup()?;
+            Echo::start(Transport::Tcp, cpus)?
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("decree-rtt")
+            .tempdir()
+            .map_err(|e| io_error("creating the socket directory", e))?;
+        let path = dir.path().join("relay.sock");
+        let listener =
+            UnixListener::bind(&path).map_err(|e| io_error(&format!("binding {}", path.display()), e))?;
+        std::thread::Builder::new()
+            .name("decree-rtt-accept".into())
+            .spawn(move || loop {
+                let Ok((client, _)) = listener.accept() else { continue };
+                let Ok(link) = (far.connect)() else { continue };
+                let _ = std::thread::Builder::new()
+                    .name("decree-rtt-relay".into())
+                    .spawn(move || relay(client, link));
+            })
+            .map_err(|e| io_error("starting the accept thread", e))?;
+        let connect = move || UnixStream::connect(&path).map(|s| Box::new(s) as Box<dyn Stream>);
+        Ok(Echo { connect: Box::new(connect), _dir: Some(dir) })
     }
 
     /// The TLS echo: a throwaway CA in a temporary directory, decree's own rustls
@@ -258,11 +315,12 @@ fn client_loop(
 
 /// The transport of a fixed-rate run's same-run floor: the run's own, when it goes through a
 /// state server on this machine (for the tls mode, a bare round trip over the same TLS, so
-/// that `--mode tcp,tls` shows what TLS itself costs beside what it costs through decree).
-/// None for the embedded mode (nothing crosses a socket) or a server given by TCP address
+/// that `--mode tcp,tls` shows what TLS itself costs beside what it costs through decree;
+/// for a pair, the bare relay of its two hops). None for the embedded mode (nothing crosses a socket) or a server given by TCP address
 /// (it may be on another machine, and the reference is loopback).
-pub fn transport_of(mode: Mode, connect: Option<&str>) -> Option<Transport> {
-    match (mode, connect) {
+pub fn transport_of(variant: Variant, connect: Option<&str>) -> Option<Transport> {
+    match (variant.mode, connect) {
+        (Mode::Unix, None) if variant.replicas.count > 1 => Some(Transport::UnixRelay),
         (Mode::Unix, _) => Some(Transport::Unix),
         (Mode::Tcp, None) => Some(Transport::Tcp),
         (Mode::Tls, None) => Some(Transport::Tls),
@@ -274,8 +332,8 @@ pub fn transport_of(mode: Mode, connect: Option<&str>) -> Option<Transport> {
 /// over its transport, at its rate and thread count, for as long, on the same CPUs), where
 /// it has one.
 pub fn floor_of(spec: &BenchSpec, point: &BenchPoint) -> Result<Option<RoundTripPoint>, BenchError> {
-    let mode = point.mode.parse::<Variant>()?.mode;
-    let (Some(rate), Some(transport)) = (spec.rate, transport_of(mode, spec.connect.as_deref())) else {
+    let variant = point.mode.parse::<Variant>()?;
+    let (Some(rate), Some(transport)) = (spec.rate, transport_of(variant, spec.connect.as_deref())) else {
         return Ok(None);
     };
     let duration = match spec.stop {
@@ -285,13 +343,14 @@ pub fn floor_of(spec: &BenchSpec, point: &BenchPoint) -> Result<Option<RoundTrip
     // On the CPUs of the run (`--cpus split`: clients and echo on CPU 0, as the run's
     // clients and server), so that the floor crosses what the run crossed.
     let _placed = spec.cpus.for_run()?;
-    measure(transport, rate, point.threads, duration).map(Some)
+    measure(transport, spec.cpus, rate, point.threads, duration).map(Some)
 }
 
 /// Measures round trips over `transport` at `rate` per second spread over `threads`
 /// threads for `duration`, the way the fixed-rate benchmark schedules its commits.
 pub fn measure(
     transport: Transport,
+    cpus: CpuPlacement,
     rate: f64,
     threads: usize,
     duration: Duration,
@@ -299,7 +358,7 @@ pub fn measure(
     if threads == 0 || threads > THREADS_MAX {
         return Err(BenchError::Option(format!("--threads {threads}: expected 1 to {THREADS_MAX}")));
     }
-    let echo = Echo::start(transport)?;
+    let echo = Echo::start(transport, cpus)?;
     let (outcomes, start, end) = run_together(threads, |index, start, failed| {
         client_loop(&echo, rate, threads, index, start, duration, failed)
     });
@@ -333,8 +392,9 @@ mod tests {
 
     #[test]
     fn every_scheduled_round_trip_is_counted_over_every_transport() {
-        for transport in [Transport::Unix, Transport::Tcp, Transport::Tls] {
-            let point = measure(transport, 2_000.0, 2, Duration::from_millis(200)).unwrap();
+        for transport in [Transport::Unix, Transport::Tcp, Transport::Tls, Transport::UnixRelay] {
+            let point =
+                measure(transport, CpuPlacement::Shared, 2_000.0, 2, Duration::from_millis(200)).unwrap();
             assert_eq!(point.transport, transport.name());
             // Every thread makes its first round trip at once (its slot is within 1 ms of
             // the start), so the count is at least the thread count, however slow the box.
@@ -349,19 +409,52 @@ mod tests {
 
     #[test]
     fn each_server_mode_on_this_machine_has_the_floor_of_its_own_transport() {
-        assert_eq!(transport_of(Mode::Unix, None), Some(Transport::Unix));
-        assert_eq!(transport_of(Mode::Unix, Some("unix:/run/decree.sock")), Some(Transport::Unix));
-        assert_eq!(transport_of(Mode::Tcp, None), Some(Transport::Tcp));
-        assert_eq!(transport_of(Mode::Tls, None), Some(Transport::Tls), "TLS is measured bare too");
-        assert_eq!(transport_of(Mode::Tcp, Some("tcp:10.0.0.7:7878")), None, "maybe another machine");
-        assert_eq!(transport_of(Mode::Tls, Some("tls:db.example:7879")), None);
-        assert_eq!(transport_of(Mode::Embedded, None), None, "nothing crosses a socket");
+        let single = Variant::single;
+        assert_eq!(transport_of(single(Mode::Unix), None), Some(Transport::Unix));
+        let remote = Some("unix:/run/decree.sock");
+        assert_eq!(transport_of(single(Mode::Unix), remote), Some(Transport::Unix));
+        assert_eq!(transport_of(single(Mode::Tcp), None), Some(Transport::Tcp));
+        assert_eq!(transport_of(single(Mode::Tls), None), Some(Transport::Tls), "TLS is measured bare too");
+        let other_machine = Some("tcp:10.0.0.7:7878");
+        assert_eq!(transport_of(single(Mode::Tcp), other_machine), None, "maybe another machine");
+        assert_eq!(transport_of(single(Mode::Tls), Some("tls:db.example:7879")), None);
+        assert_eq!(transport_of(single(Mode::Embedded), None), None, "nothing crosses a socket");
+        for pair in ["unix-pair", "unix-pair-received", "unix-pair-tls"] {
+            let variant = pair.parse::<Variant>().unwrap();
+            assert_eq!(transport_of(variant, None), Some(Transport::UnixRelay), "{pair}: two hops");
+        }
+    }
+
+    #[test]
+    fn a_split_relay_answers_and_gives_the_run_its_cpu_back() {
+        let cpus = crate::cpus::cpus_of_this_thread();
+        if !(cpus.contains(&0) && cpus.contains(&1)) {
+            return; // --cpus split needs CPUs 0 and 1 (refused elsewhere, tested in cpus.rs).
+        }
+        let _run = CpuPlacement::Split.for_run().unwrap();
+        let point =
+            measure(Transport::UnixRelay, CpuPlacement::Split, 2_000.0, 1, Duration::from_millis(100))
+                .unwrap();
+        assert_eq!(point.transport, "unix-relay");
+        assert!(point.round_trips >= 1 && point.p50_us > 0.0, "{point:?}");
+        assert_eq!(
+            crate::cpus::cpus_of_this_thread(),
+            [0],
+            "the run's placement is back after the relay started"
+        );
     }
 
     #[test]
     fn bad_thread_counts_and_rates_are_refused() {
-        assert!(measure(Transport::Unix, 100.0, 0, Duration::from_millis(10)).is_err());
-        assert!(measure(Transport::Unix, 100.0, THREADS_MAX + 1, Duration::from_millis(10)).is_err());
-        assert!(measure(Transport::Unix, -1.0, 1, Duration::from_millis(10)).is_err());
+        assert!(measure(Transport::Unix, CpuPlacement::Shared, 100.0, 0, Duration::from_millis(10)).is_err());
+        assert!(measure(
+            Transport::Unix,
+            CpuPlacement::Shared,
+            100.0,
+            THREADS_MAX + 1,
+            Duration::from_millis(10)
+        )
+        .is_err());
+        assert!(measure(Transport::Unix, CpuPlacement::Shared, -1.0, 1, Duration::from_millis(10)).is_err());
     }
 }
