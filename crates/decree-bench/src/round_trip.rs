@@ -23,7 +23,8 @@
 //! clock starts), so that what TLS itself costs on this machine is measured beside what it
 //! costs through decree.
 //!
-//! Not a benchmark of decree: nothing of decree's runs here. Nothing asserts on speed.
+//! Not a benchmark of decree: nothing of decree's runs here (the TLS floor borrows only its
+//! configurations). Nothing asserts on speed.
 
 use crate::client::{Mode, Variant};
 use crate::cpus::CpuPlacement;
@@ -61,7 +62,8 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// The name in reports ("unix", "tcp" or "tls"), as the benchmark's `--mode`.
+    /// The name in reports: "unix", "tcp" or "tls" as the benchmark's `--mode`, or
+    /// "unix-relay".
     pub fn name(self) -> &'static str {
         match self {
             Transport::Unix => "unix",
@@ -316,8 +318,9 @@ fn client_loop(
 /// The transport of a fixed-rate run's same-run floor: the run's own, when it goes through a
 /// state server on this machine (for the tls mode, a bare round trip over the same TLS, so
 /// that `--mode tcp,tls` shows what TLS itself costs beside what it costs through decree;
-/// for a pair, the bare relay of its two hops). None for the embedded mode (nothing crosses a socket) or a server given by TCP address
-/// (it may be on another machine, and the reference is loopback).
+/// for a pair, the bare relay of its two hops). None for the embedded mode (nothing crosses
+/// a socket) or a server given by TCP address (it may be on another machine, and the
+/// reference is loopback).
 pub fn transport_of(variant: Variant, connect: Option<&str>) -> Option<Transport> {
     match (variant.mode, connect) {
         (Mode::Unix, None) if variant.replicas.count > 1 => Some(Transport::UnixRelay),
