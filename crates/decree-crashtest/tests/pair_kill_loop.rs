@@ -114,6 +114,25 @@ impl Drop for Scratch {
     }
 }
 
+/// Tries of a spawn that the kernel refuses because its binary is open for writing.
+const SPAWN_BUSY_TRIES: u32 = 100;
+
+/// Spawns `command`, again while the kernel answers ETXTBSY. The loops run as threads of one
+/// process, each copying the binary for its members: a child that another loop forks while
+/// a copy is open for writing inherits that descriptor until it execs, and for that moment
+/// the copy cannot be executed (CI saw it once, 2026-11-26).
+fn spawn_past_a_busy_binary(command: &mut Command) -> std::io::Result<std::process::Child> {
+    for _ in 1..SPAWN_BUSY_TRIES {
+        match command.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned,
+        }
+    }
+    command.spawn()
+}
+
 /// The `decree` binary of this workspace, built once per test process with the profile
 /// and target directory of this test (cargo releases its lock while tests run), with the
 /// `crash-points` feature (decree-server/src/crash_points.rs): the members can be told to
@@ -289,13 +308,9 @@ impl Member {
         // A killed member leaves its socket behind: wait for the new one.
         let _ = std::fs::remove_file(&self.socket);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
-        let child = Command::new(&self.bin)
-            .args(["serve", "-v", "--config"])
-            .arg(&self.config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start decree serve");
+        let mut command = Command::new(&self.bin);
+        command.args(["serve", "-v", "--config"]).arg(&self.config).stdout(Stdio::null()).stderr(log);
+        let child = spawn_past_a_busy_binary(&mut command).expect("start decree serve");
         let mut server = Reaped(child);
         let deadline = Instant::now() + WAIT_MAX;
         while !self.socket.exists() {
