@@ -11,9 +11,14 @@ branch's InnoDB transaction stays prepared, holding its locks, invisible to XA R
 (ARCHITECTURE.md, "MariaDB 10.11"; docs/measurements.md, "MariaDB commit by name after the
 preparer is killed").
 
+With `--wait` it tries the remedy proposed there: the child puts its CONNECTION_ID() in
+the branch qualifier, and the committer reads it back from XA RECOVER and first waits until
+that thread has left PROCESSLIST and INNODB_TRX ties no transaction to it (as decree-rm's
+`XaConnection::wait_detached` does for connections its own process closed).
+
 Usage (the test servers of scripts/test-dbs.sh, PyMySQL from scripts/test-python.sh's venv):
     eval "$(scripts/test-dbs.sh env)"
-    target/pyvenv/bin/python scripts/probe-mariadb-commit-after-kill.py 1000
+    target/pyvenv/bin/python scripts/probe-mariadb-commit-after-kill.py 1000 [--wait]
 """
 
 import json
@@ -27,6 +32,8 @@ from urllib.parse import urlparse
 import pymysql
 
 XAER_NOTA = 1397
+# INNODB_TRX is a snapshot the server refreshes only when it was not read for 100 ms.
+TRX_SNAPSHOT_PAUSE = 0.11
 FORMAT_ID = 4242  # not decree's, so that decree's recovery never touches the probe's branches
 
 CHILD = r"""
@@ -34,7 +41,9 @@ import json, sys, pymysql
 args = json.loads(sys.argv[1])
 connection = pymysql.connect(**args)
 cursor = connection.cursor()
-xid = sys.argv[2]
+cursor.execute("SELECT CONNECTION_ID()")
+thread = cursor.fetchone()[0]
+xid = sys.argv[2].replace("THREAD", "%08x" % thread)
 cursor.execute(f"XA START {xid}")
 cursor.execute("INSERT INTO xa_kill_probe(id) VALUES (%s)", (int(sys.argv[3]),))
 cursor.execute(f"XA END {xid}")
@@ -58,15 +67,44 @@ def connection_args():
     )
 
 
+def preparer_of(cursor, gtrid):
+    """The thread id in the qualifier of the listed branch `gtrid`, or None if not listed."""
+    cursor.execute("XA RECOVER")
+    for format_id, gtrid_length, bqual_length, data in cursor.fetchall():
+        if format_id == FORMAT_ID and data[:gtrid_length] == gtrid and bqual_length == 4:
+            return int(data[gtrid_length:].hex(), 16)
+    return None
+
+
+def wait_detached(cursor, thread):
+    """Until `thread` has left PROCESSLIST and INNODB_TRX ties no transaction to it."""
+    while True:
+        cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (thread,))
+        if cursor.fetchone()[0] == 0:
+            break
+        time.sleep(0.001)
+    while True:
+        time.sleep(TRX_SNAPSHOT_PAUSE)
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s", (thread,)
+        )
+        if cursor.fetchone()[0] == 0:
+            return
+
+
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    wait = "--wait" in sys.argv
+    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rounds = int(numbers[0]) if numbers else 200
     args = connection_args()
     cursor = pymysql.connect(**args).cursor()
     cursor.execute("CREATE TABLE IF NOT EXISTS xa_kill_probe(id INT PRIMARY KEY) ENGINE=InnoDB")
     cursor.execute("DELETE FROM xa_kill_probe")
     oks = retries = 0
     for i in range(rounds):
-        xid = f"X'{(b'xa-kill-probe-%d' % i).hex()}',X'',{FORMAT_ID}"
+        gtrid = b"xa-kill-probe-%d" % i
+        qualifier = "THREAD" if wait else ""
+        xid = f"X'{gtrid.hex()}',X'{qualifier}',{FORMAT_ID}"
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, json.dumps(args), xid, str(i)],
             stdin=subprocess.PIPE,
@@ -75,6 +113,12 @@ def main():
         if child.stdout.readline().strip() != b"prepared":
             sys.exit(f"round {i}: the child did not prepare its branch")
         os.kill(child.pid, signal.SIGKILL)
+        if wait:
+            thread = preparer_of(cursor, gtrid)
+            if thread is None:
+                sys.exit(f"round {i}: the branch is not listed by XA RECOVER")
+            wait_detached(cursor, thread)
+            xid = f"X'{gtrid.hex()}',X'{thread:08x}',{FORMAT_ID}"
         while True:
             try:
                 cursor.execute(f"XA COMMIT {xid}")
@@ -96,7 +140,8 @@ def main():
     transactions = cursor.fetchall()
     lost = sorted(set(range(rounds)) - committed)
     print(
-        f"{rounds} branches prepared by a process killed at once: XA COMMIT by name answered OK "
+        f"{rounds} branches prepared by a process killed at once"
+        f"{', committed after waiting for the preparing thread' if wait else ''}: XA COMMIT by name answered OK "
         f"{oks} times (after {retries} XAER_NOTA retries); rows committed {len(committed)}; "
         f"lost {lost}; probe branches still listed by XA RECOVER {len(listed)}; "
         f"InnoDB transactions left {transactions}"
