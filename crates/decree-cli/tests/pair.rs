@@ -36,6 +36,13 @@ fn member(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str)
     member_with(dir, name, id, link, peer_link, peer, "")
 }
 
+/// Members `a` (id 1) and `b` (id 2) of one pair in `dir`, each linked to the other on a
+/// free port.
+fn linked_pair(dir: &Path) -> (Member, Member) {
+    let (link_a, link_b) = (free_port(), free_port());
+    (member(dir, "a", 1, link_a, link_b, "b"), member(dir, "b", 2, link_b, link_a, "a"))
+}
+
 /// A member whose configuration ends with `extra` (a `[pair.tls]` section, for example).
 fn member_with(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: &str, extra: &str) -> Member {
     let socket = dir.join(format!("{name}.sock"));
@@ -133,9 +140,7 @@ fn decision(store: &RemoteDecisions, session: u64, sequence: u64) -> Decision {
 #[test]
 fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let (link_a, link_b) = (free_port(), free_port());
-    let a = member(dir.path(), "a", 1, link_a, link_b, "b");
-    let b = member(dir.path(), "b", 2, link_b, link_a, "a");
+    let (a, b) = linked_pair(dir.path());
     let mut server_a = serve(&a);
     let _server_b = serve(&b);
 
@@ -211,9 +216,7 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
 #[test]
 fn a_busy_polling_backup_holds_every_decision_and_is_promoted_like_any_other() {
     let dir = tempfile::tempdir().unwrap();
-    let (link_a, link_b) = (free_port(), free_port());
-    let a = member(dir.path(), "a", 1, link_a, link_b, "b");
-    let b = member(dir.path(), "b", 2, link_b, link_a, "a");
+    let (a, b) = linked_pair(dir.path());
     let text =
         std::fs::read_to_string(&b.config).unwrap().replace("[pair]\n", "[pair]\nbusy_poll_us = 500\n");
     std::fs::write(&b.config, text).unwrap();
