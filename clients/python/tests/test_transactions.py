@@ -222,3 +222,42 @@ def test_the_transaction_logs_through_logging(
     assert any(str(report.xid) in m and "decided" in m for m in messages), messages
     assert prepared_branches(bank.dsns, server.node) == []
     a.close(), b.close()
+
+
+def test_a_mariadb_branch_is_named_with_the_connection_that_prepares_it(dsns: dict[str, str]) -> None:
+    """The server waits for the connection named in a MariaDB branch before it finishes
+    the branch by name (docs/protocol.md); the adapter must write that name."""
+    import pymysql
+
+    from conftest import mysql_kwargs
+    from decree.branches import DONE, PyMySQLBranch
+
+    table = f"py_named_{int(time.time() * 1000) & 0xFFFFFFF:x}"
+    conn = pymysql.connect(**mysql_kwargs(dsns["maria"]), autocommit=True)
+    other = pymysql.connect(**mysql_kwargs(dsns["maria"]), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY) ENGINE=InnoDB")
+            cur.execute("SELECT CONNECTION_ID()")
+            connection_id = int(cur.fetchone()[0])
+        xid = decree.Xid.decree(0x00C0_0012, int(time.time()), 1, 1).branch(1)
+        branch = PyMySQLBranch(conn, "maria")
+        branch.start(xid)
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {table} VALUES (1)")
+        branch.prepare()
+        with other.cursor() as cur:
+            cur.execute("XA RECOVER")
+            listed = [
+                decree.Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in cur.fetchall()
+            ]
+        assert xid.mariadb_name(connection_id) in listed, listed
+        assert [n.from_mariadb_name() for n in listed if n.gtrid == xid.gtrid] == [(xid, connection_id)]
+        assert branch.commit_prepared() == DONE
+        with other.cursor() as cur:
+            cur.execute(f"SELECT COUNT(*) FROM {table}")
+            assert cur.fetchone()[0] == 1
+            cur.execute(f"DROP TABLE {table}")
+    finally:
+        conn.close()
+        other.close()

@@ -126,6 +126,13 @@ def test_every_branch_id_is_what_the_package_writes(vector: dict[str, Any]) -> N
     row = vector["mysql_xa_recover"]
     recovered = p.Xid.from_xa_recover(row["formatID"], row["gtrid_length"], row["bqual_length"], bytes.fromhex(row["data"]))
     assert recovered == branch
+    named = vector["mariadb_name"]
+    name = branch.mariadb_name(named["connection_id"])
+    assert (name.bqual.hex(), name.mysql_xid()) == (named["bqual"], named["mysql_xid"])
+    row = named["mysql_xa_recover"]
+    listed = p.Xid.from_xa_recover(row["formatID"], row["gtrid_length"], row["bqual_length"], bytes.fromhex(row["data"]))
+    assert listed == name and listed.from_mariadb_name() == (branch, named["connection_id"])
+    assert branch.from_mariadb_name() == (branch, None)
     assert branch.origin == p.Origin(**o)
     assert branch.branch_number == vector["branch"]
     assert branch.global_xid().pg_gid() == vector["postgres_gid"].rsplit(":", 1)[0] + ":"

@@ -15,11 +15,12 @@
 
 mod branch;
 pub mod config;
-pub mod detaching;
+pub mod detached;
 pub mod mariadb;
 pub mod pg_client;
 pub mod postgres;
 pub mod shared;
+pub mod xa_name;
 
 pub use config::{factories_from_config, factory_from_config, RmConfig, RmKind};
 pub use mariadb::{MariaDbClient, MariaDbFactory, MariaDbHandle, MariaDbRm};

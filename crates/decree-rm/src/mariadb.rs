@@ -5,7 +5,8 @@
 //! [`MariaDbRm`]) between `start` and `prepare`. The statements, and why:
 //!
 //! - `start` → `XA START X'<gtrid>',X'<bqual>',<formatID>`: hex literals, because decree's
-//!   gtrids are binary (they hold the node id, incarnation and session as integers).
+//!   gtrids are binary (they hold the node id, incarnation and session as integers). A
+//!   decree branch's bqual on the server also names the connection ([`crate::xa_name`]).
 //! - `end` sends nothing: `XA END <xid>` goes out in the same round trip as the branch's
 //!   next statement (`prepare`, `commit(one_phase)` or `rollback`), since the coordinator
 //!   always ends a branch right before one of those. SQL run after `end` and before that
@@ -19,7 +20,8 @@
 //! - `recover` → `XA RECOVER`: rows of `formatID, gtrid_length, bqual_length, data` where
 //!   `data` is gtrid and bqual concatenated as raw bytes. The list covers the whole server
 //!   (XA ids have no database), includes other transaction managers' branches (callers
-//!   filter by [`Xid::origin`]) and is bounded by the server's own limits.
+//!   filter by [`Xid::origin`]) and is bounded by the server's own limits. Names are read
+//!   back into the coordinator's Xids.
 //!
 //! A detail the coordinator must know (checked on MariaDB 10.11): a prepared branch stays
 //! attached to the connection that prepared it until that connection commits or rolls it
@@ -34,13 +36,14 @@
 //!
 //! But not at once: the server lists the branch for other sessions before it detaches the
 //! InnoDB transaction from the closing thread, and an `XA COMMIT` by name in between
-//! answers OK while committing nothing (a probe that closed the preparer and committed by
-//! name at once lost commits this way, docs/measurements.md, "MariaDB commit by name
-//! during a disconnect"; the InnoDB transaction stays prepared and unlisted until the
-//! server restarts). So a connection that goes away while it holds a prepared (or
-//! possibly prepared) branch is registered in [`crate::detaching`], and `XA COMMIT`/`XA
-//! ROLLBACK` by name of that branch first waits until the connection has left the process
-//! list and no InnoDB transaction is tied to its thread any more.
+//! answers OK while committing nothing (probes that closed or killed the preparer and
+//! committed by name at once lost commits this way, docs/measurements.md, "MariaDB commit
+//! by name during a disconnect" and "... after the preparer is killed"; the InnoDB
+//! transaction stays prepared and unlisted until the server restarts). So a decree branch
+//! is named on the server with the id of the connection that prepares it
+//! ([`crate::xa_name`]), and `XA COMMIT`/`XA ROLLBACK` by name, from any connection of any
+//! process, first reads that id back from `XA RECOVER` and waits until no InnoDB
+//! transaction is tied to that connection any more (`XaConnection::wait_detached`).
 
 use std::time::{Duration, Instant};
 
@@ -50,8 +53,9 @@ use mysql::{Conn, Opts, OptsBuilder};
 use parking_lot::MappedMutexGuard;
 
 use crate::branch::BranchState;
-use crate::detaching::{self, Detaching};
+use crate::detached;
 use crate::shared::{BranchConnection, SharedHandle, SharedRm};
+use crate::xa_name;
 
 /// Connect timeout used when the DSN gives none, so that an unreachable host fails fast.
 const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -60,14 +64,17 @@ const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 const ER_XAER_NOTA: u16 = 1397;
 /// `ER_SPECIFIC_ACCESS_DENIED_ERROR`: a privilege (here PROCESS) is missing.
 const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
-/// Pause between two process-list checks while a closed connection is torn down.
-const DETACH_POLL: Duration = Duration::from_millis(5);
 /// Pause before each `INNODB_TRX` check: longer than the 100 ms the server keeps that
-/// table's snapshot while it is being read.
+/// table's snapshot while it is being read, so that the snapshot is younger than the
+/// `XA RECOVER` listing read before the pause.
 const TRX_SNAPSHOT_PAUSE: Duration = Duration::from_millis(150);
-/// Longest wait for the server to finish closing a preparing connection before a by-name
-/// `XA COMMIT`/`XA ROLLBACK` gives up (the coordinator retries later).
-const DETACH_WAIT_MAX: Duration = Duration::from_secs(10);
+/// Longest wait for the preparing connection to let go of a branch before a by-name
+/// `XA COMMIT`/`XA ROLLBACK` gives up with "unavailable" (the caller retries later): a
+/// closing connection lets go within milliseconds, so a branch still held after this is
+/// attached to a live connection.
+const DETACH_WAIT_MAX: Duration = Duration::from_secs(2);
+/// Most other listed branches whose preparers one look at `INNODB_TRX` checks too.
+const DETACH_BATCH_MAX: usize = 256;
 
 /// The statement (or step) that failed, for messages and for the error mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,9 +225,16 @@ fn describe(opts: &Opts) -> String {
     }
 }
 
-fn open_conn(name: &str, address: &str, opts: &Opts) -> Result<Conn, RmError> {
-    Conn::new(opts.clone())
-        .map_err(|e| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}")))
+/// Opens a connection and reads its full `CONNECTION_ID()`, which names the branches it
+/// prepares ([`xa_name`]): the handshake carries only the low 32 bits, and through a proxy
+/// not even those of the server's own connection.
+fn open_conn(name: &str, address: &str, opts: &Opts) -> Result<(Conn, u64), RmError> {
+    let fail = |e: mysql::Error| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}"));
+    let mut conn = Conn::new(opts.clone()).map_err(fail)?;
+    let id: Option<u64> = conn.query_first("SELECT CONNECTION_ID()").map_err(fail)?;
+    let id =
+        id.ok_or_else(|| RmError::Protocol(format!("{name}: SELECT CONNECTION_ID() returned no row")))?;
+    Ok((conn, id))
 }
 
 /// The connection and its branch state, shared by a [`MariaDbRm`] and its
@@ -230,20 +244,34 @@ pub struct XaConnection {
     address: String,
     opts: Opts,
     conn: Option<Conn>,
+    /// `CONNECTION_ID()` of `conn`.
+    connection_id: u64,
     state: BranchState,
+    /// The server's name ([`xa_name::on_server`]) of the branch `state` holds, set by `start`.
+    held_name: Option<Xid>,
 }
 
 impl XaConnection {
     fn connect_new(name: String, opts: Opts) -> Result<XaConnection, RmError> {
         let address = describe(&opts);
-        let conn = open_conn(&name, &address, &opts)?;
-        Ok(XaConnection { name, address, opts, conn: Some(conn), state: BranchState::Idle })
+        let (conn, connection_id) = open_conn(&name, &address, &opts)?;
+        Ok(XaConnection {
+            name,
+            address,
+            opts,
+            conn: Some(conn),
+            connection_id,
+            state: BranchState::Idle,
+            held_name: None,
+        })
     }
 
     fn ensure_connected(&mut self) -> Result<&mut Conn, RmError> {
         if self.conn.is_none() {
             self.state.lose_open_branch();
-            self.conn = Some(open_conn(&self.name, &self.address, &self.opts)?);
+            let (conn, connection_id) = open_conn(&self.name, &self.address, &self.opts)?;
+            self.conn = Some(conn);
+            self.connection_id = connection_id;
         }
         match self.conn.as_mut() {
             Some(conn) => Ok(conn),
@@ -274,114 +302,180 @@ impl XaConnection {
     }
 
     /// Rolls back whatever non-prepared work the connection holds by closing it: the
-    /// server rolls back active and idle XA branches of a closed session.
-    /// A connection that holds a prepared branch is registered in [`detaching`] first, so
-    /// that no connection finishes that branch by name before the server has detached it.
+    /// server rolls back active and idle XA branches of a closed session, and detaches a
+    /// prepared one, which any connection can then finish by name (after
+    /// [`Self::wait_detached`]).
     fn drop_connection(&mut self) {
-        if let (Some(conn), BranchState::Prepared(xid)) = (self.conn.as_ref(), self.state) {
-            detaching::register(&self.address, xid, conn.connection_id());
-        }
         self.conn = None;
     }
 
-    /// Waits until the server has finished closing `entry`'s connection, which prepared
-    /// the branch about to be finished by name here (see [`detaching`] for the race this
-    /// closes): first until the connection has left the process list, then until InnoDB
-    /// no longer ties any transaction to its thread id. `INNODB_TRX` is a snapshot that the
-    /// server refreshes only when it was not read for 100 ms, hence the pause of
-    /// [`TRX_SNAPSHOT_PAUSE`] before each look. Without the PROCESS privilege that table
-    /// cannot be read, and the first pause is the only margin. Gives up after
-    /// [`DETACH_WAIT_MAX`] with `Unavailable` (the coordinator retries later), the entry
-    /// kept for the next try.
-    fn wait_detached(&mut self, entry: Detaching) -> Result<(), RmError> {
-        let waited = self.wait_closed(entry.connection_id, &entry.xid);
-        if waited.is_err() {
-            detaching::put_back(entry);
-        }
-        waited
+    /// The server's name of `xid`, which this connection started.
+    fn held_name(&self, xid: &Xid) -> Xid {
+        let name = self.held_name.expect("a branch this connection holds was started here");
+        assert_eq!(xa_name::parse(&name).xid, *xid, "the held name is the held branch's");
+        name
     }
 
-    fn wait_closed(&mut self, id: u32, xid: &Xid) -> Result<(), RmError> {
-        let deadline = Instant::now() + DETACH_WAIT_MAX;
-        let too_long = |name: &str| {
-            RmError::Unavailable(format!(
-                "{name}: branch {xid} was prepared on connection {id}, which the server is still \
-                 closing after {DETACH_WAIT_MAX:?}; finishing it by name before then could lose the commit"
-            ))
+    /// `XA RECOVER`: the names of the server's prepared branches, as listed.
+    fn names_on_server(&mut self) -> Result<Vec<Xid>, RmError> {
+        self.ensure_connected()?;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address)));
         };
-        let processlist = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}");
-        while self.count(&processlist, id, xid)?.is_some_and(|n| n > 0) {
-            if Instant::now() >= deadline {
-                return Err(too_long(&self.name));
+        let rows: Vec<(i64, i64, i64, Vec<u8>)> = match conn.query("XA RECOVER") {
+            Ok(rows) => rows,
+            Err(e) => {
+                if is_connection_error(&e) {
+                    self.drop_connection();
+                }
+                return Err(map_error(&self.name, XaOp::Recover, &e));
             }
-            std::thread::sleep(DETACH_POLL);
+        };
+        let mut names = Vec::with_capacity(rows.len());
+        for (format_id, gtrid_length, bqual_length, data) in rows {
+            match xid_from_recover_row(format_id, gtrid_length, bqual_length, &data) {
+                Ok(name) => names.push(name),
+                Err(e) => tracing::warn!(rm = %self.name, "skipping an XA RECOVER row: {e}"),
+            }
         }
-        let trx =
-            format!("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = {id}");
+        Ok(names)
+    }
+
+    /// Waits until connection `preparer` no longer holds the branch named `name`, which
+    /// `listed` (an `XA RECOVER` read just before) showed prepared: until `INNODB_TRX`, read
+    /// at least [`TRX_SNAPSHOT_PAUSE`] after that listing, ties no transaction to
+    /// `preparer`. That closes the race of [`xa_name`] whatever process prepared the
+    /// branch, and holds across a MariaDB restart (a detached branch's transaction is tied
+    /// to no connection, even when a new one has the old id). The same look clears every
+    /// other listed branch whose preparer it shows gone ([`detached`]). Without the
+    /// PROCESS privilege the table cannot be read and the first pause is the only margin.
+    /// Gives up after [`DETACH_WAIT_MAX`] with `Unavailable`: the branch is attached to a
+    /// live connection, and the caller retries later.
+    fn wait_detached(&mut self, name: &Xid, preparer: u64, listed: &[Xid]) -> Result<(), RmError> {
+        if detached::is_known(&self.address, name) {
+            return Ok(());
+        }
+        let mut watched: Vec<(Xid, u64)> = vec![(*name, preparer)];
+        watched.extend(
+            listed
+                .iter()
+                .filter(|n| *n != name && !detached::is_known(&self.address, n))
+                .filter_map(|n| xa_name::parse(n).preparer.map(|p| (*n, p)))
+                .take(DETACH_BATCH_MAX),
+        );
+        let deadline = Instant::now() + DETACH_WAIT_MAX;
         loop {
             std::thread::sleep(TRX_SNAPSHOT_PAUSE);
-            match self.count(&trx, id, xid)? {
-                Some(0) => return Ok(()),
-                None => {
-                    tracing::debug!(rm = %self.name, "no PROCESS privilege: cannot check INNODB_TRX");
-                    return Ok(());
+            let Some(holding) = self.connections_in_transactions(&watched, name)? else {
+                tracing::debug!(rm = %self.name, "no PROCESS privilege: cannot check INNODB_TRX");
+                return Ok(());
+            };
+            for (other, id) in &watched {
+                if !holding.contains(id) {
+                    detached::remember(&self.address, other);
                 }
-                Some(_) if Instant::now() >= deadline => return Err(too_long(&self.name)),
-                Some(_) => {}
+            }
+            if !holding.contains(&preparer) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(RmError::Unavailable(format!(
+                    "{}: branch {} is prepared but still attached to connection {preparer}, which \
+                     holds it after {DETACH_WAIT_MAX:?}; MariaDB lets only that connection finish \
+                     it until it disconnects, and finishing it by name before it lets go could \
+                     lose the commit",
+                    self.name,
+                    xa_name::parse(name).xid
+                )));
             }
         }
     }
 
-    /// Runs one `SELECT COUNT(*)` of the detach checks; `None` when a missing privilege
-    /// (PROCESS) hides the table. Any other failure is `Unavailable`, naming the connection
-    /// and branch waited for.
-    fn count(&mut self, sql: &str, id: u32, xid: &Xid) -> Result<Option<u64>, RmError> {
-        let answer: mysql::Result<Option<u64>> = self.ensure_connected()?.query_first(sql);
+    /// Which of the `watched` connections `INNODB_TRX` ties a transaction to; `None` when a
+    /// missing privilege (PROCESS) hides the table. Any other failure is `Unavailable`,
+    /// naming the branch `name` waited for.
+    fn connections_in_transactions(
+        &mut self,
+        watched: &[(Xid, u64)],
+        name: &Xid,
+    ) -> Result<Option<Vec<u64>>, RmError> {
+        let ids: Vec<String> = watched.iter().map(|(_, id)| id.to_string()).collect();
+        let sql = format!(
+            "SELECT DISTINCT trx_mysql_thread_id FROM information_schema.INNODB_TRX \
+             WHERE trx_mysql_thread_id IN ({})",
+            ids.join(",")
+        );
+        let answer: mysql::Result<Vec<u64>> = self.ensure_connected()?.query(sql);
         match answer {
-            Ok(n) => Ok(Some(n.unwrap_or(0))),
+            Ok(ids) => Ok(Some(ids)),
             Err(mysql::Error::MySqlError(e)) if e.code == ER_SPECIFIC_ACCESS_DENIED => Ok(None),
             Err(e) => {
                 if is_connection_error(&e) {
-                    self.conn = None;
+                    self.drop_connection();
                 }
                 Err(RmError::Unavailable(format!(
-                    "{}: checking that connection {id}, which prepared {xid}, is closed: {e}",
-                    self.name
+                    "{}: checking that branch {} is no longer held by the connection that \
+                     prepared it: {e}",
+                    self.name,
+                    xa_name::parse(name).xid
                 )))
             }
         }
     }
 
-    /// Finishes a branch by name (`XA COMMIT`/`XA ROLLBACK`), telling "unknown" from
+    /// Finishes a branch by name (`XA COMMIT`/`XA ROLLBACK`): finds its name in `XA
+    /// RECOVER` (absent: `UnknownXid`, nothing left to finish), waits until its preparing
+    /// connection has let go of it, then runs the statement, telling "unknown" from
     /// "prepared but attached to another live connection".
     fn finish_by_name(&mut self, op: XaOp, xid: &Xid) -> Result<(), RmError> {
-        let sql = match op {
-            XaOp::Commit => format!("XA COMMIT {}", xid_sql(xid)?),
-            _ => format!("XA ROLLBACK {}", xid_sql(xid)?),
+        let listed = match self.names_on_server() {
+            // The connection died while idle (the client notices only on use): XA
+            // RECOVER names no branch, so a new connection can run it.
+            Err(RmError::Unavailable(_)) if self.conn.is_none() => self.names_on_server()?,
+            other => other?,
         };
-        self.ensure_connected()?;
-        if let Some(entry) = detaching::take(&self.address, xid) {
-            self.wait_detached(entry)?;
+        let names: Vec<Xid> = listed.iter().filter(|n| xa_name::parse(n).xid == *xid).copied().collect();
+        if names.is_empty() {
+            return Err(RmError::UnknownXid(format!(
+                "{}: {}: XAER_NOTA: branch {xid} is not prepared on {} (XA RECOVER does not list it)",
+                self.name,
+                op.as_str(),
+                self.address
+            )));
         }
-        let mut result = self.run(op, &sql);
-        if matches!(result, Err(RmError::Unavailable(_))) && self.conn.is_none() {
-            // The connection died while idle (the client notices only on use): the
-            // statement names its branch, so a new connection can run it.
-            self.ensure_connected()?;
-            result = self.run(op, &sql);
+        for name in &names {
+            if let Some(preparer) = xa_name::parse(name).preparer {
+                self.wait_detached(name, preparer, &listed)?;
+            }
+            self.finish_named(op, name)?;
         }
-        match result {
+        Ok(())
+    }
+
+    /// Runs `XA COMMIT`/`XA ROLLBACK` of the branch named `name` on the server.
+    fn finish_named(&mut self, op: XaOp, name: &Xid) -> Result<(), RmError> {
+        let sql = match op {
+            XaOp::Commit => format!("XA COMMIT {}", xid_sql(name)?),
+            _ => format!("XA ROLLBACK {}", xid_sql(name)?),
+        };
+        match self.run(op, &sql) {
             Err(RmError::UnknownXid(message)) => {
-                if self.recover()?.contains(xid) {
+                if self.names_on_server()?.contains(name) {
                     Err(RmError::Unavailable(format!(
-                        "{}: branch {xid} is prepared but still attached to another open \
+                        "{}: branch {} is prepared but still attached to another open \
                          connection; MariaDB lets only that connection finish it until it \
                          disconnects ({message})",
-                        self.name
+                        self.name,
+                        xa_name::parse(name).xid
                     )))
                 } else {
+                    detached::forget(&self.address, name);
                     Err(RmError::UnknownXid(message))
                 }
+            }
+            Ok(()) => {
+                detached::forget(&self.address, name);
+                Ok(())
             }
             other => other,
         }
@@ -442,10 +536,11 @@ impl BranchConnection for XaConnection {
 
     fn start(&mut self, xid: &Xid) -> Result<(), RmError> {
         self.state.check_can_start(&self.name, xid)?;
-        let sql = format!("XA START {}", xid_sql(xid)?);
         self.ensure_connected()?;
-        self.run(XaOp::Start, &sql)?;
+        let name = xa_name::on_server(xid, self.connection_id);
+        self.run(XaOp::Start, &format!("XA START {}", xid_sql(&name)?))?;
         self.state = BranchState::Active(*xid);
+        self.held_name = Some(name);
         Ok(())
     }
 
@@ -457,23 +552,19 @@ impl BranchConnection for XaConnection {
 
     fn prepare(&mut self, xid: &Xid) -> Result<Vote, RmError> {
         self.require_open_branch(xid, "XA PREPARE")?;
-        let x = xid_sql(xid)?;
+        let x = xid_sql(&self.held_name(xid))?;
         let sql = match self.state {
             BranchState::Active(_) => format!("XA END {x}; XA PREPARE {x}"),
             _ => format!("XA PREPARE {x}"),
         };
-        let connection_id = self.conn.as_ref().map(|c| c.connection_id());
         match self.run(XaOp::Prepare, &sql) {
             Ok(()) => {
                 self.state = BranchState::Prepared(*xid);
                 Ok(Vote::Commit)
             }
             Err(RmError::Unavailable(m)) if self.conn.is_none() => {
-                // Perhaps prepared on the lost connection: its rollback by name must wait
-                // for the server to detach it, as for any prepared branch.
-                if let Some(id) = connection_id {
-                    detaching::register(&self.address, *xid, id);
-                }
+                // Perhaps prepared on the lost connection: its name says which connection
+                // that was, so its rollback by name waits for the detach as for any other.
                 self.state = BranchState::InDoubt(*xid);
                 Err(RmError::Unavailable(format!("{m} (branch {xid} may be prepared)")))
             }
@@ -489,7 +580,7 @@ impl BranchConnection for XaConnection {
     fn commit(&mut self, xid: &Xid, one_phase: bool) -> Result<(), RmError> {
         if one_phase {
             self.require_open_branch(xid, "XA COMMIT ONE PHASE")?;
-            let x = xid_sql(xid)?;
+            let x = xid_sql(&self.held_name(xid))?;
             let sql = match self.state {
                 BranchState::Active(_) => format!("XA END {x}; XA COMMIT {x} ONE PHASE"),
                 _ => format!("XA COMMIT {x} ONE PHASE"),
@@ -509,7 +600,7 @@ impl BranchConnection for XaConnection {
         }
         match self.state {
             BranchState::Prepared(x) if x == *xid => {
-                let result = self.run(XaOp::Commit, &format!("XA COMMIT {}", xid_sql(xid)?));
+                let result = self.run(XaOp::Commit, &format!("XA COMMIT {}", xid_sql(&self.held_name(xid))?));
                 self.release_prepared(&result);
                 result
             }
@@ -532,9 +623,9 @@ impl BranchConnection for XaConnection {
     }
 
     fn rollback(&mut self, xid: &Xid) -> Result<(), RmError> {
-        let x = xid_sql(xid)?;
         match self.state {
             BranchState::Active(held) | BranchState::Ended(held) if held == *xid => {
+                let x = xid_sql(&self.held_name(xid))?;
                 let sql = match self.state {
                     BranchState::Active(_) => format!("XA END {x}; XA ROLLBACK {x}"),
                     _ => format!("XA ROLLBACK {x}"),
@@ -548,6 +639,7 @@ impl BranchConnection for XaConnection {
                 Ok(())
             }
             BranchState::Prepared(held) if held == *xid => {
+                let x = xid_sql(&self.held_name(xid))?;
                 let result = self.run(XaOp::Rollback, &format!("XA ROLLBACK {x}"));
                 self.release_prepared(&result);
                 result
@@ -579,28 +671,9 @@ impl BranchConnection for XaConnection {
         }
     }
 
+    /// The listed branches as the coordinator knows them ([`xa_name::parse`]).
     fn recover(&mut self) -> Result<Vec<Xid>, RmError> {
-        self.ensure_connected()?;
-        let Some(conn) = self.conn.as_mut() else {
-            return Err(RmError::Unavailable(format!("{}: not connected to {}", self.name, self.address)));
-        };
-        let rows: Vec<(i64, i64, i64, Vec<u8>)> = match conn.query("XA RECOVER") {
-            Ok(rows) => rows,
-            Err(e) => {
-                if is_connection_error(&e) {
-                    self.drop_connection();
-                }
-                return Err(map_error(&self.name, XaOp::Recover, &e));
-            }
-        };
-        let mut xids = Vec::with_capacity(rows.len());
-        for (format_id, gtrid_length, bqual_length, data) in rows {
-            match xid_from_recover_row(format_id, gtrid_length, bqual_length, &data) {
-                Ok(xid) => xids.push(xid),
-                Err(e) => tracing::warn!(rm = %self.name, "skipping an XA RECOVER row: {e}"),
-            }
-        }
-        Ok(xids)
+        Ok(self.names_on_server()?.iter().map(|name| xa_name::parse(name).xid).collect())
     }
 }
 

@@ -1,7 +1,8 @@
 //! Checks the branch-id vectors of docs/vectors/branch_ids.json against the encoders the
 //! resource managers really use: `Xid::to_gid`/`Xid::from_gid` (the PostgreSQL gid that
 //! `PREPARE TRANSACTION`, `COMMIT PREPARED` and recovery use), `mariadb::xid_sql` (the XA
-//! statements) and `mariadb::xid_from_recover_row` (how recovery reads `XA RECOVER`). The
+//! statements), `xa_name` (a MariaDB branch's name with its preparing connection) and
+//! `mariadb::xid_from_recover_row` (how recovery reads `XA RECOVER`). The
 //! vectors were written by an independent encoder from docs/protocol.md, so a change of
 //! either form breaks this test instead of silently moving the vectors.
 //!
@@ -13,6 +14,7 @@ mod common;
 
 use decree_core::{Origin, ResourceManager, Xid, DECREE_FORMAT_ID};
 use decree_rm::mariadb::{xid_from_recover_row, xid_sql};
+use decree_rm::xa_name;
 use decree_rm::{MariaDbRm, PgRm};
 use serde_json::Value;
 
@@ -70,6 +72,28 @@ fn every_branch_vector_is_what_the_resource_managers_write_and_read() {
             &data,
         );
         assert_eq!(parsed, Ok(xid), "{name}: XA RECOVER row");
+        // MariaDB/MySQL: the branch's name on the server, with its preparing connection.
+        let named = &b["mariadb_name"];
+        let server_name = xa_name::on_server(&xid, num(named, "connection_id"));
+        assert_eq!(hex::encode(server_name.bqual()), text(named, "bqual"), "{name}: named bqual");
+        assert_eq!(
+            xid_sql(&server_name).expect("non-negative"),
+            text(named, "mysql_xid"),
+            "{name}: named xid"
+        );
+        let row = &named["mysql_xa_recover"];
+        let listed = xid_from_recover_row(
+            num(row, "formatID") as i64,
+            num(row, "gtrid_length") as i64,
+            num(row, "bqual_length") as i64,
+            &hex::decode(text(row, "data")).expect("hex"),
+        )
+        .expect("named XA RECOVER row");
+        assert_eq!(
+            xa_name::parse(&listed),
+            xa_name::Listed { xid, preparer: Some(num(named, "connection_id")) },
+            "{name}: a listed name read back"
+        );
         assert_eq!(xid.origin(), Some(origin(b)), "{name}: origin");
     }
     let g = &v["global"];
@@ -134,43 +158,56 @@ fn a_postgres_branch_prepared_with_the_documented_gid_is_recovered_and_committed
     raw.batch_execute(&format!("DROP TABLE {table}")).expect("drop");
 }
 
+/// Both forms of docs/protocol.md: the name with the preparing connection's id (which
+/// makes decree wait for that connection to let go of the branch) and the bare branch Xid
+/// that clients wrote before (still recognised and committed).
 #[test]
 fn a_mariadb_branch_prepared_with_the_documented_xid_is_recovered_and_committed() {
     use mysql::prelude::Queryable;
     let dsn = require_dsn!("DECREE_TEST_MARIADB");
-    let (xid, _, x) = fresh_branch();
     let table = common::table("bid_my");
     let opts = mysql::Opts::from_url(&dsn).expect("dsn");
     let mut admin = mysql::Conn::new(opts.clone()).expect("connect");
     admin.query_drop(format!("CREATE TABLE {table} (id bigint PRIMARY KEY) ENGINE=InnoDB")).expect("create");
-    {
-        let mut raw = mysql::Conn::new(opts).expect("connect");
+    let mut rm = MariaDbRm::connect("mariadb-a", &dsn).expect("connect rm");
+    for (row, with_connection_id) in [(1, true), (2, false)] {
+        let (xid, _, bare) = fresh_branch();
+        let mut raw = mysql::Conn::new(opts.clone()).expect("connect");
+        let x = if with_connection_id {
+            let id: u64 = raw.query_first("SELECT CONNECTION_ID()").expect("id").expect("a row");
+            let (g, b) = (hex::encode(xid.gtrid()), format!("0001{id:016x}"));
+            format!("X'{g}',X'{b}',{DECREE_FORMAT_ID}")
+        } else {
+            bare
+        };
         for sql in [
             format!("XA START {x}"),
-            format!("INSERT INTO {table} VALUES (1)"),
+            format!("INSERT INTO {table} VALUES ({row})"),
             format!("XA END {x}"),
             format!("XA PREPARE {x}"),
         ] {
             raw.query_drop(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
         // Dropping the connection detaches the prepared branch for other connections.
-    }
-    let mut rm = MariaDbRm::connect("mariadb-a", &dsn).expect("connect rm");
-    assert!(rm.recover().expect("XA RECOVER").contains(&xid), "decree's recovery lists {x}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        match rm.commit(&xid, false) {
-            Ok(()) => break,
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("commit not yet possible ({e}); retrying");
-                std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(raw);
+        assert!(rm.recover().expect("XA RECOVER").contains(&xid), "decree's recovery lists {x} as {xid}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            match rm.commit(&xid, false) {
+                Ok(()) => break,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("commit not yet possible ({e}); retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => panic!("decree's phase two cannot commit {x}: {e}"),
             }
-            Err(e) => panic!("decree's phase two cannot commit {x}: {e}"),
         }
+        let rows: i64 = admin
+            .query_first(format!("SELECT count(*) FROM {table} WHERE id = {row}"))
+            .expect("count")
+            .expect("a row");
+        assert_eq!(rows, 1, "the insert of branch {x} is committed");
+        assert!(!rm.recover().expect("XA RECOVER").contains(&xid), "nothing left prepared");
     }
-    let rows: i64 =
-        admin.query_first(format!("SELECT count(*) FROM {table}")).expect("count").expect("a row");
-    assert_eq!(rows, 1, "the branch's insert is committed");
-    assert!(!rm.recover().expect("XA RECOVER").contains(&xid), "nothing left prepared");
     admin.query_drop(format!("DROP TABLE {table}")).expect("drop");
 }

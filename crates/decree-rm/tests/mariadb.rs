@@ -116,7 +116,7 @@ fn commit_from_another_connection_while_the_preparer_is_open() {
     drop_table(&mut second, &table);
 }
 
-/// The bug guarded against (MariaDB 10.11, see `decree_rm::detaching`): an `XA COMMIT` by
+/// The bug guarded against (MariaDB 10.11, see `decree_rm::xa_name`): an `XA COMMIT` by
 /// name that arrives while the server is still closing the preparing connection answers OK
 /// and commits nothing; the InnoDB transaction stays prepared, invisible to `XA RECOVER`
 /// until a restart. A raw probe (close, then commit by name at once) lost commits that way

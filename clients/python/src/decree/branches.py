@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import enum
 import logging
-import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,10 +199,8 @@ class PsycopgBranch(BranchAdapter):
             raise
 
 
-DETACH_WAIT_MAX = 10.0
-"""The longest wait for MariaDB to detach a closed connection's prepared branch."""
-TRX_SNAPSHOT_PAUSE = 0.15
-"""The pause before each look at INNODB_TRX, longer than the 100 ms it is cached."""
+_CONNECTION_IDS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+"""Per PyMySQL connection: its handshake thread id and its full ``CONNECTION_ID()``."""
 
 _MYSQL_CONNECTION_LOST = frozenset({0, 2006, 2013, 2014, 2045, 2055})
 _XAER_NOTA = 1397
@@ -220,11 +218,26 @@ class PyMySQLBranch(BranchAdapter):
     def __init__(self, connection: Any, rm: str) -> None:
         super().__init__(connection, rm)
         self._state = "idle"
+        self._name: Xid | None = None
         self._x = ""
 
     def _run(self, sql: str) -> None:
         with self.connection.cursor() as cur:
             cur.execute(sql)
+
+    def _connection_id(self) -> int:
+        """The connection's full ``CONNECTION_ID()``, which names its branches: read once
+        per server connection, since the handshake's thread id (which tells when PyMySQL
+        reconnected) holds only its low 32 bits, and through a proxy not even those."""
+        handshake = self.connection.thread_id()
+        known = _CONNECTION_IDS.get(self.connection)
+        if known is not None and known[0] == handshake:
+            return known[1]
+        with self.connection.cursor() as cur:
+            cur.execute("SELECT CONNECTION_ID()")
+            full = int(cur.fetchone()[0])
+        _CONNECTION_IDS[self.connection] = (handshake, full)
+        return full
 
     def _lost(self, e: BaseException) -> bool:
         import pymysql
@@ -237,7 +250,9 @@ class PyMySQLBranch(BranchAdapter):
                 f"{self.rm}: open the PyMySQL connection with autocommit=True; XA branches need it "
                 "(MariaDB answers XAER_OUTSIDE to a commit by name otherwise)"
             )
-        self.xid, self._x = xid, xid.mysql_xid()
+        self.xid = xid
+        self._name = xid.mariadb_name(self._connection_id())
+        self._x = self._name.mysql_xid()
         self._run(f"XA START {self._x}")
         self._state = "active"
 
@@ -273,12 +288,12 @@ class PyMySQLBranch(BranchAdapter):
 
     def _listed(self) -> bool:
         """Whether XA RECOVER (on this connection) still lists the branch."""
-        assert self.xid is not None
+        assert self._name is not None
         with self.connection.cursor() as cur:
             cur.execute("XA RECOVER")
             rows = cur.fetchall()
         return any(
-            Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) == self.xid for r in rows
+            Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) == self._name for r in rows
         )
 
     def commit_prepared(self) -> PhaseTwo:
@@ -340,66 +355,14 @@ class PyMySQLBranch(BranchAdapter):
 
     def abandon(self) -> None:
         """Closes the connection of a prepared (or possibly prepared) branch, which stays
-        attached to it (MariaDB lets no other connection finish it), and waits until the
-        server has detached it. MariaDB 10.11 lists the branch for other connections before
-        it detaches the InnoDB transaction from the closing thread, and an XA COMMIT by name
-        in between answers OK and commits nothing; so the server (told by the session's
-        close) must not try before the old connection is gone (docs/measurements.md)."""
+        attached to it (MariaDB lets no other connection finish it), so that the server can
+        finish it by name. The server first waits until the connection named in the branch
+        has let go of it (MariaDB lists the branch for others before it detaches it, and an
+        XA COMMIT by name in between answers OK and commits nothing: docs/protocol.md)."""
         if not self.holds_prepared:
             return
         self._state = "idle"
-        thread_id = self._thread_id()
         self._close()
-        if thread_id is not None:
-            self._wait_detached(thread_id)
-
-    def _thread_id(self) -> int | None:
-        try:
-            return int(self.connection.thread_id())
-        except Exception:
-            return None
-
-    def _wait_detached(self, thread_id: int) -> None:
-        """Waits (at most DETACH_WAIT_MAX s) until connection ``thread_id`` has left the
-        process list and no InnoDB transaction is tied to it, looking from a new connection
-        with the same settings; without one, waits one pause."""
-        import pymysql
-
-        deadline = time.monotonic() + DETACH_WAIT_MAX
-        c = self.connection
-        try:
-            probe = pymysql.connect(
-                host=c.host, port=c.port, user=c.user, password=c.password, database=c.db,
-                unix_socket=c.unix_socket, autocommit=True, connect_timeout=5,
-                **({"ssl": c.ctx} if getattr(c, "_ssl_required", False) else {}),
-            )
-        except Exception as e:
-            log.warning("%s: cannot watch connection %d detach (%s); waiting %.2f s", self.rm, thread_id, e,
-                        TRX_SNAPSHOT_PAUSE)
-            time.sleep(TRX_SNAPSHOT_PAUSE)
-            return
-        try:
-            with probe.cursor() as cur:
-                while time.monotonic() < deadline:
-                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (thread_id,))
-                    if cur.fetchone()[0] == 0:
-                        break
-                    time.sleep(0.005)
-                while time.monotonic() < deadline:
-                    time.sleep(TRX_SNAPSHOT_PAUSE)  # INNODB_TRX is a snapshot kept 100 ms.
-                    try:
-                        cur.execute(
-                            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s",
-                            (thread_id,),
-                        )
-                    except pymysql.err.Error as e:
-                        log.debug("%s: INNODB_TRX not readable (%s); the pause is the only margin", self.rm, e)
-                        return
-                    if cur.fetchone()[0] == 0:
-                        return
-                log.warning("%s: connection %d still not detached after %.0f s", self.rm, thread_id, DETACH_WAIT_MAX)
-        finally:
-            probe.close()
 
     def _close(self) -> None:
         try:

@@ -53,6 +53,9 @@ GID_PREFIX = "decree:"
 
 DECISION_MAGIC = b"DCD1"
 
+MARIADB_PREPARER_BYTES = 8
+"""Bytes of the preparing connection's id at the end of a decree branch's MariaDB bqual."""
+
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -234,6 +237,23 @@ class Xid:
         if self.format_id < 0:
             raise ValueError("MariaDB and MySQL accept only non-negative XA format ids")
         return f"X'{self.gtrid.hex()}',X'{self.bqual.hex()}',{self.format_id}"
+
+    def mariadb_name(self, connection_id: int) -> Xid:
+        """This branch's name on a MariaDB/MySQL server when the connection whose full
+        ``CONNECTION_ID()`` is ``connection_id`` starts it: a decree branch's bqual gains
+        that id, 8 bytes big-endian, so that whoever finishes the branch by name can first
+        wait until that connection has let go of it (docs/protocol.md). Any other Xid is
+        its own name."""
+        if self.origin is None or len(self.bqual) != 2:
+            return self
+        return Xid(self.format_id, self.gtrid, self.bqual + _U64.pack(connection_id))
+
+    def from_mariadb_name(self) -> tuple[Xid, int | None]:
+        """A name listed by ``XA RECOVER`` read back: the branch's Xid and the id of the
+        connection that prepared it (``None`` when the name does not carry one)."""
+        if self.origin is None or len(self.bqual) != 2 + MARIADB_PREPARER_BYTES:
+            return self, None
+        return Xid(self.format_id, self.gtrid, self.bqual[:2]), _U64.unpack(self.bqual[2:])[0]
 
     @classmethod
     def from_xa_recover(cls, format_id: int, gtrid_length: int, bqual_length: int, data: bytes) -> Xid:
