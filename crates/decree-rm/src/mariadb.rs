@@ -68,10 +68,9 @@ const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 /// table's snapshot while it is being read, so that the snapshot is younger than the
 /// `XA RECOVER` listing read before the pause.
 const TRX_SNAPSHOT_PAUSE: Duration = Duration::from_millis(150);
-/// Longest wait for the preparing connection to let go of a branch before a by-name
-/// `XA COMMIT`/`XA ROLLBACK` gives up with "unavailable" (the caller retries later): a
-/// closing connection lets go within milliseconds, so a branch still held after this is
-/// attached to a live connection.
+/// Longest wait for a closing connection to let go of the branch it prepared before a
+/// by-name `XA COMMIT`/`XA ROLLBACK` gives up with "unavailable" (the caller retries
+/// later); a closing connection lets go within milliseconds.
 const DETACH_WAIT_MAX: Duration = Duration::from_secs(2);
 /// Most other listed branches whose preparers one look at `INNODB_TRX` checks too.
 const DETACH_BATCH_MAX: usize = 256;
@@ -349,8 +348,9 @@ impl XaConnection {
     /// to no connection, even when a new one has the old id). The same look clears every
     /// other listed branch whose preparer it shows gone ([`detached`]). Without the
     /// PROCESS privilege the table cannot be read and the first pause is the only margin.
-    /// Gives up after [`DETACH_WAIT_MAX`] with `Unavailable`: the branch is attached to a
-    /// live connection, and the caller retries later.
+    /// Gives up with `Unavailable` (the caller retries later) as soon as a look finds the
+    /// branch held by a connection still in the process list (attached to a live
+    /// connection), or after [`DETACH_WAIT_MAX`].
     fn wait_detached(&mut self, name: &Xid, preparer: u64, listed: &[Xid]) -> Result<(), RmError> {
         if detached::is_known(&self.address, name) {
             return Ok(());
@@ -378,17 +378,37 @@ impl XaConnection {
             if !holding.contains(&preparer) {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            // Still held: by a live connection (its owner will finish the branch, or let
+            // go of it when it closes), or by one the server is still closing.
+            let open = self.connection_is_open(preparer, name)?;
+            if open || Instant::now() >= deadline {
                 return Err(RmError::Unavailable(format!(
-                    "{}: branch {} is prepared but still attached to connection {preparer}, which \
-                     holds it after {DETACH_WAIT_MAX:?}; MariaDB lets only that connection finish \
-                     it until it disconnects, and finishing it by name before it lets go could \
-                     lose the commit",
+                    "{}: branch {} is prepared but still attached to connection {preparer}{}; \
+                     MariaDB lets only that connection finish it until it disconnects, and \
+                     finishing it by name before it lets go could lose the commit",
                     self.name,
-                    xa_name::parse(name).xid
+                    xa_name::parse(name).xid,
+                    if open { ", which is open" } else { ", which the server is still closing" }
                 )));
             }
         }
+    }
+
+    /// Whether connection `id` is in the process list (a connection of another user is
+    /// visible only with the PROCESS privilege, and counts as closing without it).
+    fn connection_is_open(&mut self, id: u64, name: &Xid) -> Result<bool, RmError> {
+        let sql = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}");
+        let answer: mysql::Result<Option<u64>> = self.ensure_connected()?.query_first(sql);
+        answer.map(|n| n.unwrap_or(0) > 0).map_err(|e| {
+            if is_connection_error(&e) {
+                self.drop_connection();
+            }
+            RmError::Unavailable(format!(
+                "{}: checking whether connection {id}, which holds branch {}, is open: {e}",
+                self.name,
+                xa_name::parse(name).xid
+            ))
+        })
     }
 
     /// Which of the `watched` connections `INNODB_TRX` ties a transaction to; `None` when a

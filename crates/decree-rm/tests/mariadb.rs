@@ -94,13 +94,19 @@ fn commit_from_another_connection_while_the_preparer_is_open() {
     let table = common::table("attached");
     create_table(&mut first, &table);
 
-    // MariaDB 10.11 keeps the prepared branch with its session: another connection gets
-    // XAER_NOTA, which must read as "retry later", not as "already finished".
+    // MariaDB 10.11 keeps the prepared branch with its session: another connection must
+    // not try (it would get XAER_NOTA), and says "retry later", not "already finished",
+    // naming the open connection that holds the branch.
     let xid = common::fresh_xid();
+    let holder: u64 =
+        first.client().expect("connected").query_first("SELECT CONNECTION_ID()").expect("id").expect("row");
     assert_eq!(insert_and_prepare(&mut first, &xid, &table, 1), Vote::Commit);
     assert!(second.recover().expect("recover").contains(&xid), "XA RECOVER lists it");
     match second.commit(&xid, false) {
-        Err(RmError::Unavailable(m)) => assert!(m.contains("attached") && m.contains("maria"), "{m}"),
+        Err(RmError::Unavailable(m)) => assert!(
+            m.contains(&format!("attached to connection {holder}, which is open")) && m.contains("maria"),
+            "{m}"
+        ),
         other => panic!("XA COMMIT from a second connection while the first is open: {other:?}"),
     }
     // The preparing connection can still finish it.
