@@ -71,6 +71,25 @@ fn a_branch_whose_preparer_was_killed_is_finished_by_name_and_never_lost() {
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
         assert!(line.starts_with("PREPARED "), "round {round}: the preparer said {line:?}");
         child.kill().expect("SIGKILL the preparer");
+        if round == 0 {
+            // Not in later rounds: the look would delay the commit past the race's window.
+            let preparer: u64 =
+                line["PREPARED ".len()..].trim().parse().expect("the preparer's connection id");
+            let rows: Vec<(i64, i64, i64, Vec<u8>)> =
+                rm.client().expect("connected").query("XA RECOVER").expect("XA RECOVER");
+            let mut expected = vec![0, 1]; // branch 1, then the connection id (docs/protocol.md)
+            expected.extend_from_slice(&preparer.to_be_bytes());
+            let names: Vec<Xid> = rows
+                .into_iter()
+                .filter_map(|(f, g, b, data)| decree_rm::mariadb::xid_from_recover_row(f, g, b, &data).ok())
+                .filter(|name| name.gtrid() == xid.gtrid())
+                .collect();
+            assert_eq!(
+                names.iter().map(|n| n.bqual().to_vec()).collect::<Vec<_>>(),
+                vec![expected],
+                "the branch is named with its preparing connection {preparer}"
+            );
+        }
         let commit = round % 4 != 3;
         let deadline = Instant::now() + ROUND_TIMEOUT;
         loop {

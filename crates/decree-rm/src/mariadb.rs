@@ -449,8 +449,8 @@ impl XaConnection {
     /// "prepared but attached to another live connection".
     fn finish_by_name(&mut self, op: XaOp, xid: &Xid) -> Result<(), RmError> {
         let listed = match self.names_on_server() {
-            // The connection died while idle (the client notices only on use): XA
-            // RECOVER names no branch, so a new connection can run it.
+            // The connection died while idle (the client notices only on use): the
+            // listing is the same from any connection, so a new one asks again.
             Err(RmError::Unavailable(_)) if self.conn.is_none() => self.names_on_server()?,
             other => other?,
         };
