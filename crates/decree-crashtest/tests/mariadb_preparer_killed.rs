@@ -37,14 +37,7 @@ const ROUND_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_branch_whose_preparer_was_killed_is_finished_by_name_and_never_lost() {
-    let Ok(dsn) = std::env::var("DECREE_TEST_MARIADB") else {
-        assert!(
-            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
-            "CI=true but DECREE_TEST_MARIADB is not set: run scripts/test-dbs.sh start"
-        );
-        eprintln!("skipped: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\"");
-        return;
-    };
+    let Some(dsn) = common::test_dsn("DECREE_TEST_MARIADB") else { return };
     let rounds = common::env_count("DECREE_PREPARER_KILL_ROUNDS", 60);
     let incarnation = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_nanos() as u64 >> 8;
     let table = format!("preparer_killed_{incarnation:x}");

@@ -399,16 +399,11 @@ impl XaConnection {
     fn connection_is_open(&mut self, id: u64, name: &Xid) -> Result<bool, RmError> {
         let sql = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}");
         let answer: mysql::Result<Option<u64>> = self.ensure_connected()?.query_first(sql);
-        answer.map(|n| n.unwrap_or(0) > 0).map_err(|e| {
-            if is_connection_error(&e) {
-                self.drop_connection();
-            }
-            RmError::Unavailable(format!(
-                "{}: checking whether connection {id}, which holds branch {}, is open: {e}",
-                self.name,
-                xa_name::parse(name).xid
-            ))
-        })
+        let what = format!(
+            "checking whether connection {id}, which holds branch {}, is open",
+            xa_name::parse(name).xid
+        );
+        answer.map(|n| n.unwrap_or(0) > 0).map_err(|e| self.check_failed(&what, e))
     }
 
     /// Which of the `watched` connections `INNODB_TRX` ties a transaction to; `None` when a
@@ -430,17 +425,22 @@ impl XaConnection {
             Ok(ids) => Ok(Some(ids)),
             Err(mysql::Error::MySqlError(e)) if e.code == ER_SPECIFIC_ACCESS_DENIED => Ok(None),
             Err(e) => {
-                if is_connection_error(&e) {
-                    self.drop_connection();
-                }
-                Err(RmError::Unavailable(format!(
-                    "{}: checking that branch {} is no longer held by the connection that \
-                     prepared it: {e}",
-                    self.name,
+                let what = format!(
+                    "checking that branch {} is no longer held by the connection that prepared it",
                     xa_name::parse(name).xid
-                )))
+                );
+                Err(self.check_failed(&what, e))
             }
         }
+    }
+
+    /// A failed detach check (`what`): drops a broken connection so that the next call
+    /// reconnects, and says "unavailable, retry".
+    fn check_failed(&mut self, what: &str, e: mysql::Error) -> RmError {
+        if is_connection_error(&e) {
+            self.drop_connection();
+        }
+        RmError::Unavailable(format!("{}: {what}: {e}", self.name))
     }
 
     /// Finishes a branch by name (`XA COMMIT`/`XA ROLLBACK`): finds its name in `XA

@@ -44,22 +44,26 @@ pub fn bank_config(kind: PairKind, prefix: &str, accounts: u32) -> Option<BankCo
         PairKind::PgPg => "DECREE_TEST_PG_B",
         PairKind::PgMariaDb => "DECREE_TEST_MARIADB",
     };
-    let (a, b) = (std::env::var("DECREE_TEST_PG_A"), std::env::var(b_var));
-    match (a, b) {
-        (Ok(dsn_a), Ok(dsn_b)) => {
-            Some(BankConfig { kind, dsn_a, dsn_b, prefix: prefix.to_string(), accounts, balance_start: 1000 })
-        }
-        _ => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            assert!(
-                !ci,
-                "CI=true but DECREE_TEST_PG_A or {b_var} is not set: run scripts/test-dbs.sh start \
-                 and eval \"$(scripts/test-dbs.sh env)\""
-            );
-            eprintln!("skipped: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\"");
-            None
-        }
+    let dsn_a = test_dsn("DECREE_TEST_PG_A")?;
+    let dsn_b = test_dsn(b_var)?;
+    Some(BankConfig { kind, dsn_a, dsn_b, prefix: prefix.to_string(), accounts, balance_start: 1000 })
+}
+
+/// The DSN of a test database in `var`, or None (after printing why) when the test must
+/// skip; with CI=true a missing one fails the test instead.
+pub fn test_dsn(var: &str) -> Option<String> {
+    if let Ok(dsn) = std::env::var(var) {
+        return Some(dsn);
     }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(
+        !ci,
+        "CI=true but {var} is not set: run scripts/test-dbs.sh start and eval \"$(scripts/test-dbs.sh env)\""
+    );
+    eprintln!(
+        "skipped: {var} is not set: run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\""
+    );
+    None
 }
 
 /// A seeded random source; the seed comes from `var` or the clock and is printed, so a
