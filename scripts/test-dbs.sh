@@ -21,6 +21,10 @@
 # servers as an unprivileged user (`postgres` if it exists, else a created `decree-test`).
 # When run as root on a machine without the servers, it installs them with apt-get.
 #
+# A port taken (by a listener, or by one end of an open connection: the defaults lie in Linux's
+# ephemeral range) is skipped, and a server that still fails to bind is started again on the
+# next port; a server that does not start gets an error with the end of its log.
+#
 # Knobs (environment): DECREE_TEST_DBS_DIR, DECREE_TEST_PG_PORT (default 55432),
 # DECREE_TEST_MARIADB_PORT (default 53306), DECREE_TEST_DBS_FSYNC (on|off, default off:
 # the data is thrown away anyway and a killed server loses nothing the OS already holds).
@@ -93,8 +97,19 @@ install_missing() {
     apt-get install -y -qq "${pkgs[@]}" >/dev/null
 }
 
-# True when something accepts TCP connections on 127.0.0.1:$1.
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# True when a server could not bind 127.0.0.1:$1: something accepts connections there, or
+# (seen with ss) any TCP socket holds it as its local port, such as one end of an open
+# connection whose ephemeral port it is (the defaults lie in Linux's ephemeral range).
+port_busy() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
+}
+
+# The last lines of a server's log, for an error that says why it did not start.
+log_tail() { [ -f "$1" ] && tail -n 15 "$1" | sed 's/^/    /' || true; }
+
+# Start attempts, for a server stopped by a port taken between the check and its bind.
+START_TRIES_MAX=3
 
 free_port_from() {
     local p=$1 i
@@ -135,10 +150,13 @@ start_pg() {
                 --no-instructions >"$BASE/initdb.log" 2>&1 \
                 || die "initdb failed, see $BASE/initdb.log"
         fi
-        port=$(free_port_from "$PG_PORT_DEFAULT")
         as_user mkdir -p "$PG_SOCK"
-        # Settings are rewritten at every start so that a changed port takes effect.
-        as_user tee "$PG_DATA/postgresql.auto.conf" >/dev/null <<EOF
+        local try started=0
+        port=$PG_PORT_DEFAULT
+        for ((try = 0; try < START_TRIES_MAX; try++)); do
+            port=$(free_port_from "$port")
+            # Settings are rewritten at every start so that a changed port takes effect.
+            as_user tee "$PG_DATA/postgresql.auto.conf" >/dev/null <<EOF
 # Written by scripts/test-dbs.sh at each start.
 listen_addresses = '127.0.0.1'
 port = $port
@@ -151,9 +169,17 @@ full_page_writes = $FSYNC
 # hanging (MariaDB's innodb_lock_wait_timeout does the same, 50 s by default).
 lock_timeout = '60s'
 EOF
-        echo "$port" >"$BASE/pg.port"
-        as_user "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null \
-            || die "PostgreSQL did not start, see $PG_LOG"
+            echo "$port" >"$BASE/pg.port"
+            if as_user "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null; then
+                started=1
+                break
+            fi
+            grep -q "could not bind" "$PG_LOG" 2>/dev/null || break
+            say "PostgreSQL could not bind port $port, trying the next one"
+            port=$((port + 1))
+        done
+        [ "$started" = 1 ] || die "PostgreSQL did not start on 127.0.0.1:$port; the end of $PG_LOG:
+$(log_tail "$PG_LOG")"
         say "PostgreSQL started on 127.0.0.1:$port"
     fi
     local db
@@ -190,22 +216,34 @@ start_mariadb() {
                 >"$BASE/mariadb-install-db.log" 2>&1 \
                 || die "mariadb-install-db failed, see $BASE/mariadb-install-db.log"
         fi
-        port=$(free_port_from "$MARIADB_PORT_DEFAULT")
         as_user mkdir -p "$(dirname "$MARIADB_SOCK")"
-        local flush=1
+        local flush=1 try server
         [ "$FSYNC" = off ] && flush=2
-        # setsid: the server must outlive this script and not get its terminal's signals.
-        as_user setsid "$bin" --no-defaults --datadir="$MARIADB_DATA" --bind-address=127.0.0.1 \
-            --port="$port" --socket="$MARIADB_SOCK" --pid-file="$MARIADB_PID" \
-            --log-error="$MARIADB_LOG" --skip-name-resolve --innodb-buffer-pool-size=64M \
-            --innodb-log-file-size=48M --innodb-flush-log-at-trx-commit="$flush" \
-            --max-connections=200 </dev/null >/dev/null 2>&1 &
-        echo "$port" >"$BASE/mariadb.port"
-        for ((i = 0; i < 300; i++)); do
-            if mariadb_running; then break; fi
-            sleep 0.1
+        port=$MARIADB_PORT_DEFAULT
+        for ((try = 0; try < START_TRIES_MAX; try++)); do
+            port=$(free_port_from "$port")
+            as_user rm -f "$MARIADB_LOG"
+            # setsid: the server must outlive this script and not get its terminal's signals.
+            as_user setsid "$bin" --no-defaults --datadir="$MARIADB_DATA" --bind-address=127.0.0.1 \
+                --port="$port" --socket="$MARIADB_SOCK" --pid-file="$MARIADB_PID" \
+                --log-error="$MARIADB_LOG" --skip-name-resolve --innodb-buffer-pool-size=64M \
+                --innodb-log-file-size=48M --innodb-flush-log-at-trx-commit="$flush" \
+                --max-connections=200 </dev/null >/dev/null 2>&1 &
+            server=$!
+            echo "$port" >"$BASE/mariadb.port"
+            for ((i = 0; i < 300; i++)); do
+                if mariadb_running; then break; fi
+                # Gone (runuser waits for it): no point waiting the full 30 s.
+                kill -0 "$server" 2>/dev/null || break
+                sleep 0.1
+            done
+            mariadb_running && break
+            grep -q "Bind on TCP/IP port" "$MARIADB_LOG" 2>/dev/null || break
+            say "MariaDB could not bind port $port, trying the next one"
+            port=$((port + 1))
         done
-        mariadb_running || die "MariaDB did not start within 30 s, see $MARIADB_LOG"
+        mariadb_running || die "MariaDB did not start on 127.0.0.1:$port; the end of $MARIADB_LOG:
+$(log_tail "$MARIADB_LOG")"
         say "MariaDB started on 127.0.0.1:$port"
     fi
     mariadb_client -e "CREATE DATABASE IF NOT EXISTS decree_m;

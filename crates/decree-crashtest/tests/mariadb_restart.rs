@@ -45,8 +45,10 @@ impl PrivateDbs {
             .arg(script)
             .arg(action)
             .env("DECREE_TEST_DBS_DIR", &self.base)
-            .env("DECREE_TEST_PG_PORT", "55632")
-            .env("DECREE_TEST_MARIADB_PORT", "53506")
+            // Below Linux's ephemeral range (32768-60999): no open connection's own end
+            // holds them (the script also moves on to the next port if one does).
+            .env("DECREE_TEST_PG_PORT", "25632")
+            .env("DECREE_TEST_MARIADB_PORT", "23506")
             .output()
             .expect("run scripts/test-dbs.sh");
         assert!(
