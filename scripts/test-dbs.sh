@@ -27,13 +27,15 @@
 #
 # Knobs (environment): DECREE_TEST_DBS_DIR, DECREE_TEST_PG_PORT (default 55432),
 # DECREE_TEST_MARIADB_PORT (default 53306), DECREE_TEST_DBS_FSYNC (on|off, default off:
-# the data is thrown away anyway and a killed server loses nothing the OS already holds).
+# the data is thrown away anyway and a killed server loses nothing the OS already holds),
+# DECREE_TEST_DBS_ONLY (postgres|mariadb: start that one alone; default both).
 set -euo pipefail
 
 BASE="${DECREE_TEST_DBS_DIR:-${TMPDIR:-/tmp}/decree-test-dbs}"
 PG_PORT_DEFAULT="${DECREE_TEST_PG_PORT:-55432}"
 MARIADB_PORT_DEFAULT="${DECREE_TEST_MARIADB_PORT:-53306}"
 FSYNC="${DECREE_TEST_DBS_FSYNC:-off}"
+ONLY="${DECREE_TEST_DBS_ONLY:-}"
 DB_USER_NAME=decree
 # A port search gives up after this many candidates.
 PORT_TRIES_MAX=50
@@ -274,15 +276,19 @@ stop_all() {
 }
 
 print_env() {
-    [ -f "$BASE/pg.port" ] && [ -f "$BASE/mariadb.port" ] \
+    [ -f "$BASE/pg.port" ] || [ -f "$BASE/mariadb.port" ] \
         || die "the test databases are not started: run scripts/test-dbs.sh start"
     local pg_port mariadb_port
-    pg_port=$(cat "$BASE/pg.port")
-    mariadb_port=$(cat "$BASE/mariadb.port")
-    echo "export DECREE_TEST_PG_A='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_a'"
-    echo "export DECREE_TEST_PG_B='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_b'"
-    echo "export DECREE_TEST_MARIADB='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m'"
-    echo "export DECREE_TEST_MARIADB_B='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m2'"
+    if [ -f "$BASE/pg.port" ]; then
+        pg_port=$(cat "$BASE/pg.port")
+        echo "export DECREE_TEST_PG_A='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_a'"
+        echo "export DECREE_TEST_PG_B='host=127.0.0.1 port=$pg_port user=$DB_USER_NAME dbname=decree_b'"
+    fi
+    if [ -f "$BASE/mariadb.port" ]; then
+        mariadb_port=$(cat "$BASE/mariadb.port")
+        echo "export DECREE_TEST_MARIADB='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m'"
+        echo "export DECREE_TEST_MARIADB_B='mysql://$DB_USER_NAME@127.0.0.1:$mariadb_port/decree_m2'"
+    fi
 }
 
 status() {
@@ -298,8 +304,12 @@ case "${1:-}" in
     start)
         install_missing
         prepare_base
-        start_pg
-        start_mariadb
+        case "$ONLY" in
+            "") start_pg; start_mariadb ;;
+            postgres) start_pg ;;
+            mariadb) start_mariadb ;;
+            *) die "DECREE_TEST_DBS_ONLY must be postgres or mariadb, not '$ONLY'" ;;
+        esac
         ;;
     stop) stop_all ;;
     env) print_env ;;

@@ -31,8 +31,8 @@ const REUSE_TRIES_MAX: u64 = 200;
 /// Longest time the commit by name may take after the restart.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A PostgreSQL and MariaDB of this test alone (scripts/test-dbs.sh starts both), stopped
-/// and deleted on drop.
+/// A MariaDB of this test alone (scripts/test-dbs.sh with `DECREE_TEST_DBS_ONLY=mariadb`),
+/// stopped and deleted on drop.
 struct PrivateDbs {
     _dir: tempfile::TempDir,
     base: PathBuf,
@@ -46,8 +46,8 @@ impl PrivateDbs {
             .arg(action)
             .env("DECREE_TEST_DBS_DIR", &self.base)
             // Below Linux's ephemeral range (32768-60999): no open connection's own end
-            // holds them (the script also moves on to the next port if one does).
-            .env("DECREE_TEST_PG_PORT", "25632")
+            // holds it (the script also moves on to the next port if one does).
+            .env("DECREE_TEST_DBS_ONLY", "mariadb")
             .env("DECREE_TEST_MARIADB_PORT", "23506")
             .output()
             .expect("run scripts/test-dbs.sh");
