@@ -13,7 +13,8 @@
 //! for what the old primary had finished; the memory makes them durable on its own
 //! schedule, and a batch's acknowledgement does not wait for it: the acknowledgement
 //! confirms the batch's decisions, which no outcome record is (a failed memory fails the
-//! next batch instead: fail-stop). Not here: the link, the epochs (the rules
+//! next batch instead: fail-stop). A memory with as many records waiting for its flush as
+//! it takes makes the batch wait for that flush (backpressure), never fail. Not here: the link, the epochs (the rules
 //! decide which batches reach [`Replica::apply`]).
 
 use crate::wire::{LinkRecord, RecordKind};
@@ -147,14 +148,7 @@ impl Replica {
                         self.outcomes.as_ref().expect("check_batch refuses outcomes without a memory");
                     let mut id = Vec::new();
                     record.xid.global().encode(&mut id);
-                    let failed = self.outcomes_failed.clone();
-                    let noted = Box::new(move |result: Result<(), LogError>| {
-                        if let Err(e) = result {
-                            tracing::error!(error = %e, "the backup's outcome memory failed");
-                            failed.lock().get_or_insert(e);
-                        }
-                    });
-                    memory.remember(&id, record.payload[0], noted)?;
+                    remember_replicated(memory, &id, record.payload[0], &self.outcomes_failed)?;
                 }
             }
         }
@@ -173,6 +167,35 @@ impl Replica {
             }
         }
         Ok(dropped.len())
+    }
+}
+
+/// Remembers one replicated outcome. When as many entries wait for the memory's flush as
+/// it takes ([`LogError::Full`]), waits for that flush and tries again: a burst from the
+/// primary is backpressure on the link (the link's task blocks its thread for that flush
+/// and reads nothing meanwhile), never a failure of the backup. Only the memory's own
+/// failure is returned.
+fn remember_replicated(
+    memory: &OutcomeMemory,
+    id: &[u8],
+    outcome: u8,
+    failed: &Arc<Mutex<Option<LogError>>>,
+) -> Result<(), LogError> {
+    loop {
+        let failed = failed.clone();
+        let noted = Box::new(move |result: Result<(), LogError>| {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "the backup's outcome memory failed");
+                failed.lock().get_or_insert(e);
+            }
+        });
+        match memory.remember(id, outcome, noted) {
+            Err(LogError::Full(reason)) => {
+                tracing::debug!(%reason, "the backup's outcome memory is full: waiting for its flush");
+                memory.sync()?;
+            }
+            remembered => return remembered.map(|_| ()),
+        }
     }
 }
 

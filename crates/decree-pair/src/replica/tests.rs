@@ -196,6 +196,35 @@ fn outcome_records_go_to_the_backups_outcome_memory() {
     assert_eq!(memory.entries().len(), 2);
 }
 
+/// The bug this guards against: a burst of outcome records larger than the outcome
+/// memory takes before a flush (`WAITING_MAX`) stopped the backup as if its disk had
+/// failed (seen in a pair kill loop: the primary then never had a backup again). The batch
+/// must wait for the memory's flush instead, and every outcome must be remembered.
+#[test]
+fn a_burst_of_outcomes_beyond_what_the_memory_takes_before_a_flush_waits_for_it() {
+    use decree_log::outcomes::{OutcomeMemory, WAITING_MAX};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = FaultStorage::new(12);
+    // Slow syncs: the burst outruns the flusher, as a slow disk under load would.
+    storage.set_sync_delay(std::time::Duration::from_millis(100));
+    let burst = WAITING_MAX as u64 * 2 + 7;
+    let memory =
+        OutcomeMemory::open(Arc::new(storage.clone()), dir.path(), burst as u32, std::time::Duration::ZERO)
+            .unwrap();
+    let mut replica = open(&dir.path().join("log"), EngineKind::Journal).with_outcomes(memory);
+    let records: Vec<LinkRecord> = (1..=burst)
+        .map(|sequence| LinkRecord { kind: RecordKind::Outcome, xid: xid(sequence), payload: vec![2] })
+        .collect();
+    apply(&mut replica, &records).unwrap();
+    let memory = replica.outcomes.as_ref().unwrap();
+    memory.sync().unwrap();
+    assert_eq!(memory.len() as u64, burst, "every outcome of the burst is remembered");
+    let mut id = Vec::new();
+    xid(burst).encode(&mut id);
+    assert_eq!(memory.lookup(&id), Some(2));
+    assert!(storage.syncs_done() >= 2, "the burst waited for at least one flush");
+}
+
 /// A batch's acknowledgement waits for its decisions only: outcome records go to the
 /// memory, which syncs them on its own schedule. The bug this guards against: a failure of
 /// that memory going unnoticed, so that a promoted backup would lack outcomes it was sent
