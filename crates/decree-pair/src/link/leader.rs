@@ -9,6 +9,13 @@
 //! and never acknowledged are not resent: the live set holds what of them still matters,
 //! and the backup's acknowledgement of a later batch confirms them too. A refusal of a
 //! newer epoch makes the leader step down and return.
+//!
+//! The link commits in groups the way the log does (no timer: if nothing is in flight,
+//! send now): while a batch of this link awaits its acknowledgement, records
+//! shipped meanwhile wait in the outbox and go together, as one batch, when the
+//! acknowledgement comes. Under load that makes batches grow with the backup's round trip
+//! instead of leaving one wake-up at a time, each send costing the primary's CPU (figures
+//! in docs/measurements.md, "The link's group commit").
 
 use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
 use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
@@ -185,8 +192,12 @@ impl Leader {
             return LinkEnd::Closed("the writer stopped".into());
         }
         let mut buf = Vec::new();
-        let mut link =
-            LinkState { sent_up_to: next_sequence - 1, caught_up_to_send: None, caught_up_at: None };
+        let mut link = LinkState {
+            sent_up_to: next_sequence - 1,
+            acknowledged_up_to: next_sequence - 1,
+            caught_up_to_send: None,
+            caught_up_at: None,
+        };
         loop {
             tokio::select! {
                 message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => {
@@ -224,6 +235,7 @@ impl Leader {
                     link.caught_up_at = Some(up_to);
                 }
                 Command::ConfirmUpTo(sequence) => {
+                    link.acknowledged_up_to = link.acknowledged_up_to.max(sequence);
                     let tickets = self.outbox.lock().acknowledge(sequence);
                     if !tickets.is_empty() {
                         self.server.confirmed(tickets);
@@ -276,8 +288,9 @@ impl Leader {
         Ok(up_to)
     }
 
-    /// Sends every batch cut since the last one sent, then `CaughtUp` once the live set's
-    /// last batch has gone.
+    /// Sends every batch cut since the last one sent (cutting one from the records queued
+    /// only when nothing this link sent awaits an acknowledgement: the link's group
+    /// commit), then `CaughtUp` once the live set's last batch has gone.
     async fn send_batches(
         &self,
         epoch: crate::epoch::Epoch,
@@ -286,7 +299,9 @@ impl Leader {
     ) -> Result<(), LinkEnd> {
         let batches: Vec<LinkMessage> = {
             let mut outbox = self.outbox.lock();
-            outbox.cut();
+            if link.in_flight() == 0 {
+                outbox.cut();
+            }
             outbox
                 .resend_from(link.sent_up_to + 1)
                 .map(|b| LinkMessage::Batch { epoch, sequence: b.sequence, records: b.records.clone() })
@@ -311,8 +326,41 @@ impl Leader {
 struct LinkState {
     /// The last batch sent on this link.
     sent_up_to: u64,
+    /// The last batch the backup acknowledged on this link (at its opening: the last
+    /// batch cut before it, which the live set covers).
+    acknowledged_up_to: u64,
     /// The live set's last batch, until `CaughtUp` naming it is sent.
     caught_up_to_send: Option<u64>,
     /// The live set's last batch, until the backup acknowledges it: then it caught up.
     caught_up_at: Option<u64>,
+}
+
+impl LinkState {
+    /// Batches this link sent that await the backup's acknowledgement.
+    fn in_flight(&self) -> u64 {
+        self.sent_up_to.saturating_sub(self.acknowledged_up_to)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkState;
+
+    /// The link's group commit rests on this count: the bug it guards against is a link
+    /// that waits for an acknowledgement that will never come (of a batch cut before the
+    /// link opened, which is not resent) and so never sends again.
+    #[test]
+    fn only_batches_this_link_sent_and_the_backup_did_not_acknowledge_are_in_flight() {
+        let mut link =
+            LinkState { sent_up_to: 7, acknowledged_up_to: 7, caught_up_to_send: None, caught_up_at: None };
+        assert_eq!(link.in_flight(), 0, "batches cut before the link opened are not awaited");
+        link.sent_up_to = 10;
+        assert_eq!(link.in_flight(), 3);
+        link.acknowledged_up_to = 9;
+        assert_eq!(link.in_flight(), 1);
+        link.acknowledged_up_to = 10;
+        assert_eq!(link.in_flight(), 0, "an acknowledgement of the last batch sent frees the link");
+        link.acknowledged_up_to = 12;
+        assert_eq!(link.in_flight(), 0, "never negative");
+    }
 }
