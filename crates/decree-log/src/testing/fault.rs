@@ -73,6 +73,8 @@ struct FsState {
     sync_fail_at: Option<u64>,
     /// How long a file sync takes, so that concurrent syncs overlap as on a device.
     sync_delay: std::time::Duration,
+    /// File syncs wait while this is set (`hold_syncs`): a test holds the disk still.
+    syncs_held: bool,
     /// `open_direct` refuses (as tmpfs does), so engines take their buffered path.
     no_direct_io: bool,
     /// Writes that still succeed before every later one fails (`None`: no limit).
@@ -95,6 +97,7 @@ impl FsState {
             sync_fail_once: false,
             sync_fail_at: None,
             sync_delay: std::time::Duration::ZERO,
+            syncs_held: false,
             no_direct_io: false,
             writes_left: None,
             space_limit_bytes: None,
@@ -171,6 +174,18 @@ fn write_into(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
         image.resize(end, 0);
     }
     image[start..end].copy_from_slice(data);
+}
+
+/// Holds every sync of a [`FaultStorage`] until dropped ([`FaultStorage::hold_syncs`]).
+#[must_use = "the syncs are released when the hold is dropped"]
+pub struct SyncHold {
+    state: Arc<Mutex<FsState>>,
+}
+
+impl Drop for SyncHold {
+    fn drop(&mut self) {
+        self.state.lock().syncs_held = false;
+    }
 }
 
 /// An in-memory file system with a durable and a live image per file; cheap to clone
@@ -285,6 +300,14 @@ impl FaultStorage {
     /// Makes every file sync take `delay` (slept before it takes effect, outside the lock).
     pub fn set_sync_delay(&self, delay: std::time::Duration) {
         self.state.lock().sync_delay = delay;
+    }
+
+    /// Until the returned hold is dropped, every file sync waits (before it takes effect):
+    /// a test shows what happens before a write can be durable, without racing a clock.
+    /// Dropped on a panic too, so that a failing test does not hang on a held sync.
+    pub fn hold_syncs(&self) -> SyncHold {
+        self.state.lock().syncs_held = true;
+        SyncHold { state: self.state.clone() }
     }
 
     /// Lets `count` more syncs succeed, then makes the next one fail, once.
@@ -505,6 +528,10 @@ impl FaultFile {
         let delay = self.state.lock().sync_delay;
         if !delay.is_zero() {
             std::thread::sleep(delay);
+        }
+        // Polled: a test-only gate, held for a moment.
+        while self.state.lock().syncs_held {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let mut state = self.state.lock();
         if let Err(e) = state.check_sync() {
