@@ -45,9 +45,9 @@ impl PrivateDbs {
             .arg(script)
             .arg(action)
             .env("DECREE_TEST_DBS_DIR", &self.base)
+            .env("DECREE_TEST_DBS_ONLY", "mariadb")
             // Below Linux's ephemeral range (32768-60999): no open connection's own end
             // holds it (the script also moves on to the next port if one does).
-            .env("DECREE_TEST_DBS_ONLY", "mariadb")
             .env("DECREE_TEST_MARIADB_PORT", "23506")
             .output()
             .expect("run scripts/test-dbs.sh");

@@ -14,8 +14,8 @@
 //! schedule, and a batch's acknowledgement does not wait for it: the acknowledgement
 //! confirms the batch's decisions, which no outcome record is (a failed memory fails the
 //! next batch instead: fail-stop). A memory with as many records waiting for its flush as
-//! it takes makes the batch wait for that flush (backpressure), never fail. Not here: the link, the epochs (the rules
-//! decide which batches reach [`Replica::apply`]).
+//! it takes makes the batch wait for that flush (backpressure), never fail. Not here: the
+//! link, the epochs (the rules decide which batches reach [`Replica::apply`]).
 
 use crate::wire::{LinkRecord, RecordKind};
 use decree_core::{Decision, KeyAllocator, RecoveredDecisions, Xid};

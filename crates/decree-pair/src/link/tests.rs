@@ -335,10 +335,10 @@ async fn a_backup_crashed_at_any_moment_holds_every_confirmed_decision() {
 /// Under `Durable` a batch is acknowledged only after the backup's sync: with every sync
 /// failing, nothing is confirmed and the backup stops. Under `Received` it is acknowledged
 /// once handed to the backup's log: with the backup's syncs held, the decision is confirmed
-/// all the same. (An earlier version failed the syncs in
-/// both modes and waited for the received acknowledgement, which could be lost: the backup
-/// stops on the failure, and an acknowledgement queued but not yet written goes with its
-/// link; that loses nothing, the primary holds what it shipped, but it made the test flaky.)
+/// all the same. (An earlier version failed the syncs in both modes and waited for the
+/// received acknowledgement, which could be lost: the backup stops on the failure, and an
+/// acknowledgement queued but not yet written goes with its link; that loses nothing, the
+/// primary holds what it shipped, but it made the test flaky.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_acks_wait_for_the_backups_sync_and_received_acks_do_not() {
     use decree_log::testing::fault::FaultStorage;
