@@ -252,23 +252,34 @@ impl Direct {
     fn read_bank(&mut self, config: &BankConfig) -> Result<(i64, HashMap<String, i64>), BankError> {
         let accounts = config.accounts_table();
         let transfers = config.transfers_table();
+        // Both reads in one snapshot: a branch committed between two autocommit reads
+        // would show its transfer row without its balance (seen in a pair kill loop while
+        // the new primary's recovery committed branches).
         let (total, rows) = match self {
             Direct::Pg(c) => {
-                let total = c
+                let mut txn = c
+                    .build_transaction()
+                    .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .map_err(pg_error)?;
+                let total = txn
                     .query_one(&format!("SELECT COALESCE(SUM(balance), 0)::BIGINT FROM {accounts}"), &[])
                     .map_err(pg_error)?
                     .try_get::<_, i64>(0)
                     .map_err(pg_error)?;
-                let rows = c
+                let rows = txn
                     .query(&format!("SELECT id, amount FROM {transfers}"), &[])
                     .map_err(pg_error)?
                     .iter()
                     .map(|r| Ok((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?)))
                     .collect::<Result<Vec<_>, postgres::Error>>()
                     .map_err(pg_error)?;
+                txn.commit().map_err(pg_error)?;
                 (total, rows)
             }
             Direct::Maria(c) => {
+                c.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").map_err(maria_error)?;
                 let total = c
                     .query_first::<i64, _>(format!(
                         "SELECT CAST(COALESCE(SUM(balance), 0) AS SIGNED) FROM {accounts}"
@@ -277,6 +288,7 @@ impl Direct {
                     .unwrap_or(0);
                 let rows: Vec<(String, i64)> =
                     c.query(format!("SELECT id, amount FROM {transfers}")).map_err(maria_error)?;
+                c.query_drop("COMMIT").map_err(maria_error)?;
                 (total, rows)
             }
         };
@@ -333,7 +345,7 @@ impl Direct {
 }
 
 /// What both databases hold, read outside any transaction of the bank.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// Sum of the balances in database A.
     pub total_a: i64,
@@ -355,16 +367,13 @@ impl Snapshot {
         config.validate()?;
         let mut a = Direct::connect(PairKind::PgPg, &config.dsn_a)?;
         let mut b = Direct::connect(config.kind, &config.dsn_b)?;
+        // Prepared branches first: when none is listed, nothing was left to commit
+        // while the balances were read (a recovery running beside cannot change them).
+        let prepared_a = a.prepared(node)?;
+        let prepared_b = b.prepared(node)?;
         let (total_a, transfers_a) = a.read_bank(config)?;
         let (total_b, transfers_b) = b.read_bank(config)?;
-        Ok(Snapshot {
-            total_a,
-            total_b,
-            transfers_a,
-            transfers_b,
-            prepared_a: a.prepared(node)?,
-            prepared_b: b.prepared(node)?,
-        })
+        Ok(Snapshot { total_a, total_b, transfers_a, transfers_b, prepared_a, prepared_b })
     }
 
     /// Every way the snapshot breaks the invariant (empty when it holds); `acked` are

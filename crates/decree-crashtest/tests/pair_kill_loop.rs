@@ -643,16 +643,22 @@ fn finish_killed_workload(
     }
 }
 
-/// Polls until no branch of `node` is prepared (the new primary's recovery ran) or
-/// `WAIT_MAX` passed, then checks the invariant and the transfers resolved as rolled back.
+/// Polls until no branch of `node` is prepared (the new primary's recovery ran) in two
+/// snapshots in a row that read the same, or `WAIT_MAX` passed, then checks the invariant
+/// and the transfers resolved as rolled back. Two alike: a commit that left the prepared
+/// list before its changes became visible would otherwise be read half (the bug this
+/// guards against, in the test: a CI run read a transfer's row on MariaDB without its
+/// balance while the new primary's recovery committed the branches one after another).
 fn check(config: &BankConfig, node: u32, totals: &Totals, context: &str) {
     let deadline = Instant::now() + WAIT_MAX;
+    let mut previous: Option<Snapshot> = None;
     let snapshot = loop {
         let snapshot = Snapshot::take(config, node).expect("read both databases");
         let settled = snapshot.prepared_a.is_empty() && snapshot.prepared_b.is_empty();
-        if settled || Instant::now() >= deadline {
+        if (settled && previous.as_ref() == Some(&snapshot)) || Instant::now() >= deadline {
             break snapshot;
         }
+        previous = settled.then_some(snapshot);
         std::thread::sleep(Duration::from_millis(50));
     };
     let must_hold: HashSet<String> =
