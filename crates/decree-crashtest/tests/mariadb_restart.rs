@@ -138,11 +138,12 @@ fn a_branch_prepared_before_mariadb_was_killed_is_committed_by_name_after_its_re
     let mut stranger = None;
     for _ in 0..REUSE_TRIES_MAX {
         let mut rm = MariaDbRm::connect("maria", &dsn).expect("connect after the restart");
-        if connection_id(&mut rm) == old_id {
+        let id = connection_id(&mut rm);
+        if id == old_id {
             stranger = Some(rm);
             break;
         }
-        if connection_id(&mut rm) > old_id {
+        if id > old_id {
             break; // numbered past it already: no stranger this time
         }
     }
