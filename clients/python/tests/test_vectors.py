@@ -39,6 +39,8 @@ def message(kind: str, f: dict[str, Any]) -> p.Message:
         return p.CompleteHeuristic(xid(f["xid"]), p.Heuristic[f["heuristic"].upper()])
     if kind == "Outcome":
         return p.OutcomeQuery(xid(f["xid"]))
+    if kind == "OnePhase":
+        return p.OnePhase(xid(f["xid"]))
     if kind == "OutcomeIs":
         return p.OutcomeIs(p.Outcome[f["outcome"].upper()])
     if kind == "Ping":
@@ -50,10 +52,16 @@ def message(kind: str, f: dict[str, Any]) -> p.Message:
     raise AssertionError(f"unknown message type {kind} in the vectors")
 
 
+def trailer(f: dict[str, Any]) -> tuple[p.Field, ...]:
+    """The version-3 field trailer of a vector's fields (none when it has no "trailer")."""
+    return tuple(p.Field(t["tag"], bytes.fromhex(t["value"])) for t in f.get("trailer", ()))
+
+
 TYPE_NAMES = {
     p.MessageType.HELLO: "Hello", p.MessageType.HELLO_OK: "HelloOk", p.MessageType.DECIDE: "Decide",
     p.MessageType.DECIDE_OK: "DecideOk", p.MessageType.COMPLETE: "Complete",
     p.MessageType.COMPLETE_HEURISTIC: "CompleteHeuristic", p.MessageType.OUTCOME: "Outcome",
+    p.MessageType.ONE_PHASE: "OnePhase",
     p.MessageType.OUTCOME_IS: "OutcomeIs", p.MessageType.PING: "Ping", p.MessageType.PONG: "Pong",
     p.MessageType.ERROR: "Error",
 }
@@ -68,38 +76,90 @@ def test_the_vector_file_describes_this_protocol() -> None:
     assert kinds == set(TYPE_NAMES.values()), "every message type has a vector"
 
 
+def decode(hex_frame: str, version: int) -> p.Frame:
+    decoder = p.FrameDecoder(version=version)
+    decoder.feed(bytes.fromhex(hex_frame))
+    frame = decoder.next()
+    assert frame is not None and decoder.buffered() == 0
+    return frame
+
+
 @pytest.mark.parametrize("vector", MESSAGES["messages"], ids=lambda v: v["name"])
 def test_every_vector_encodes_and_decodes_exactly(vector: dict[str, Any]) -> None:
-    m = message(vector["type"], vector["fields"])
+    m, fields = message(vector["type"], vector["fields"]), trailer(vector["fields"])
     assert TYPE_NAMES[p.message_type(m)] == vector["type"]
-    assert p.encode_frame(vector["request_id"], m).hex() == vector["hex"]
-    decoder = p.FrameDecoder()
-    decoder.feed(bytes.fromhex(vector["hex"]))
-    frame = decoder.next()
-    assert frame is not None
-    assert (frame.request_id, frame.message, frame.frame_bytes) == (vector["request_id"], m, len(vector["hex"]) // 2)
-    assert decoder.buffered() == 0
+    assert p.encode_frame(vector["request_id"], m, fields).hex() == vector["hex"]
+    # Read by a session of the vector's own version, and by every later one alike.
+    for version in range(vector.get("since", 1), max(p.PROTOCOL_VERSIONS) + 1):
+        frame = decode(vector["hex"], version)
+        expected = (vector["request_id"], m, fields, len(vector["hex"]) // 2)
+        assert (frame.request_id, frame.message, frame.trailer, frame.frame_bytes) == expected, f"version {version}"
+
+
+@pytest.mark.parametrize("vector", [v for v in MESSAGES["messages"] if "trailer" in v["fields"]], ids=lambda v: v["name"])
+def test_a_trailer_is_malformed_on_a_session_older_than_version_3(vector: dict[str, Any]) -> None:
+    for version in (1, 2):
+        decoder = p.FrameDecoder(version=version)
+        decoder.feed(bytes.fromhex(vector["hex"]))
+        with pytest.raises(p.FrameError, match="Malformed.*trailing bytes"):
+            decoder.next()
 
 
 def test_all_vectors_back_to_back_split_at_every_byte_decode_in_order() -> None:
     stream = b"".join(bytes.fromhex(v["hex"]) for v in MESSAGES["messages"])
-    expected = [(v["request_id"], message(v["type"], v["fields"])) for v in MESSAGES["messages"]]
+    expected = [(v["request_id"], message(v["type"], v["fields"]), trailer(v["fields"])) for v in MESSAGES["messages"]]
     for step in (1, 3, 7, 64, len(stream)):
-        decoder, got = p.FrameDecoder(), []
+        decoder, got = p.FrameDecoder(version=3), []
         for at in range(0, len(stream), step):
             decoder.feed(stream[at : at + step])
             while (frame := decoder.next()) is not None:
-                got.append((frame.request_id, frame.message))
+                got.append((frame.request_id, frame.message, frame.trailer))
         assert got == expected, f"fed {step} bytes at a time"
 
 
+@pytest.mark.parametrize("version", p.PROTOCOL_VERSIONS)
 @pytest.mark.parametrize("vector", MESSAGES["invalid"], ids=lambda v: v["name"])
-def test_every_invalid_vector_is_refused_with_its_named_error(vector: dict[str, Any]) -> None:
-    decoder = p.FrameDecoder()
+def test_every_invalid_vector_is_refused_with_its_named_error(vector: dict[str, Any], version: int) -> None:
+    decoder = p.FrameDecoder(version=version)
     decoder.feed(bytes.fromhex(vector["hex"]))
     with pytest.raises(p.FrameError) as refused:
         decoder.next()
     assert refused.value.kind == vector["error"]
+
+
+def test_the_trailer_vectors_are_refused_for_their_own_reason_on_a_version_3_session() -> None:
+    reasons = {"decide_trailer_overrun": "overruns the frame", "decide_trailer_duplicate_tag": "given twice"}
+    for v in MESSAGES["invalid"]:
+        if v["name"] in reasons:
+            with pytest.raises(p.FrameError, match=reasons.pop(v["name"])):
+                decode(v["hex"], 3)
+    assert reasons == {}, "both trailer vectors are in the file"
+
+
+def test_hello_and_error_never_carry_a_trailer_and_helloOk_only_after_choosing_version_3() -> None:
+    field = (p.Field(0x0101, b"abc"),)
+    for m in (p.Hello(0, "c", (1, 2, 3)), p.Error(1, "x")):
+        with pytest.raises(ValueError, match="carries no field trailer"):
+            p.encode_frame(1, m, field)
+    old = p.HelloOk(1, 7, 42, 65536, 64, p.Negotiated(2, 0))
+    with pytest.raises(ValueError, match="version 3"):
+        p.encode_frame(1, old, field)
+    frame = p.encode_frame(1, old) + b"\x01\x01\x00\x00"
+    with pytest.raises(p.FrameError, match="trailing bytes"):
+        decode((frame[:3] + bytes((frame[3] + 4,)) + frame[4:]).hex(), 3)
+    new = p.HelloOk(1, 7, 42, 65536, 64, p.Negotiated(3, 0))
+    got = decode(p.encode_frame(1, new, field).hex(), 1)  # the HelloOk says its own version.
+    assert (got.message, got.trailer) == (new, field)
+    with pytest.raises(ValueError, match="at most once"):
+        p.encode_frame(2, p.Ping(), field + field)
+
+
+def test_a_receiver_skips_unknown_optional_fields_only() -> None:
+    optional, must = p.Field(0x0101, b"abc"), p.Field(0x8101)
+    assert not optional.must_understand and must.must_understand
+    assert p.unknown_must_understand((optional,)) is None
+    assert p.unknown_must_understand((optional, must)) == must
+    assert p.unknown_must_understand((must,), known=frozenset({0x8101})) is None
 
 
 def test_a_frame_is_judged_by_its_header_before_its_body_arrives() -> None:

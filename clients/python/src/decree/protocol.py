@@ -6,6 +6,11 @@ anything the document calls invalid, naming the kind of error (``TooLarge``,
 ``TooShort``, ``Version``, ``UnknownType``, ``Malformed``, as in the vector file).
 Every integer is big-endian. The branch ids of the databases (the PostgreSQL gid, the
 MariaDB/MySQL XA xid) are methods of :class:`Xid`.
+
+Protocol version 3 lets most messages end with a field trailer (:class:`Field`, see
+``encode_frame``'s ``trailer``); a decoder reads one only when told that its session speaks
+version 3 (``FrameDecoder.version``), and on older sessions trailing bytes stay malformed.
+Which fields a receiver understands is the session's business (:func:`unknown_must_understand`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Sequence, Union
 
 FRAME_VERSION = 1
 """The byte at offset 4 of every frame, for every protocol version."""
 
-PROTOCOL_VERSIONS: tuple[int, ...] = (1, 2)
+PROTOCOL_VERSIONS: tuple[int, ...] = (1, 2, 3)
 """The protocol versions this client speaks; it offers them in every Hello."""
 
 FRAME_BYTES_MAX = 65536
@@ -56,11 +61,18 @@ DECISION_MAGIC = b"DCD1"
 MARIADB_PREPARER_BYTES = 8
 """Bytes of the preparing connection's id at the end of a decree branch's MariaDB bqual."""
 
+TRAILER_VERSION = 3
+"""The first protocol version whose messages may carry a field trailer (and OnePhase)."""
+
+MUST_UNDERSTAND = 0x8000
+"""The bit of a field's tag that forbids a receiver to skip the field when it does not know it."""
+
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _I32 = struct.Struct(">i")
 _HEADER = struct.Struct(">IBBQ")
+_FIELD = struct.Struct(">HH")
 _GTRID = struct.Struct(">IQQQ")
 
 
@@ -77,6 +89,7 @@ class MessageType(enum.IntEnum):
     PING = 0x08
     PONG = 0x09
     COMPLETE_HEURISTIC = 0x0A
+    ONE_PHASE = 0x0B
     ERROR = 0x7F
 
 
@@ -128,6 +141,7 @@ class ErrorCode(enum.IntEnum):
     NOT_ALLOWED = 17
     TLS_REQUIRED = 18
     NOT_PRIMARY = 19
+    MUST_UNDERSTAND = 20
 
 
 class FrameError(Exception):
@@ -278,6 +292,18 @@ class Branch:
 
 
 @dataclass(frozen=True)
+class Field:
+    """One field of a version-3 trailer: a tag (bit 15: must understand) and its value."""
+
+    tag: int
+    value: bytes = b""
+
+    @property
+    def must_understand(self) -> bool:
+        return bool(self.tag & MUST_UNDERSTAND)
+
+
+@dataclass(frozen=True)
 class Negotiated:
     """The HelloOk trailer: the session's protocol version and the server's idle bound."""
 
@@ -325,6 +351,13 @@ class CompleteHeuristic:
 
 
 @dataclass(frozen=True)
+class OnePhase:
+    """Version 3: "this session is about to commit ``xid`` in one phase" (no reply)."""
+
+    xid: Xid
+
+
+@dataclass(frozen=True)
 class OutcomeQuery:
     """The ``Outcome`` request (named so to leave :class:`Outcome` to the answer's values)."""
 
@@ -360,7 +393,7 @@ class Error:
 
 
 Message = Union[
-    Hello, HelloOk, Decide, DecideOk, Complete, CompleteHeuristic, OutcomeQuery, OutcomeIs, Ping, Pong, Error
+    Hello, HelloOk, Decide, DecideOk, Complete, CompleteHeuristic, OnePhase, OutcomeQuery, OutcomeIs, Ping, Pong, Error
 ]
 
 _TYPE_OF: dict[type, MessageType] = {
@@ -370,12 +403,16 @@ _TYPE_OF: dict[type, MessageType] = {
     DecideOk: MessageType.DECIDE_OK,
     Complete: MessageType.COMPLETE,
     CompleteHeuristic: MessageType.COMPLETE_HEURISTIC,
+    OnePhase: MessageType.ONE_PHASE,
     OutcomeQuery: MessageType.OUTCOME,
     OutcomeIs: MessageType.OUTCOME_IS,
     Ping: MessageType.PING,
     Pong: MessageType.PONG,
     Error: MessageType.ERROR,
 }
+
+TRAILER_TYPES = frozenset(MessageType) - {MessageType.HELLO, MessageType.ERROR}
+"""The messages a version-3 trailer may follow (HelloOk: after its negotiation trailer)."""
 
 
 def message_type(message: Message) -> MessageType:
@@ -434,7 +471,7 @@ def encode_body(message: Message) -> bytes:
             name = b.rm.encode()
             parts.append(_U16.pack(b.branch) + bytes((len(name),)) + name)
         return b"".join(parts)
-    if isinstance(message, (Complete, OutcomeQuery)):
+    if isinstance(message, (Complete, OutcomeQuery, OnePhase)):
         return message.xid.encode()
     if isinstance(message, CompleteHeuristic):
         return message.xid.encode() + bytes((int(message.heuristic),))
@@ -447,26 +484,38 @@ def encode_body(message: Message) -> bytes:
     raise TypeError(f"not a message: {message!r}")
 
 
-def encode_frame(request_id: int, message: Message) -> bytes:
-    """The whole frame of ``message`` with ``request_id``."""
+def encode_trailer(message: Message, fields: Sequence[Field]) -> bytes:
+    """The version-3 trailer of ``fields`` after ``message``'s body; ValueError when the
+    message cannot carry one or a field does not fit."""
+    kind = message_type(message)
+    if kind not in TRAILER_TYPES:
+        raise ValueError(f"a {kind.name} carries no field trailer")
+    if kind == MessageType.HELLO_OK:
+        assert isinstance(message, HelloOk)
+        if message.negotiated is None or message.negotiated.version < TRAILER_VERSION:
+            raise ValueError("only a HelloOk that chose version 3 or later carries a field trailer")
+    tags = [f.tag for f in fields]
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"a trailer gives each tag at most once: {[hex(t) for t in tags]}")
+    out = []
+    for f in fields:
+        if not 0 <= f.tag < 2**16 or len(f.value) >= 2**16:
+            raise ValueError(f"field {f.tag:#06x} of {len(f.value)} bytes does not fit u16 tag and length")
+        out.append(_FIELD.pack(f.tag, len(f.value)) + f.value)
+    return b"".join(out)
+
+
+def encode_frame(request_id: int, message: Message, trailer: Sequence[Field] = ()) -> bytes:
+    """The whole frame of ``message`` with ``request_id``, followed by the version-3 field
+    ``trailer`` when one is given (send one only on a session of version 3 or later)."""
     body = encode_body(message)
+    if trailer:
+        body += encode_trailer(message, trailer)
     return _HEADER.pack(HEADER_BYTES - 4 + len(body), FRAME_VERSION, message_type(message), request_id) + body
 
 
 def _malformed(kind: MessageType, reason: str) -> FrameError:
     return FrameError("Malformed", f"{kind.name}: {reason}")
-
-
-def _exact(kind: MessageType, body: bytes, length: int) -> None:
-    if len(body) != length:
-        raise _malformed(kind, f"body is {len(body)} bytes, expected {length}")
-
-
-def _xid_only(kind: MessageType, body: bytes) -> Xid:
-    xid, end = Xid.decode(body)
-    if end != len(body):
-        raise _malformed(kind, f"{len(body) - end} trailing bytes after the Xid")
-    return xid
 
 
 def _text(kind: MessageType, raw: bytes, what: str) -> str:
@@ -499,17 +548,19 @@ def _decode_hello(body: bytes) -> Hello:
     return Hello(node_expected, client, versions)
 
 
-def _decode_hello_ok(body: bytes) -> HelloOk:
-    if len(body) not in (28, 33):
-        raise _malformed(MessageType.HELLO_OK, f"body is {len(body)} bytes, expected 28 or 33")
+def _decode_hello_ok(body: bytes) -> tuple[HelloOk, int]:
+    """The HelloOk and the offset after its negotiation trailer (a field trailer may follow
+    when the version it chose has them)."""
+    if len(body) != 28 and len(body) < 33:
+        raise _malformed(MessageType.HELLO_OK, f"body is {len(body)} bytes, expected 28, or 33 and more")
     node, incarnation, session, frame_max, inflight = struct.unpack_from(">IQQII", body)
-    negotiated = None
-    if len(body) == 33:
-        negotiated = Negotiated(body[28], _U32.unpack_from(body, 29)[0])
-    return HelloOk(node, incarnation, session, frame_max, inflight, negotiated)
+    if len(body) == 28:
+        return HelloOk(node, incarnation, session, frame_max, inflight), 28
+    negotiated = Negotiated(body[28], _U32.unpack_from(body, 29)[0])
+    return HelloOk(node, incarnation, session, frame_max, inflight, negotiated), 33
 
 
-def _decode_decide(body: bytes) -> Decide:
+def _decode_decide(body: bytes) -> tuple[Decide, int]:
     kind = MessageType.DECIDE
     if not body.startswith(DECISION_MAGIC):
         raise _malformed(kind, "missing DCD1 magic")
@@ -533,47 +584,97 @@ def _decode_decide(body: bytes) -> Decide:
             raise _malformed(kind, "branch name truncated")
         branches.append(Branch(number, _text(kind, body[at : at + n], "branch name")))
         at += n
-    if at != len(body):
-        raise _malformed(kind, "trailing bytes after the last branch")
-    return Decide(xid, tuple(branches))
+    return Decide(xid, tuple(branches)), at
 
 
-def decode_body(kind: MessageType, body: bytes) -> Message:
-    """The message of a frame of type ``kind`` with ``body``; FrameError when it does not parse."""
-    if kind == MessageType.HELLO:
-        return _decode_hello(body)
-    if kind == MessageType.HELLO_OK:
-        return _decode_hello_ok(body)
+_EMPTY_MESSAGES: dict[MessageType, Callable[[], Message]] = {
+    MessageType.DECIDE_OK: DecideOk, MessageType.PING: Ping, MessageType.PONG: Pong
+}
+_XID_MESSAGES: dict[MessageType, Callable[[Xid], Message]] = {
+    MessageType.COMPLETE: Complete, MessageType.OUTCOME: OutcomeQuery, MessageType.ONE_PHASE: OnePhase
+}
+
+
+def _decode_layout(kind: MessageType, body: bytes) -> tuple[Message, int]:
+    """The message whose fixed layout starts ``body``, and the offset where that layout ends."""
     if kind == MessageType.DECIDE:
         return _decode_decide(body)
-    if kind in (MessageType.DECIDE_OK, MessageType.PING, MessageType.PONG):
-        _exact(kind, body, 0)
-        if kind == MessageType.DECIDE_OK:
-            return DecideOk()
-        return Ping() if kind == MessageType.PING else Pong()
-    if kind == MessageType.COMPLETE:
-        return Complete(_xid_only(kind, body))
-    if kind == MessageType.OUTCOME:
-        return OutcomeQuery(_xid_only(kind, body))
+    if kind in _EMPTY_MESSAGES:
+        return _EMPTY_MESSAGES[kind](), 0
+    if kind in _XID_MESSAGES:
+        xid, end = Xid.decode(body)
+        return _XID_MESSAGES[kind](xid), end
     if kind == MessageType.COMPLETE_HEURISTIC:
+        xid, end = Xid.decode(body)
+        if end >= len(body):
+            raise _malformed(kind, "heuristic outcome missing")
+        try:
+            return CompleteHeuristic(xid, Heuristic(body[end])), end + 1
+        except ValueError:
+            raise _malformed(kind, f"unknown heuristic outcome {body[end]}") from None
+    if kind == MessageType.OUTCOME_IS:
         if not body:
             raise _malformed(kind, "empty body")
         try:
-            heuristic = Heuristic(body[-1])
-        except ValueError:
-            raise _malformed(kind, f"unknown heuristic outcome {body[-1]}") from None
-        return CompleteHeuristic(_xid_only(kind, body[:-1]), heuristic)
-    if kind == MessageType.OUTCOME_IS:
-        _exact(kind, body, 1)
-        try:
-            return OutcomeIs(Outcome(body[0]))
+            return OutcomeIs(Outcome(body[0])), 1
         except ValueError:
             raise _malformed(kind, f"unknown outcome {body[0]}") from None
+    raise FrameError("UnknownType", f"type {int(kind)}")
+
+
+def decode_trailer(kind: MessageType, raw: bytes) -> tuple[Field, ...]:
+    """The fields of a version-3 trailer; FrameError when a field overruns the frame or a
+    tag comes twice."""
+    fields: list[Field] = []
+    at = 0
+    while at < len(raw):
+        if len(raw) - at < _FIELD.size:
+            raise _malformed(kind, f"a field header of {len(raw) - at} bytes (4 needed) ends the frame")
+        tag, n = _FIELD.unpack_from(raw, at)
+        at += _FIELD.size
+        if len(raw) - at < n:
+            raise _malformed(kind, f"field {tag:#06x} of {n} bytes overruns the frame by {n - (len(raw) - at)}")
+        if any(f.tag == tag for f in fields):
+            raise _malformed(kind, f"field {tag:#06x} given twice")
+        fields.append(Field(tag, bytes(raw[at : at + n])))
+        at += n
+    return tuple(fields)
+
+
+def decode_message(kind: MessageType, body: bytes, version: int = 1) -> tuple[Message, tuple[Field, ...]]:
+    """The message of a frame of type ``kind`` and its field trailer, read as a session of
+    protocol ``version`` reads it: before version 3 every byte after the body is malformed.
+    A HelloOk is read by the version it chose itself. FrameError when it does not parse."""
+    if kind == MessageType.HELLO:
+        return _decode_hello(body), ()
     if kind == MessageType.ERROR:
         if len(body) < 2:
             raise _malformed(kind, "body shorter than the 2-byte code")
-        return Error(_U16.unpack_from(body)[0], _text(kind, body[2:], "message"))
-    raise FrameError("UnknownType", f"type {int(kind)}")
+        return Error(_U16.unpack_from(body)[0], _text(kind, body[2:], "message")), ()
+    message: Message
+    if kind == MessageType.HELLO_OK:
+        hello_ok, end = _decode_hello_ok(body)
+        version = hello_ok.negotiated.version if hello_ok.negotiated is not None else 1
+        message = hello_ok
+    else:
+        message, end = _decode_layout(kind, body)
+    if end == len(body):
+        return message, ()
+    if version < TRAILER_VERSION:
+        raise _malformed(kind, f"{len(body) - end} trailing bytes after the body")
+    return message, decode_trailer(kind, body[end:])
+
+
+def decode_body(kind: MessageType, body: bytes, version: int = 1) -> Message:
+    """The message of a frame of type ``kind`` with ``body`` (a version-3 trailer is checked,
+    then left out: see :func:`decode_message`); FrameError when it does not parse."""
+    return decode_message(kind, body, version)[0]
+
+
+def unknown_must_understand(trailer: Sequence[Field], known: frozenset[int] = frozenset()) -> Field | None:
+    """The first field of ``trailer`` that its receiver may not skip although it does not
+    know its tag (a protocol violation), or ``None``."""
+    return next((f for f in trailer if f.must_understand and f.tag not in known), None)
 
 
 @dataclass(frozen=True)
@@ -583,6 +684,7 @@ class Frame:
     request_id: int
     message: Message
     frame_bytes: int
+    trailer: tuple[Field, ...] = ()
 
 
 class FrameDecoder:
@@ -591,10 +693,13 @@ class FrameDecoder:
     ``feed`` bytes as they come, then take frames with ``next`` until it returns ``None``.
     A length above ``frame_bytes_max`` is refused after 4 bytes, a wrong version or type
     after 6, before the body is buffered. After an error the stream cannot be resumed.
+    ``version`` is the session's protocol version (set it once the hello has chosen one):
+    from 3 on, a frame may end with a field trailer, returned in :attr:`Frame.trailer`.
     """
 
-    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX, version: int = 1) -> None:
         self.frame_bytes_max = frame_bytes_max
+        self.version = version
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> None:
@@ -627,4 +732,5 @@ class FrameDecoder:
         (request_id,) = _U64.unpack_from(buf, 6)
         body = bytes(buf[HEADER_BYTES:frame_bytes])
         del buf[:frame_bytes]
-        return Frame(request_id, decode_body(kind, body), frame_bytes)
+        message, trailer = decode_message(kind, body, self.version)
+        return Frame(request_id, message, frame_bytes, trailer)
