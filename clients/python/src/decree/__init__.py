@@ -5,6 +5,9 @@ Start with :func:`connect`; docs/guide.md walks through a complete program and
 docs/protocol.md is the protocol this package implements.
 """
 
+from .aio import AsyncTransaction, AsyncTransactionManager, aconnect
+from .aio_branches import AsyncBranchAdapter, AsyncPsycopgBranch
+from .aio_connection import AsyncServerConnection
 from .branches import BranchAdapter, PsycopgBranch, PyMySQLBranch
 from .connection import Endpoint, Options, ServerConnection, TlsConfig, __version__
 from .errors import (
@@ -22,6 +25,11 @@ from .protocol import ErrorCode, Heuristic, Outcome, Xid
 from .tm import CommitReport, Transaction, TransactionManager, connect
 
 __all__ = [
+    "AsyncBranchAdapter",
+    "AsyncPsycopgBranch",
+    "AsyncServerConnection",
+    "AsyncTransaction",
+    "AsyncTransactionManager",
     "BranchAdapter",
     "CommitReport",
     "DecreeError",
@@ -46,5 +54,6 @@ __all__ = [
     "UsageError",
     "Xid",
     "__version__",
+    "aconnect",
     "connect",
 ]

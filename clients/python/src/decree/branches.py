@@ -372,15 +372,16 @@ class PyMySQLBranch(BranchAdapter):
 
 
 def adapter_for(connection: Any, rm: str) -> BranchAdapter:
-    """The adapter of a driver's connection: psycopg 3 or PyMySQL, or an adapter as is."""
-    if isinstance(connection, BranchAdapter):
-        return connection
-    module = type(connection).__module__
-    if module.startswith("psycopg"):
+    """The adapter of a driver's connection, recognised by its class (subclasses too):
+    psycopg 3 or PyMySQL, or an adapter as is. Anything else, such as a psycopg
+    ``AsyncConnection`` (``tm.atransaction()`` drives it), is refused."""
+    from .drivers import Driver, driver_of, refusal
+
+    driver = driver_of(connection)
+    if driver == Driver.BRANCH_ADAPTER:
+        return connection  # type: ignore[no-any-return]
+    if driver == Driver.PSYCOPG:
         return PsycopgBranch(connection, rm)
-    if module.startswith("pymysql"):
+    if driver == Driver.PYMYSQL:
         return PyMySQLBranch(connection, rm)
-    raise UsageError(
-        f"cannot enlist a {type(connection).__module__}.{type(connection).__name__}: "
-        "pass a psycopg 3 or PyMySQL connection, or a decree.BranchAdapter"
-    )
+    raise refusal(connection, "tm.transaction()")
