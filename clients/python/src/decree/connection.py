@@ -2,9 +2,11 @@
 
 A :class:`ServerConnection` connects to ``unix:/path``, ``tcp:host:port`` or
 ``tls:host:port`` (TLS 1.3 with a client certificate, through the standard ``ssl``
-module), says ``Hello`` offering protocol versions 1 and 2, and then carries one request
-at a time from the thread that holds it: ``decide``, ``outcome``, ``ping``, and lazy
-``complete`` (buffered, sent in front of the next request, at 16 buffered, or at close).
+module), says ``Hello`` offering protocol versions 1, 2 and 3, and then carries one request
+at a time from the thread that holds it: ``decide``, ``outcome``, ``ping``, ``one_phase``
+(version 3, no reply), and lazy ``complete`` (buffered, sent in front of the next request,
+at 16 buffered, or at close). A request that could not be written whole raises
+:class:`NotSent`: the server never received it.
 
 Any IO failure, timeout or protocol violation breaks the connection: it is closed, and
 the call in progress and every later call raise. A server that refuses the version list
@@ -41,6 +43,22 @@ __version__ = "0.1.0"
 
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 """Whether reply timeouts are the kernel's SO_RCVTIMEO/SO_SNDTIMEO (see ``_reply_timeout``)."""
+
+_CLOSED_BY_SERVER = "closed by the server"
+
+
+class NotSent(Unavailable):
+    """The request was not written whole (its last byte was not taken, or the session was
+    already gone): the server never received it. The connection is closed."""
+
+
+def _readable_now(sock: socket.socket) -> bool:
+    """Whether a read would not block (data, the end of the stream or an error), without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 @dataclass(frozen=True)
@@ -215,6 +233,7 @@ class ServerConnection:
         if reply.session == 0:
             raise self._violation("HelloOk with session 0")
         self.node, self.incarnation, self.session = reply.node, reply.incarnation, reply.session
+        self._decoder.version = self.version
         self.frame_bytes_max = min(reply.frame_bytes_max, p.FRAME_BYTES_MAX)
         self.inflight_max = reply.inflight_max
         log.debug(
@@ -233,26 +252,66 @@ class ServerConnection:
         server that restarted or closed the session leaves an end of stream to read). A
         pooled session is checked before a transaction uses it, because a transaction of a
         session that is gone could only end with ``Outcome``."""
-        sock = self._sock
-        if self.broken or sock is None:
+        if self.broken or self._sock is None:
             return False
         with self.lock:
-            try:
-                readable, _, _ = select.select([sock], [], [], 0)
-                if not readable:
-                    return True
-                sock.setblocking(False)
-                try:
-                    data = sock.recv(1)
-                finally:
-                    self._reply_timeout(sock)
-            except ssl.SSLWantReadError:
-                return True  # a TLS record without application data (a session ticket).
-            except (OSError, ValueError) as e:
-                self.close_now(f"connection check failed: {e}")
-                return False
-            self.close_now("closed by the server" if not data else "unsolicited bytes from the server")
+            gone = self._gone()
+            if gone is None:
+                return True
+            self._drop_gone(gone)
             return False
+
+    def _gone(self) -> str | None:
+        """Why the server no longer holds this session, seen without blocking: the end of
+        the stream, a reset, or bytes nobody asked for (the server sends nothing unasked
+        but an Error before it closes); ``None`` while it looks alive. The caller holds
+        ``lock``."""
+        sock = self._sock
+        if self._broken is not None or sock is None:
+            return self._broken or "closed"
+        try:
+            if isinstance(sock, ssl.SSLSocket):
+                return self._tls_gone(sock)
+            if not _readable_now(sock):
+                return None
+            data = sock.recv(1, socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
+        except BlockingIOError:
+            return None
+        except (OSError, ValueError) as e:
+            return f"connection check failed: {e}"
+        return _CLOSED_BY_SERVER if not data else "unsolicited bytes from the server"
+
+    def _tls_gone(self, sock: ssl.SSLSocket) -> str | None:
+        """``_gone`` for TLS, which cannot peek: a readable socket may hold a record without
+        application data (a session ticket, read and dropped here), a close_notify or the
+        end of the stream (both read as b""), or application data (consumed: the session
+        is given up anyway)."""
+        if sock.pending():
+            return "unsolicited bytes from the server"
+        for _ in range(4):
+            if not _readable_now(sock):
+                return None
+            sock.setblocking(False)
+            try:
+                data = sock.recv(1)
+            except ssl.SSLWantReadError:
+                continue  # no application data in what arrived; look again.
+            finally:
+                self._reply_timeout(sock)
+            return _CLOSED_BY_SERVER if not data else "unsolicited bytes from the server"
+        return None
+
+    def _drop_gone(self, why: str) -> None:
+        """Closes a session the server has let go of. A server that closed it itself still
+        reads what comes before the client's close (docs/protocol.md, session rule 9), so
+        the buffered completions are written first, for what they are worth."""
+        if why == _CLOSED_BY_SERVER and self._completes and self._sock is not None:
+            try:
+                self._sock.sendall(b"".join(self._completes))
+            except OSError as e:
+                log.debug("completions not sent to the closing session %d: %s", self.session, e)
+            self._completes.clear()
+        self.close_now(why)
 
     def next_xid(self) -> p.Xid:
         """The global Xid of this session's next transaction (nothing is sent)."""
@@ -260,9 +319,17 @@ class ServerConnection:
         return p.Xid.decree(self.node, self.incarnation, self.session, self._sequence)
 
     def decide(self, xid: p.Xid, branches: tuple[p.Branch, ...]) -> None:
-        """Sends Decide and waits for DecideOk. ServerError for an Error answer; Unavailable
-        when the connection broke (the decision may or may not be durable)."""
-        reply = self._request(p.Decide(xid, branches))
+        """Sends Decide and waits for DecideOk. First checks, without blocking, that the
+        server still holds the session: NotSent when it does not, or when the frame could
+        not be written whole (the decision was not sent; the connection is closed).
+        ServerError for an Error answer; Unavailable when the answer was lost after the
+        write (the decision may or may not be durable)."""
+        with self.lock:
+            gone = self._gone()
+            if gone is not None:
+                self._drop_gone(gone)
+                raise NotSent(f"session {self.session} on {self.endpoint} is gone ({gone}): the Decide was not sent")
+            reply = self._exchange(p.Decide(xid, branches))
         if isinstance(reply, p.DecideOk):
             return
         if isinstance(reply, p.Error):
@@ -281,6 +348,19 @@ class ServerConnection:
                 return p.Outcome.HEURISTIC
             raise ServerError(reply.code, reply.message)
         raise self._violation(f"expected OutcomeIs, got {type(reply).__name__}")
+
+    def one_phase(self, xid: p.Xid) -> bool:
+        """Version 3: tells the server that ``xid`` is about to commit in one phase
+        (OnePhase, written at once with the buffered completions; no reply on success).
+        Returns False on an older session, which has no such message: nothing is sent.
+        NotSent when the frame could not be written whole: the branch must not commit."""
+        if self.version < p.TRAILER_VERSION:
+            return False
+        with self.lock:
+            if self._broken is not None or self._sock is None:
+                raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
+            self._send(p.encode_frame(self._take_id(), p.OnePhase(xid.global_xid())))
+        return True
 
     def ping(self) -> None:
         reply = self._request(p.Ping())
@@ -362,7 +442,7 @@ class ServerConnection:
     def _exchange(self, message: p.Message) -> p.Message:
         """Sends ``message`` (after the buffered completions) and reads its reply; the caller holds ``lock``."""
         if self._broken is not None or self._sock is None:
-            raise Unavailable(f"connection to {self.endpoint} is broken: {self._broken}")
+            raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
         rid = self._take_id()
         frame = p.encode_frame(rid, message)
         if len(frame) > self.frame_bytes_max:
@@ -395,7 +475,7 @@ class ServerConnection:
             self._sock.sendall(data)
         except OSError as e:
             self.close_now(f"write failed: {e}")
-            raise Unavailable(f"connection to {self.endpoint} broke while sending: {e}") from e
+            raise NotSent(f"connection to {self.endpoint} broke while sending: {e}") from e
         self.last_sent = time.monotonic()
 
     def _read_frame(self) -> p.Frame:
@@ -406,6 +486,10 @@ class ServerConnection:
             except p.FrameError as e:
                 raise self._violation(str(e)) from e
             if frame is not None:
+                unknown = p.unknown_must_understand(frame.trailer)
+                if unknown is not None:
+                    name = type(frame.message).__name__
+                    raise self._violation(f"a {name} with the unknown must-understand field {unknown.tag:#06x}")
                 return frame
             try:
                 data = self._sock.recv(65536)
@@ -416,7 +500,7 @@ class ServerConnection:
                 self.close_now(f"read failed: {e}")
                 raise Unavailable(f"connection to {self.endpoint} broke: {e}") from e
             if not data:
-                self.close_now("closed by the server")
+                self.close_now(_CLOSED_BY_SERVER)
                 raise Unavailable(f"{self.endpoint} closed the connection")
             self._decoder.feed(data)
 

@@ -10,8 +10,10 @@
     # committed here; an exception inside the block rolls both back and propagates
 
 The protocol is docs/protocol.md's "What a client does": one branch commits in one phase
-and nothing is sent to the server; two or more are prepared, the decision is sent
-(``Decide``), every branch is committed and the server is told (``Complete``). A lost
+(on a version-3 session only once ``OnePhase`` is written, and ``Complete`` follows); two
+or more are prepared, the decision is sent (``Decide``, after a check that the session is
+still there: a decision that could not be written rolls back), every branch is committed
+and the server is told (``Complete``). A lost
 answer to ``Decide`` is resolved with ``Outcome`` on a new connection, never guessed. A
 branch that phase two cannot commit is left to the server, which commits it once this
 client's session is closed (the client closes it at once), and reported in
@@ -35,7 +37,7 @@ from typing import Any, Callable, TypeVar
 
 from . import protocol as p
 from .branches import BranchAdapter, BranchFailed, BranchInDoubt, PhaseTwo, Step, adapter_for
-from .connection import Endpoint, Options, ServerConnection, TlsConfig
+from .connection import Endpoint, NotSent, Options, ServerConnection, TlsConfig
 from .errors import (
     DecreeError,
     HeuristicError,
@@ -380,6 +382,9 @@ class Transaction:
             self.tm._release(session)
 
     def _one_phase(self, b: _Enlisted) -> CommitReport:
+        session = self._session
+        assert session is not None
+        told = self._tell_one_phase(session, b)
         try:
             b.adapter.commit_one_phase()
         except BranchFailed as e:
@@ -388,13 +393,42 @@ class Transaction:
                 xid=self.xid, rm=b.adapter.rm, branch=b.number, cause=e,
             ) from e
         except BranchInDoubt as e:
-            raise OutcomeUnknown(
-                f"{self.xid}: the one-phase commit on {b.adapter.rm} lost its answer; only that database "
-                f"knows whether it committed: {e}",
-                xid=self.xid, cause=e,
-            ) from e
+            raise self._one_phase_unknown(session, told, b, e) from e
+        if told:
+            session.complete(self.xid)  # the server now remembers it committed (rule 8).
         log.debug("%s: committed in one phase on %s", self.xid, b.adapter.rm)
         return CommitReport(self.xid, "one_phase")
+
+    def _tell_one_phase(self, session: ServerConnection, b: _Enlisted) -> bool:
+        """OnePhase on a version-3 session (rule 8): the branch may commit only once the
+        whole frame is written. Whether the server was told (older sessions are not)."""
+        try:
+            return session.one_phase(self.xid)
+        except NotSent as e:
+            self._close_session = True
+            errors = self._roll_back_all()
+            raise RolledBack(
+                f"{self.xid}: the OnePhase notice could not be written ({e}); the branch on {b.adapter.rm} "
+                "is rolled back",
+                xid=self.xid, rm=b.adapter.rm, branch=b.number, cause=e, rollback_errors=errors,
+            ) from e
+
+    def _one_phase_unknown(
+        self, session: ServerConnection, told: bool, b: _Enlisted, cause: BranchInDoubt
+    ) -> OutcomeUnknown:
+        """The one-phase commit lost its answer: only the database knows. A told server
+        answers unknown for the Xid once this session is closed (in progress before)."""
+        if told:
+            self._close_session = True
+            why = "one-phase: only the database knows"
+        else:
+            why = (
+                "one-phase: only the database knows (the server speaks protocol version "
+                f"{session.version} and was not told of this transaction)"
+            )
+        return OutcomeUnknown(
+            f"{self.xid}: {why}; the commit on {b.adapter.rm} lost its answer: {cause}", xid=self.xid, cause=cause
+        )
 
     def _two_phase(self) -> CommitReport:
         session = self._session
@@ -414,6 +448,14 @@ class Transaction:
         decision = tuple(p.Branch(b.number, b.adapter.rm) for b in self._branches)
         try:
             session.decide(self.xid, decision)
+        except NotSent as e:
+            # Never sent again elsewhere: the session is closed, so nothing decides it.
+            self._close_session = True
+            errors = self._roll_back_all()
+            raise RolledBack(
+                f"{self.xid}: the decision was not sent ({e}); every branch is rolled back",
+                xid=self.xid, cause=e, rollback_errors=errors,
+            ) from e
         except ServerError as e:
             if e.code == p.ErrorCode.LOG_FAILED:
                 self._close_session = True
