@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
+import sys
 import time
+import types
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,9 +26,11 @@ import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import Server, mysql_kwargs, need, rm_entries
+from conftest import REPO, Server, mysql_kwargs, need, rm_entries
 from decree import protocol as p
-from decree.aio_connection import AsyncServerConnection, NotSent
+from decree.aio_connection import AsyncServerConnection
+from decree.connection import NotSent
+from test_guide import bank_server, schema  # noqa: F401  (fixtures)
 from test_tls import tls_config, tls_server  # noqa: F401  (a fixture)
 
 T = TypeVar("T")
@@ -494,7 +499,7 @@ def test_a_decide_is_not_written_on_a_session_the_server_closed(server: Server, 
         return refused.value, answer
 
     error, answer = run(scenario())
-    assert "could not be sent" in str(error) and isinstance(error.cause, decree.Unavailable)
+    assert "the decision was not sent" in str(error) and isinstance(error.cause, decree.Unavailable)
     assert answer == decree.Outcome.ROLLED_BACK
     assert server.metrics()["decree_commits_total"] == before["decree_commits_total"], "nothing was decided"
     snap = bank.snapshot(server.node)
@@ -803,3 +808,65 @@ def test_a_one_phase_commit_is_remembered_committed_after_the_session_closes(ser
     assert tx.report is not None and tx.report.kind == "one_phase"
     assert answer == decree.Outcome.COMMITTED
     assert bank.snapshot(server.node).in_a == {70}
+
+
+# --- the guide's asyncio program --------------------------------------------------------------
+
+
+def guide_asyncio_program() -> str:
+    text = (REPO / "docs" / "guide.md").read_text()
+    after = text[text.index("<!-- guide-asyncio:"):]
+    match = re.search(r"```python\n(.*?)\n```", after, re.S)
+    assert match is not None, "no python block after the guide-asyncio marker"
+    return match.group(1) + "\n"
+
+
+class StandInFastAPI:
+    """What the guide's program uses of FastAPI: its lifespan, ``app.state``, ``@app.post``."""
+
+    def __init__(self, lifespan: Any) -> None:
+        self.lifespan = lifespan
+        self.state = types.SimpleNamespace()
+        self.routes: dict[str, Any] = {}
+
+    def post(self, path: str) -> Any:
+        def register(fn: Any) -> Any:
+            self.routes[path] = fn
+            return fn
+
+        return register
+
+
+def test_the_guide_asyncio_program_moves_money(
+    bank_server: Server, dsns: dict[str, str], schema: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    searched = {rm: f"{dsns[rm]} options='-c search_path={schema}'" for rm in ("pg-a", "pg-b")}
+    for dsn in searched.values():
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0))")
+            db.execute("INSERT INTO accounts VALUES (1, 100)")
+    monkeypatch.setitem(sys.modules, "fastapi", types.SimpleNamespace(FastAPI=StandInFastAPI))
+    monkeypatch.setenv("DECREE", bank_server.endpoint)
+    monkeypatch.setenv("BANK_A", searched["pg-a"])
+    monkeypatch.setenv("BANK_B", searched["pg-b"])
+    program: dict[str, Any] = {"__name__": "guide_asyncio"}
+    exec(compile(guide_asyncio_program(), "docs/guide.md (asyncio)", "exec"), program)
+    app = program["app"]
+
+    async def scenario() -> dict[str, str]:
+        async with app.lifespan(app):
+            moved: dict[str, str] = await app.routes["/transfer"](30)
+            with pytest.raises(psycopg.errors.CheckViolation):
+                await app.routes["/transfer"](1000)  # more than account 1 holds: both roll back.
+            assert isinstance(app.state.tm, decree.AsyncTransactionManager)
+        return moved
+
+    moved = run(scenario())
+    assert moved["commit"] == "two_phase" and moved["xid"].startswith(f"decree:64637265:{bank_server.node:08x}")
+    balances = []
+    for dsn in searched.values():
+        with psycopg.connect(dsn, autocommit=True) as db:
+            row = db.execute("SELECT balance FROM accounts WHERE id = 1").fetchone()
+            balances.append(row[0] if row else None)
+    assert balances == [70, 130]
+    assert prepared_branches(dsns, bank_server.node) == []

@@ -44,9 +44,9 @@ from typing import Any, TypeVar
 
 from . import protocol as p
 from .aio_branches import AsyncBranchAdapter, async_adapter_for
-from .aio_connection import AsyncServerConnection, NotSent
+from .aio_connection import AsyncServerConnection
 from .branches import BranchFailed, BranchInDoubt, PhaseTwo, Step
-from .connection import Endpoint, Options, TlsConfig
+from .connection import Endpoint, NotSent, Options, TlsConfig
 from .errors import (
     DecreeError,
     HeuristicError,
@@ -506,7 +506,7 @@ class AsyncTransaction:
         self._close_session = True
         errors = await self._roll_back_all()
         raise RolledBack(
-            f"{self.xid}: the decision could not be sent ({e}); every branch is rolled back",
+            f"{self.xid}: the decision was not sent ({e}); every branch is rolled back",
             xid=self.xid, cause=e, rollback_errors=errors,
         ) from e
 

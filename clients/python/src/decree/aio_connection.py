@@ -15,7 +15,8 @@ Any IO failure, timeout, protocol violation or a cancellation in the middle of a
 breaks the session: it is closed, and the call in progress and every later call raise.
 
 What a write did is known exactly on a Unix or TCP transport: a frame the socket took
-whole, or one that was (at least partly) never taken, which :class:`NotSent` reports.
+whole, or one that was (at least partly) never taken, which
+:class:`~decree.connection.NotSent` reports, as in the synchronous client.
 Under TLS the encrypted bytes pass through a second buffer, and a connection lost while
 they wait there counts as possibly sent; only the safe answer is ever drawn from it
 (docs/protocol.md, "What a client does", step 5).
@@ -32,7 +33,7 @@ import time
 from typing import Any
 
 from . import protocol as p
-from .connection import COMPLETES_BUFFERED_MAX, Endpoint, Options
+from .connection import COMPLETES_BUFFERED_MAX, Endpoint, NotSent, Options
 from .errors import ProtocolError, ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
@@ -44,12 +45,6 @@ _CLOSED_BY_SERVER = "closed by the server"
 
 _POLL = 0.005
 """Seconds between looks at a TLS connection's inner buffer while a frame waits in it."""
-
-
-class NotSent(Unavailable):
-    """The request never reached the server whole: the session was gone before it was
-    written, or the socket did not take its last byte. A ``Decide`` that was not sent is
-    not a decision."""
 
 
 class Written(enum.Enum):
