@@ -40,7 +40,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
 from .aio_branches import AsyncBranchAdapter, async_adapter_for
@@ -63,6 +63,7 @@ from .tm import _REFUSED_BEFORE_WRITING, CommitReport
 log = logging.getLogger("decree")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 __all__ = ["AsyncTransaction", "AsyncTransactionManager", "aconnect"]
 
@@ -234,12 +235,15 @@ class AsyncTransactionManager:
         awaited (``tx = await tm.atransaction()``); nothing is sent yet."""
         return AsyncTransaction(self)
 
-    def atransactional(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
+    def atransactional(
+        self, fn: Callable[Concatenate[AsyncTransaction, P], Awaitable[T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]:
         """Decorator: runs ``await fn(tx, *args, **kwargs)`` in a transaction, committed when
-        it returns and rolled back when it raises."""
+        it returns and rolled back when it raises. The decorated coroutine function takes
+        ``fn``'s parameters after ``tx``, with their types."""
 
         @functools.wraps(fn)
-        async def run(*args: Any, **kwargs: Any) -> T:
+        async def run(*args: P.args, **kwargs: P.kwargs) -> T:
             async with self.atransaction() as tx:
                 return await fn(tx, *args, **kwargs)
 
