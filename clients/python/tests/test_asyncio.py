@@ -680,6 +680,11 @@ def test_misuse_is_refused_before_anything_is_sent(server: Server, bank: Bank) -
         with pytest.raises(decree.UsageError, match="the transaction is committed"):
             await tx.enlist(a, "pg-a")
         await a.rollback()
+        closed = await psycopg.AsyncConnection.connect(bank.dsns["pg-a"])
+        await closed.close()
+        async with tm.atransaction() as tx:
+            with pytest.raises(decree.UsageError, match="the psycopg connection is closed; enlist an open one"):
+                await tx.enlist(closed, "pg-a")
         await tm.aclose()
         with pytest.raises(decree.UsageError, match="closed"):
             await tm.atransaction()

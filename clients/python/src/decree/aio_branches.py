@@ -87,7 +87,11 @@ class AsyncPsycopgBranch(AsyncBranchAdapter):
     async def start(self, xid: Xid) -> None:
         from psycopg.pq import TransactionStatus
 
-        if self.connection.autocommit:
+        conn = self.connection
+        if _connection_lost_pg(conn):
+            why = "closed (its connection to the server was lost)" if getattr(conn, "broken", False) else "closed"
+            raise UsageError(f"{self.rm}: the psycopg connection is {why}; enlist an open one")
+        if conn.autocommit:
             raise UsageError(f"{self.rm}: a psycopg connection in a decree transaction must not be in autocommit mode")
         if self._status() != TransactionStatus.IDLE:
             raise UsageError(
