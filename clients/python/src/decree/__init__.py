@@ -8,9 +8,19 @@ docs/protocol.md is the protocol this package implements.
 from .aio import AsyncTransaction, AsyncTransactionManager, aconnect
 from .aio_branches import AsyncBranchAdapter, AsyncPsycopgBranch
 from .aio_connection import AsyncServerConnection
-from .branches import BranchAdapter, PsycopgBranch, PyMySQLBranch
+from .branches import (
+    BranchAdapter,
+    BranchEnded,
+    BranchFailed,
+    BranchInDoubt,
+    PhaseTwo,
+    PsycopgBranch,
+    PyMySQLBranch,
+    Step,
+)
 from .connection import Endpoint, Options, ServerConnection, TlsConfig, __version__
 from .errors import (
+    BranchEndedByApplication,
     DecreeError,
     HeuristicError,
     HeuristicReport,
@@ -31,6 +41,10 @@ __all__ = [
     "AsyncTransaction",
     "AsyncTransactionManager",
     "BranchAdapter",
+    "BranchEnded",
+    "BranchEndedByApplication",
+    "BranchFailed",
+    "BranchInDoubt",
     "CommitReport",
     "DecreeError",
     "Endpoint",
@@ -41,12 +55,14 @@ __all__ = [
     "Options",
     "Outcome",
     "OutcomeUnknown",
+    "PhaseTwo",
     "ProtocolError",
     "PsycopgBranch",
     "PyMySQLBranch",
     "RolledBack",
     "ServerConnection",
     "ServerError",
+    "Step",
     "TlsConfig",
     "Transaction",
     "TransactionManager",

@@ -17,6 +17,7 @@ the branch:
 Each call ends in one of three ways, which the coordinator turns into the transaction's
 outcome: it succeeded, it failed and the branch is rolled back (:class:`BranchFailed`), or
 its answer was lost and the branch may be prepared or committed (:class:`BranchInDoubt`).
+A branch the application ended itself is reported with :class:`BranchEnded`.
 Phase two returns a :class:`PhaseTwo` instead: done, not done yet (the server finishes
 it), or decided on its own (heuristic).
 """
@@ -42,6 +43,12 @@ class BranchFailed(Exception):
 
 class BranchInDoubt(Exception):
     """The answer was lost: the branch may be prepared (or, for a one-phase commit, committed)."""
+
+
+class BranchEnded(Exception):
+    """The branch is no longer open on its connection although nothing of the coordinator
+    ended it: the application committed or rolled it back itself, and which way is not
+    known. Raised by ``prepare`` or ``commit_one_phase`` before they touch the branch."""
 
 
 class Step(enum.Enum):
@@ -113,6 +120,7 @@ class PsycopgBranch(BranchAdapter):
     def __init__(self, connection: Any, rm: str) -> None:
         super().__init__(connection, rm)
         self._state = "idle"
+        self._begun = False
 
     def _status(self) -> int:
         return int(self.connection.info.transaction_status)
@@ -121,6 +129,9 @@ class PsycopgBranch(BranchAdapter):
         from psycopg.pq import TransactionStatus
 
         conn = self.connection
+        if _connection_lost_pg(conn):
+            why = "closed (its connection to the server was lost)" if getattr(conn, "broken", False) else "closed"
+            raise UsageError(f"{self.rm}: the psycopg connection is {why}; enlist an open one")
         if conn.autocommit:
             raise UsageError(f"{self.rm}: a psycopg connection in a decree transaction must not be in autocommit mode")
         if self._status() != TransactionStatus.IDLE:
@@ -131,15 +142,31 @@ class PsycopgBranch(BranchAdapter):
         self.xid = xid
         conn.tpc_begin(xid.pg_gid())
         self._state = "active"
+        # psycopg sends BEGIN with tpc_begin: from here on, no open transaction means that
+        # the application ended the branch (a driver that began lazily would not be blamed).
+        self._begun = self._status() == TransactionStatus.INTRANS
 
     def _aborted(self) -> bool:
         from psycopg.pq import TransactionStatus
 
         return self._status() == TransactionStatus.INERROR
 
+    def _check_not_ended(self) -> None:
+        """BranchEnded when the transaction psycopg began is gone: a ``COMMIT`` or
+        ``ROLLBACK`` the application sent itself (PREPARE TRANSACTION would then only warn,
+        and a one-phase commit would do nothing)."""
+        from psycopg.pq import TransactionStatus
+
+        if self._begun and self._state == "active" and self._status() == TransactionStatus.IDLE:
+            raise BranchEnded(
+                f"{self.rm}: the connection has no transaction open although the branch began on it: "
+                "the application committed or rolled it back itself"
+            )
+
     def prepare(self) -> None:
         import psycopg
 
+        self._check_not_ended()
         if self._aborted():
             # PostgreSQL would answer PREPARE TRANSACTION with a silent ROLLBACK.
             raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
@@ -156,6 +183,7 @@ class PsycopgBranch(BranchAdapter):
     def commit_one_phase(self) -> None:
         import psycopg
 
+        self._check_not_ended()
         if self._aborted():
             self.rollback()
             raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
@@ -204,6 +232,7 @@ _CONNECTION_IDS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakK
 
 _MYSQL_CONNECTION_LOST = frozenset({0, 2006, 2013, 2014, 2045, 2055})
 _XAER_NOTA = 1397
+_XAER_RMFAIL = 1399
 _XA_RB = frozenset({1402, 1613, 1614})
 
 
@@ -219,6 +248,7 @@ class PyMySQLBranch(BranchAdapter):
         super().__init__(connection, rm)
         self._state = "idle"
         self._name: Xid | None = None
+        self._thread = 0
         self._x = ""
 
     def _run(self, sql: str) -> None:
@@ -244,7 +274,23 @@ class PyMySQLBranch(BranchAdapter):
 
         return isinstance(e, pymysql.err.InterfaceError) or _mysql_code(e) in _MYSQL_CONNECTION_LOST
 
+    def _check_not_ended(self, e: BaseException) -> None:
+        """BranchEnded when ``XA END`` found no XA transaction on the connection although
+        the branch is still active here: the application sent ``XA END`` and ``XA COMMIT``
+        or ``XA ROLLBACK`` itself (MariaDB refuses plain COMMIT and ROLLBACK in a branch).
+        A connection PyMySQL reconnected lost the branch with its old session instead."""
+        gone = _mysql_code(e) == _XAER_RMFAIL and "NON-EXISTING" in str(e)
+        if self._state != "active" or not gone or self.connection.thread_id() != self._thread:
+            return
+        self._state = "idle"
+        raise BranchEnded(
+            f"{self.rm}: the connection has no XA transaction although the branch began on it: "
+            f"the application committed or rolled it back itself ({e})"
+        ) from e
+
     def start(self, xid: Xid) -> None:
+        if not getattr(self.connection, "open", True):
+            raise UsageError(f"{self.rm}: the PyMySQL connection is closed; enlist an open one")
         if not self.connection.get_autocommit():
             raise UsageError(
                 f"{self.rm}: open the PyMySQL connection with autocommit=True; XA branches need it "
@@ -252,6 +298,7 @@ class PyMySQLBranch(BranchAdapter):
             )
         self.xid = xid
         self._name = xid.mariadb_name(self._connection_id())
+        self._thread = self.connection.thread_id()
         self._x = self._name.mysql_xid()
         self._run(f"XA START {self._x}")
         self._state = "active"
@@ -267,6 +314,7 @@ class PyMySQLBranch(BranchAdapter):
             if self._lost(e):
                 self._state = "in_doubt"
                 raise BranchInDoubt(f"{self.rm}: XA PREPARE lost its answer: {e}") from e
+            self._check_not_ended(e)
             self._state = "failed"
             raise BranchFailed(f"{self.rm}: XA END/PREPARE failed: {e}") from e
         self._state = "prepared"
@@ -282,6 +330,7 @@ class PyMySQLBranch(BranchAdapter):
             if self._lost(e):
                 self._state = "idle"
                 raise BranchInDoubt(f"{self.rm}: XA COMMIT ONE PHASE lost its answer: {e}") from e
+            self._check_not_ended(e)
             self.rollback_quietly()
             raise BranchFailed(f"{self.rm}: XA COMMIT ONE PHASE failed: {e}") from e
         self._state = "idle"

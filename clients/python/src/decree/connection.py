@@ -47,6 +47,26 @@ _KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 _CLOSED_BY_SERVER = "closed by the server"
 
 
+_FIRST_BYTES_SHOWN = 24
+"""How many of a non-decree peer's first bytes an error shows."""
+
+_HEADER_ERRORS = frozenset({"TooLarge", "TooShort", "Version", "UnknownType"})
+"""Frame errors of the header, which on the first reply mean that the peer is not decree."""
+
+
+def _peer_guess(head: bytes) -> str:
+    """What a peer that is not decree may be, from its first bytes: `` (an HTTP server?)``."""
+    if head.startswith(b"HTTP/"):
+        return " (an HTTP server?)"
+    if len(head) >= 2 and head[0] in (0x15, 0x16) and head[1] == 3:
+        return " (a TLS server? only a tls: endpoint speaks TLS)"
+    if len(head) >= 5 and head[3] == 0 and head[4] == 10:
+        return " (a MySQL or MariaDB server?)"
+    if len(head) >= 5 and head[:1] in (b"E", b"R") and head[1] == 0:
+        return " (a PostgreSQL server?)"
+    return ""
+
+
 class NotSent(Unavailable):
     """The request was not written whole (its last byte was not taken, or the session was
     already gone): the server never received it. The connection is closed."""
@@ -152,6 +172,8 @@ class ServerConnection:
         self._sequence = 0
         self._completes: list[bytes] = []
         self._broken: str | None = None
+        self._first_bytes = b""
+        """The first bytes the server sent, kept until HelloOk to describe a peer that is not decree."""
 
     # --- opening --------------------------------------------------------------------------
 
@@ -416,6 +438,24 @@ class ServerConnection:
             except OSError:
                 pass
 
+    def drop_after_fork(self) -> None:
+        """In a child process after ``os.fork()``: lets go of the session inherited from the
+        parent without writing to it. The buffered completions are the parent's and stay
+        unsent; the file descriptor is closed and nothing else: no ``shutdown()``, which
+        would end the parent's session too, and for TLS no close_notify (closing an
+        ``ssl.SSLSocket`` frees its state without one; ``unwrap()`` would send it). A lock
+        another thread of the parent held stays held in the child, so it is made anew."""
+        self.lock = threading.Lock()
+        self._completes.clear()
+        if self._broken is None:
+            self._broken = "inherited from the parent process by os.fork()"
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
     def ping_if_idle(self, idle_for: float) -> None:
         """Keep-alive: pings when nobody holds the connection and nothing was sent for ``idle_for`` s."""
         if self.broken or not self.lock.acquire(blocking=False):
@@ -484,6 +524,8 @@ class ServerConnection:
             try:
                 frame = self._decoder.next()
             except p.FrameError as e:
+                if self.session == 0 and e.kind in _HEADER_ERRORS:
+                    raise self._not_decree() from e
                 raise self._violation(str(e)) from e
             if frame is not None:
                 unknown = p.unknown_must_understand(frame.trailer)
@@ -502,7 +544,18 @@ class ServerConnection:
             if not data:
                 self.close_now(_CLOSED_BY_SERVER)
                 raise Unavailable(f"{self.endpoint} closed the connection")
+            if self.session == 0 and len(self._first_bytes) < _FIRST_BYTES_SHOWN:
+                self._first_bytes += data[: _FIRST_BYTES_SHOWN - len(self._first_bytes)]
             self._decoder.feed(data)
+
+    def _not_decree(self) -> ProtocolError:
+        """The first reply's header is not a decree frame: the peer is something else."""
+        head = self._first_bytes
+        self.close_now("not a decree server")
+        return ProtocolError(
+            f"the server at {self.endpoint} did not answer as a decree server{_peer_guess(head)}: its "
+            f"first bytes read as ASCII {repr(head)[1:]}"
+        )
 
     def _violation(self, why: str) -> ProtocolError:
         self.close_now(f"protocol violation: {why}")

@@ -6,12 +6,13 @@
      ├── RolledBack          the transaction is rolled back; nothing of it is committed
      ├── OutcomeUnknown      it may be committed or not; never retry it blindly
      ├── HeuristicError      a branch decided on its own; an operator must look
+     ├── BranchEndedByApplication  the application ended a branch itself; not safe to retry
      ├── ProtocolError       the server's bytes broke the protocol (a bug, or not decree)
      ├── ServerError         the server answered an Error frame (``code``, ``message``)
      ├── Unavailable         the server cannot be reached (nothing was decided)
      └── UsageError          the API was used wrongly (nothing was sent)
 
-The first three are the answers a transaction can end with; each carries the global
+The first four are the answers a transaction can end with; each carries the global
 ``xid`` (``None`` when the transaction never got that far). Nothing is swallowed: a failure
 of a rollback that follows a failure is attached as ``rollback_errors``.
 """
@@ -89,6 +90,38 @@ class HeuristicError(DecreeError):
         super().__init__(message)
         self.xid = xid
         self.reports = reports or []
+
+
+class BranchEndedByApplication(DecreeError):
+    """The application committed or rolled back a branch itself (on its connection, inside
+    the transaction), and the library cannot know which way it ended.
+
+    ``rm`` and ``branch`` name that branch; every other branch is rolled back (those whose
+    rollback could not be confirmed are in ``rollback_errors``). The branch's work may be
+    committed, so the transaction is **not safe to retry**: check that database first. It
+    is deliberately neither a :class:`RolledBack` (whose retry is safe) nor an
+    :class:`OutcomeUnknown` (asking the server cannot help: it never decided the
+    transaction and would answer "rolled back"), so ``except RolledBack: retry`` code lets
+    it through. The cause is a bug in the application: a branch's connection must not see
+    ``COMMIT``, ``ROLLBACK`` or ``XA`` statements while it is enlisted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        xid: Xid | None = None,
+        rm: str | None = None,
+        branch: int | None = None,
+        cause: BaseException | None = None,
+        rollback_errors: list[BaseException] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.xid = xid
+        self.rm = rm
+        self.branch = branch
+        self.cause = cause
+        self.rollback_errors = rollback_errors or []
 
 
 class ProtocolError(DecreeError):

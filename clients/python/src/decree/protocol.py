@@ -93,8 +93,14 @@ class MessageType(enum.IntEnum):
     ERROR = 0x7F
 
 
+def _words(member: enum.Enum) -> str:
+    """A member's name as words: ``ROLLED_BACK`` is ``rolled back``."""
+    return member.name.lower().replace("_", " ")
+
+
 class Outcome(enum.IntEnum):
-    """What became of a transaction (the OutcomeIs byte)."""
+    """What became of a transaction (the OutcomeIs byte). A member prints as words,
+    ``str(Outcome.ROLLED_BACK) == "rolled back"``, and compares as its byte."""
 
     COMMITTED = 1
     IN_PROGRESS = 2
@@ -103,6 +109,12 @@ class Outcome(enum.IntEnum):
     """Protocol version 2 (version 1: Error 15)."""
     HEURISTIC = 5
     """Protocol version 2 (version 1: Error 16)."""
+
+    def __str__(self) -> str:
+        return _words(self)
+
+    def __format__(self, spec: str) -> str:
+        return format(_words(self), spec)
 
 
 class Heuristic(enum.IntEnum):
@@ -117,6 +129,12 @@ class Heuristic(enum.IntEnum):
         if other is None or other == self:
             return self
         return Heuristic.MIXED
+
+    def __str__(self) -> str:
+        return _words(self)
+
+    def __format__(self, spec: str) -> str:
+        return format(_words(self), spec)
 
 
 class ErrorCode(enum.IntEnum):
@@ -277,7 +295,41 @@ class Xid:
         return cls(format_id, bytes(data[:gtrid_length]), bytes(data[gtrid_length:]))
 
     def __str__(self) -> str:
+        """The text form, ``decree:<format id, 8 hex>:<gtrid hex>:<bqual hex>``: the
+        PostgreSQL gid, what the server's logs and ``decree recover`` show, and what
+        :meth:`parse` reads back."""
         return self.pg_gid()
+
+    @classmethod
+    def parse(cls, text: str) -> Xid:
+        """Reads back ``str(xid)`` (hex digits of either case), e.g. an Xid kept to ask its
+        outcome later: ``tm.outcome(Xid.parse(saved))``. ValueError names what is wrong."""
+        if not text.startswith(GID_PREFIX):
+            raise ValueError(f"an Xid's text starts with {GID_PREFIX!r}: {text!r}")
+        parts = text[len(GID_PREFIX) :].split(":")
+        if len(parts) != 3:
+            raise ValueError(
+                f"an Xid's text has three parts after {GID_PREFIX!r} (format id, gtrid, bqual), "
+                f"not {len(parts)}: {text!r}"
+            )
+        digits, gtrid, bqual = parts
+        if len(digits) != 8 or not set(digits) <= _HEX_DIGITS:
+            raise ValueError(f"the format id of an Xid's text is 8 hex digits, not {digits!r}")
+        format_id = int(digits, 16)
+        signed = format_id - (1 << 32) if format_id >= 1 << 31 else format_id
+        return cls(signed, _hex_part("gtrid", gtrid), _hex_part("bqual", bqual))
+
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex_part(name: str, digits: str) -> bytes:
+    """The bytes of an Xid part written as hex digits (``Xid.parse``)."""
+    if len(digits) % 2 or not set(digits) <= _HEX_DIGITS:
+        raise ValueError(f"the {name} of an Xid's text is pairs of hex digits, not {digits!r}")
+    if len(digits) // 2 > PART_BYTES_MAX:
+        raise ValueError(f"the {name} of an Xid's text is {len(digits) // 2} bytes, XA allows at most {PART_BYTES_MAX}")
+    return bytes.fromhex(digits)
 
 
 # --- Messages ---------------------------------------------------------------------------

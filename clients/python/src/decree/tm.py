@@ -29,16 +29,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
-from .branches import BranchAdapter, BranchFailed, BranchInDoubt, PhaseTwo, Step, adapter_for
+from .branches import BranchAdapter, BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step, adapter_for
 from .connection import Endpoint, NotSent, Options, ServerConnection, TlsConfig
 from .errors import (
+    BranchEndedByApplication,
     DecreeError,
     HeuristicError,
     HeuristicReport,
@@ -53,6 +55,7 @@ from .errors import (
 log = logging.getLogger("decree")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _REFUSED_BEFORE_WRITING = frozenset(
     {
@@ -103,8 +106,26 @@ def connect(
     return tm
 
 
+_MANAGERS: weakref.WeakSet[TransactionManager] = weakref.WeakSet()
+"""The live managers, for the child of ``os.fork()``; weakly, so that none is kept alive."""
+
+
+def _after_fork_in_child() -> None:
+    for tm in list(_MANAGERS):
+        tm._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class TransactionManager:
-    """Opens transactions; keeps a pool of server sessions, one per running transaction."""
+    """Opens transactions; keeps a pool of server sessions, one per running transaction.
+
+    A manager created before ``os.fork()`` (a pre-fork web server imports the application
+    first) serves the child too: the child drops the sessions it inherited without writing
+    to them, and opens one of its own on first use, so that parent and child never mint
+    the same Xid. A transaction begun before the fork belongs to the parent."""
 
     def __init__(
         self, endpoint: Endpoint | list[Endpoint], options: Options, *, outcome_timeout: float = 30.0
@@ -121,6 +142,9 @@ class TransactionManager:
         self._closed = False
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
+        self._generation = 0
+        """How many forks this process is away from the manager's creation."""
+        _MANAGERS.add(self)
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -189,6 +213,23 @@ class TransactionManager:
             for conn in list(self._sessions):
                 conn.ping_if_idle(idle / 3)
 
+    def _after_fork(self) -> None:
+        """In the child of ``os.fork()``: the inherited sessions are the parent's, so they
+        are dropped unwritten (their buffered completions too), locks another thread held
+        are made anew, and the keep-alive thread, which the child does not have, starts
+        again with the child's first session. Transactions begun before stop working."""
+        self._generation += 1
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if self._closed:
+            self._stop.set()
+        self._keepalive = None
+        inherited = list(self._sessions) + self._pool
+        self._sessions = weakref.WeakSet()
+        self._pool = []
+        for conn in inherited:
+            conn.drop_after_fork()
+
     def close(self) -> None:
         """Closes the pooled sessions (buffered completions are sent first)."""
         self._closed = True
@@ -210,12 +251,13 @@ class TransactionManager:
         """Begins a transaction (nothing is sent yet); use it as a context manager."""
         return Transaction(self, self._acquire())
 
-    def transactional(self, fn: Callable[..., T]) -> Callable[..., T]:
+    def transactional(self, fn: Callable[Concatenate[Transaction, P], T]) -> Callable[P, T]:
         """Decorator: runs ``fn(tx, *args, **kwargs)`` in a transaction, committed when it
-        returns and rolled back when it raises."""
+        returns and rolled back when it raises. The decorated function takes ``fn``'s
+        parameters after ``tx``, with their types."""
 
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> T:
+        def run(*args: P.args, **kwargs: P.kwargs) -> T:
             with self.transaction() as tx:
                 return fn(tx, *args, **kwargs)
 
@@ -297,6 +339,7 @@ class Transaction:
         self.report: CommitReport | None = None
         self.rollback_errors: list[BaseException] = []
         self._close_session = False
+        self._generation = tm._generation
         log.debug("%s: begun", self.xid)
 
     def __enter__(self) -> Transaction:
@@ -330,6 +373,12 @@ class Transaction:
         return number
 
     def _check_active(self, call: str) -> None:
+        if self._generation != self.tm._generation:
+            raise UsageError(
+                f"{call}: transaction {self.xid} was begun before os.fork(), in the parent process; the "
+                "child cannot use it (its server session and database connections are the parent's): "
+                "begin a new transaction in the child"
+            )
         if self.state != "active":
             raise UsageError(f"{call}: the transaction is {self.state.replace('_', ' ')}")
 
@@ -387,6 +436,9 @@ class Transaction:
         told = self._tell_one_phase(session, b)
         try:
             b.adapter.commit_one_phase()
+        except BranchEnded as e:
+            self._close_session = self._close_session or told  # a told server then answers unknown.
+            raise self._ended_by_application(b, e) from e
         except BranchFailed as e:
             raise RolledBack(
                 f"{self.xid}: the one-phase commit on {b.adapter.rm} failed: {e}",
@@ -437,6 +489,8 @@ class Transaction:
             try:
                 b.adapter.prepare()
                 b.prepared = True
+            except BranchEnded as e:
+                raise self._ended_by_application(b, e) from e
             except (BranchFailed, BranchInDoubt, Exception) as e:
                 b.in_doubt = not isinstance(e, BranchFailed)
                 errors = self._roll_back_all()
@@ -476,6 +530,16 @@ class Transaction:
             return self._after_lost_reply(e)
         log.debug("%s: decided", self.xid)
         return self._phase_two(send_complete=True)
+
+    def _ended_by_application(self, b: _Enlisted, e: BranchEnded) -> BranchEndedByApplication:
+        """Rolls the other branches back and says that ``b`` ended outside decree."""
+        errors = self._roll_back_all()
+        return BranchEndedByApplication(
+            f"{self.xid}: branch {b.number} on {b.adapter.rm} was committed or rolled back by the "
+            f"application itself, which way is unknown, and every other branch is rolled back: the "
+            f"transaction is not safe to retry; check {b.adapter.rm} first ({e})",
+            xid=self.xid, rm=b.adapter.rm, branch=b.number, cause=e, rollback_errors=errors,
+        )
 
     def _after_lost_reply(self, cause: DecreeError) -> CommitReport:
         session = self._session
