@@ -32,6 +32,8 @@ mod tls;
 
 pub use tls::{ClientTls, ClientTlsFiles};
 
+mod alive;
+
 use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, Xid};
 use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use parking_lot::{Mutex, RwLock};
@@ -187,6 +189,15 @@ impl Stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Tls(s) => s.read(buf).map_err(tls::explain),
         }
+    }
+    /// Why the server is known to have closed this connection, checked without blocking.
+    fn ended(&self) -> Option<String> {
+        use std::os::fd::AsRawFd;
+        alive::ended(match self {
+            Stream::Unix(s, _) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Tls(s) => s.sock.as_raw_fd(),
+        })
     }
     fn shutdown(&self, how: Shutdown) {
         let _ = match self {
@@ -368,10 +379,35 @@ impl Connection {
                 self.session.frame_bytes_max
             )));
         }
-        match self.exchange(id)? {
+        // A session the server already ended would lose the decision unread: not sent.
+        if let Some(why) = self.stream.ended() {
+            self.out.truncate(start);
+            return Err(StoreError::NotSent(self.break_with(why).to_string()));
+        }
+        // Written whole or not decided: a failed write never took the frame's last byte.
+        self.next_request += 1;
+        if let Err(e) = self.flush() {
+            return Err(StoreError::NotSent(format!("the decision's write failed: {e}")));
+        }
+        match self.read_reply(id)? {
+            Message::Error { code, message } => Err(self.server_error(code, message)),
             Message::DecideOk => Ok(()),
             other => Err(self.break_with(format!("expected DecideOk, got {}", other.kind().name()))),
         }
+    }
+
+    /// Sends `OnePhase` for `xid` at once (protocol version 3) and returns once its whole
+    /// frame is written; false on an older session, which has no such message.
+    fn one_phase(&mut self, xid: &Xid) -> Result<bool, StoreError> {
+        if self.session.version < decree_proto::PROTOCOL_VERSION_TRAILER {
+            return Ok(false);
+        }
+        self.check().map_err(|e| StoreError::NotSent(e.to_string()))?;
+        let id = self.next_request;
+        self.next_request += 1;
+        encode_frame(&mut self.out, id, &Message::OnePhase(*xid));
+        self.flush().map_err(|e| StoreError::NotSent(format!("the one-phase notice's write failed: {e}")))?;
+        Ok(true)
     }
 
     /// Buffers a completion (`heuristic`: at least one branch decided on its own); sends
@@ -442,17 +478,31 @@ impl Connection {
     fn exchange_raw(&mut self, id: u64) -> Result<Message, StoreError> {
         self.next_request += 1;
         self.flush()?;
+        self.read_reply(id)
+    }
+
+    /// Reads frames until `id`'s reply (an `Error` with `id` or with request id 0 is
+    /// returned as a message).
+    fn read_reply(&mut self, id: u64) -> Result<Message, StoreError> {
         loop {
-            match self.frames.next_message() {
-                Ok(Some((rid, message))) if rid == id => return Ok(message),
-                Ok(Some((rid, Message::Error { code, message }))) => {
+            match self.frames.next_message_with_fields() {
+                Ok(Some((rid, _, fields))) if !self.fields_understood(&fields) => {
+                    let why = format!(
+                        "reply to request {rid} carries a field trailer this client cannot read on a version-{} \
+                         session: {fields:?}",
+                        self.session.version
+                    );
+                    return Err(self.break_with(why));
+                }
+                Ok(Some((rid, message, _))) if rid == id => return Ok(message),
+                Ok(Some((rid, Message::Error { code, message }, _))) => {
                     // A failed completion (they get no reply on success), or a refusal.
                     tracing::warn!(request = rid, ?code, %message, "state server reported an error");
                     if rid == 0 {
                         return Ok(Message::Error { code, message });
                     }
                 }
-                Ok(Some((rid, other))) => {
+                Ok(Some((rid, other, _))) => {
                     tracing::warn!(request = rid, kind = other.kind().name(), "unexpected reply; ignored");
                 }
                 Ok(None) => {
@@ -464,9 +514,21 @@ impl Connection {
                         Err(e) => return Err(self.break_with(format!("no reply: {e}"))),
                     }
                 }
+                Err(e) if self.session.id == 0 => {
+                    let why = not_a_decree_server(self.frames.pending_bytes(), &e);
+                    return Err(self.break_with(why));
+                }
                 Err(e) => return Err(self.break_with(format!("bad frame from the server: {e}"))),
             }
         }
+    }
+
+    /// Whether a server message's trailer may be acted on: none before version 3, and
+    /// from version 3 on no must-understand field (this client knows none).
+    fn fields_understood(&self, fields: &[decree_proto::Field]) -> bool {
+        fields.is_empty()
+            || (self.session.version >= decree_proto::PROTOCOL_VERSION_TRAILER
+                && !fields.iter().any(|f| f.must_understand()))
     }
 
     fn server_error(&mut self, code: ErrorCode, message: String) -> StoreError {
@@ -528,6 +590,20 @@ impl Connection {
         self.broken = Some(why.clone());
         StoreError::Unreachable(why)
     }
+}
+
+/// What to say when the first bytes from an endpoint are no decree frame: another kind of
+/// server answered (an HTTP server's "HTTP/1.1" reads as a frame of about 1.2 GB).
+fn not_a_decree_server(first: &[u8], error: &decree_proto::ProtoError) -> String {
+    let shown: String = first
+        .iter()
+        .take(16)
+        .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+        .collect();
+    format!(
+        "this endpoint did not answer as a decree state server (its first bytes read {shown:?}: {error}); \
+         check the address and port"
+    )
 }
 
 /// The addresses of a state server, or of the two members of a pair (in the order given;
@@ -816,6 +892,12 @@ impl DecisionStore for RemoteDecisions {
 
     fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
         self.complete_with(xid, Some(outcome))
+    }
+
+    fn one_phase(&self, xid: &Xid) -> Result<bool, StoreError> {
+        let conn = self.session_of(xid).map_err(|e| StoreError::NotSent(e.to_string()))?;
+        let mut conn = conn.lock();
+        conn.one_phase(xid)
     }
 }
 
@@ -1107,7 +1189,7 @@ mod tests {
             Err(StoreError::Unreachable(why)) => assert!(why.contains("version 9"), "{why}"),
             other => panic!("expected Unreachable, got {:?}", other.map(|_| ())),
         }
-        let fake = Fake::start("v3", Greets::Speaks(&[3]));
+        let fake = Fake::start("v4", Greets::Speaks(&[4]));
         match fake.connect() {
             Err(StoreError::Unreachable(why)) => assert!(why.contains("speaks [1]"), "{why}"),
             other => panic!("expected Unreachable, got {:?}", other.map(|_| ())),

@@ -26,7 +26,7 @@ use crate::fanout::{Fanout, Spread};
 use crate::limits::{LimitError, BRANCHES_MAX};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
 use crate::rm::{BranchCall, ResourceManager, RmError, Vote};
-use crate::store::{BranchRecord, Decision};
+use crate::store::{BranchRecord, Decision, StoreError};
 use crate::tm::{BranchCalls, TransactionManager};
 use crate::xid::{Origin, Xid};
 use std::sync::Arc;
@@ -374,9 +374,21 @@ impl Session {
     fn commit_one_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
         let i = self.branch_of.iter().position(|&b| b != NOT_ENLISTED).unwrap_or(0);
         let bx = self.branch_xids[i];
+        // The notice goes out whole before the branch commits: a notice not sent leaves
+        // the transaction undecided, so it rolls back.
+        let told = match self.tm.store().one_phase(&xid) {
+            Ok(told) => told,
+            Err(e) => return Err(self.abort(xid, i, "one-phase notice", RmError::Protocol(e.to_string()))),
+        };
         let result = self.rms[i].commit(&bx, true);
         let name = self.rms[i].name().to_string();
         self.clear();
+        if told && matches!(result, Ok(()) | Err(RmError::Heuristic(_))) {
+            // The commit's answer is in: the server remembers it committed (lazily).
+            if let Err(e) = self.tm.store().complete(&xid) {
+                tracing::debug!(%xid, error = %e, "cannot complete a one-phase commit; the server answers unknown for it");
+            }
+        }
         let rolled_back = |call, cause| TmError::RolledBack {
             xid: Box::new(xid),
             rm: name.clone(),
@@ -409,7 +421,14 @@ impl Session {
             }
             Err(RmError::Unavailable(cause)) => Err(TmError::OutcomeUnknown {
                 xid: Box::new(xid),
-                cause: format!("one-phase commit on {name:?} lost its reply: {cause}"),
+                cause: if told {
+                    format!("one-phase commit on {name:?} lost its reply: {cause}; one-phase: only the database knows")
+                } else {
+                    format!(
+                        "one-phase commit on {name:?} lost its reply: {cause}; one-phase: only the database knows \
+                         (the decision store was not told of this transaction and cannot answer for it)"
+                    )
+                },
             }),
             Err(cause @ (RmError::RolledBack(_) | RmError::UnknownXid(_))) => {
                 Err(rolled_back("commit (one-phase)", cause))
@@ -464,11 +483,19 @@ impl Session {
         };
         // The commit point: fill the reused decision and store it.
         self.fill_decision(xid, voters);
-        if let Err(e) = self.tm.store().decide(&self.decision) {
-            // The record may or may not be durable: leave the branches prepared for
-            // recovery (or the state server) to settle, and never roll them back here.
-            self.clear();
-            return Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() });
+        match self.tm.store().decide(&self.decision) {
+            Ok(()) => {}
+            Err(StoreError::NotSent(why)) => {
+                // Written nowhere: undecided, so rolled back like a failed prepare.
+                let i = self.nth_enlisted(0);
+                return Err(self.abort(xid, i, "decide (not sent)", RmError::Unavailable(why)));
+            }
+            Err(e) => {
+                // The record may or may not be durable: leave the branches prepared for
+                // recovery (or the state server) to settle, and never roll them back here.
+                self.clear();
+                return Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() });
+            }
         }
         // Phase two on the branches that voted commit.
         let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));

@@ -50,6 +50,11 @@ pub enum StoreError {
     /// or sent.
     #[error("decision refused before anything was written: {0}")]
     Limit(#[from] LimitError),
+    /// The decision (or a one-phase notice) was not sent: the session had ended before it
+    /// was written, or its write failed. The transaction is undecided; the coordinator rolls
+    /// it back.
+    #[error("not sent, so not decided: {0}")]
+    NotSent(String),
 }
 
 /// What is known of a transaction's outcome when a client asks again by Xid; every answer
@@ -90,6 +95,16 @@ pub trait DecisionStore: Send + Sync {
     fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
         let _ = outcome;
         self.complete(xid)
+    }
+    /// Says that `xid` is about to commit its one branch in one phase, before the branch
+    /// commits, so that a state server never answers it rolled back afterwards (protocol
+    /// version 3's `OnePhase`). Returns whether the store was told, in which case the
+    /// coordinator calls [`DecisionStore::complete`] once the commit succeeded; an error
+    /// means the notice did not go out and the transaction must roll back. Stores that
+    /// answer no outcome questions (the embedded log) need not be told.
+    fn one_phase(&self, xid: &Xid) -> Result<bool, StoreError> {
+        let _ = xid;
+        Ok(false)
     }
 }
 

@@ -66,12 +66,26 @@ pub fn decode_frame(buf: &[u8], frame_bytes_max: usize) -> Result<Option<RawFram
 
 /// Appends the frame of `message` with `request_id` to `out`; returns the frame's length.
 pub fn encode_frame(out: &mut Vec<u8>, request_id: u64, message: &Message) -> usize {
+    encode_frame_with_fields(out, request_id, message, &[])
+}
+
+/// Appends the frame of `message` followed by a version-3 field trailer (for sessions of
+/// version 3 and later only, and for messages that carry one: see
+/// [`crate::trailer::carries_trailer`]); returns the frame's length.
+pub fn encode_frame_with_fields(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    message: &Message,
+    fields: &[crate::trailer::Field],
+) -> usize {
+    assert!(fields.is_empty() || crate::trailer::carries_trailer(message.kind()));
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     out.push(FRAME_VERSION);
     out.push(message.kind() as u8);
     out.extend_from_slice(&request_id.to_be_bytes());
     message.encode_body(out);
+    crate::trailer::encode_fields(out, fields);
     let frame_bytes = out.len() - start;
     let length = (frame_bytes - 4) as u32;
     out[start..start + 4].copy_from_slice(&length.to_be_bytes());
@@ -125,6 +139,12 @@ impl FrameBuffer {
         self.end - self.start
     }
 
+    /// The bytes received and not yet taken as frames (for an error message that shows
+    /// what a peer sent).
+    pub fn pending_bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
     /// Free space to read into; call [`FrameBuffer::commit`] with the bytes read.
     ///
     /// Empty only when the buffer holds a whole frame that must be taken first.
@@ -173,6 +193,21 @@ impl FrameBuffer {
         let id = frame.header.request_id;
         self.start += frame.header.frame_bytes;
         Ok(Some((id, message)))
+    }
+
+    /// Takes the next whole frame with its version-3 field trailer (empty when there is
+    /// none): the caller refuses a trailer on a session of an earlier version.
+    pub fn next_message_with_fields(
+        &mut self,
+    ) -> Result<Option<(u64, Message, Vec<crate::trailer::Field>)>, ProtoError> {
+        let data = &self.buf[self.start..self.end];
+        let Some(frame) = decode_frame(data, self.frame_bytes_max)? else {
+            return Ok(None);
+        };
+        let (message, fields) = crate::trailer::decode_body_and_fields(frame.header.kind, frame.body)?;
+        let id = frame.header.request_id;
+        self.start += frame.header.frame_bytes;
+        Ok(Some((id, message, fields)))
     }
 
     /// The frame length announced by the pending bytes, once the length field is in.

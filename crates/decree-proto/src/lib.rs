@@ -26,21 +26,29 @@
 
 pub mod frame;
 pub mod message;
+pub mod trailer;
 
 use decree_core::Outcome;
 
-pub use frame::{decode_frame, encode_decide_frame, encode_frame, FrameBuffer, FrameHeader, RawFrame};
+pub use frame::{
+    decode_frame, encode_decide_frame, encode_frame, encode_frame_with_fields, FrameBuffer, FrameHeader,
+    RawFrame,
+};
 pub use message::{
     heuristic_byte, heuristic_from_byte, outcome_byte, outcome_from_byte, ErrorCode, Message, MessageType,
     Negotiated, HELLO_VERSIONS_MAX,
 };
+pub use trailer::{Field, MUST_UNDERSTAND};
 
 /// The version byte of every frame: the version of the framing, the same for every
 /// protocol version.
 pub const FRAME_VERSION: u8 = 1;
 
 /// The protocol versions this implementation speaks, in increasing order.
-pub const PROTOCOL_VERSIONS: &[u8] = &[1, 2];
+pub const PROTOCOL_VERSIONS: &[u8] = &[1, 2, 3];
+
+/// The first protocol version with the field trailer and `OnePhase`.
+pub const PROTOCOL_VERSION_TRAILER: u8 = 3;
 
 /// The protocol version of a session whose client sent no version list.
 pub const PROTOCOL_VERSION_DEFAULT: u8 = 1;
@@ -137,9 +145,11 @@ mod tests {
         assert_eq!(choose_version(&[2, 1]), Some(2));
         assert_eq!(choose_version(&[1]), Some(1));
         assert_eq!(choose_version(&[2]), Some(2));
-        assert_eq!(choose_version(&[9, 3, 2, 1]), Some(2));
+        assert_eq!(choose_version(&[9, 3, 2, 1]), Some(3));
+        assert_eq!(choose_version(&[9, 4, 2, 1]), Some(2));
         assert_eq!(choose_version(&[7, 1]), Some(1));
-        assert_eq!(choose_version(&[3, 4, 200]), None);
+        assert_eq!(choose_version(&[3, 4, 200]), Some(3));
+        assert_eq!(choose_version(&[4, 200]), None);
         assert_eq!(choose_version(&[0]), None);
         assert_eq!(choose_version(&[]), None);
         assert!(PROTOCOL_VERSIONS.windows(2).all(|w| w[0] < w[1]));

@@ -39,6 +39,9 @@ pub enum MessageType {
     /// Client → server (protocol version 2): every branch of this Xid is finished and at
     /// least one decided on its own (no reply on success).
     CompleteHeuristic = 0x0a,
+    /// Client → server (protocol version 3): this session is about to commit this Xid in
+    /// one phase (no reply on success).
+    OnePhase = 0x0b,
     /// Server → client: the request (or the connection) failed.
     Error = 0x7f,
 }
@@ -57,6 +60,7 @@ impl MessageType {
             0x08 => MessageType::Ping,
             0x09 => MessageType::Pong,
             0x0a => MessageType::CompleteHeuristic,
+            0x0b => MessageType::OnePhase,
             0x7f => MessageType::Error,
             _ => return None,
         })
@@ -75,6 +79,7 @@ impl MessageType {
             MessageType::Ping => "Ping",
             MessageType::Pong => "Pong",
             MessageType::CompleteHeuristic => "CompleteHeuristic",
+            MessageType::OnePhase => "OnePhase",
             MessageType::Error => "Error",
         }
     }
@@ -127,6 +132,9 @@ pub enum ErrorCode {
     /// 19: this server is the backup member of a pair: its primary serves clients (the
     /// message names the peer when the configuration does); the connection is closed.
     NotPrimary,
+    /// 20 (protocol version 3): a request carries a must-understand field the server does
+    /// not know; nothing of it was acted on and the connection stays open.
+    MustUnderstand,
     /// Any other code, kept for forward compatibility.
     Other(u16),
 }
@@ -154,6 +162,7 @@ impl ErrorCode {
             ErrorCode::NotAllowed => 17,
             ErrorCode::TlsRequired => 18,
             ErrorCode::NotPrimary => 19,
+            ErrorCode::MustUnderstand => 20,
             ErrorCode::Other(c) => c,
         }
     }
@@ -180,6 +189,7 @@ impl ErrorCode {
             17 => ErrorCode::NotAllowed,
             18 => ErrorCode::TlsRequired,
             19 => ErrorCode::NotPrimary,
+            20 => ErrorCode::MustUnderstand,
             c => ErrorCode::Other(c),
         }
     }
@@ -221,6 +231,9 @@ pub enum Message {
     /// Protocol version 2: every branch of this Xid is finished and at least one decided
     /// on its own, with this combined outcome; no reply on success, like `Complete`.
     CompleteHeuristic(Xid, HeuristicOutcome),
+    /// Protocol version 3: this session is about to commit this (global) Xid in one phase,
+    /// so the server must not answer it rolled back after the session closes.
+    OnePhase(Xid),
     /// Asks what became of this Xid.
     Outcome(Xid),
     /// The answer to `Outcome`.
@@ -240,10 +253,10 @@ pub const CLIENT_NAME_BYTES_MAX: usize = 255;
 pub const HELLO_VERSIONS_MAX: usize = 16;
 
 /// Bytes of a `HelloOk` body without the negotiation trailer.
-const HELLO_OK_BYTES: usize = 28;
+pub(crate) const HELLO_OK_BYTES: usize = 28;
 
 /// Bytes of the `HelloOk` trailer: version u8, idle_timeout_ms u32.
-const NEGOTIATED_BYTES: usize = 5;
+pub(crate) const NEGOTIATED_BYTES: usize = 5;
 
 impl Message {
     /// The type byte of this message.
@@ -255,6 +268,7 @@ impl Message {
             Message::DecideOk => MessageType::DecideOk,
             Message::Complete(_) => MessageType::Complete,
             Message::CompleteHeuristic(..) => MessageType::CompleteHeuristic,
+            Message::OnePhase(_) => MessageType::OnePhase,
             Message::Outcome(_) => MessageType::Outcome,
             Message::OutcomeIs(_) => MessageType::OutcomeIs,
             Message::Ping => MessageType::Ping,
@@ -297,7 +311,7 @@ impl Message {
             // Asserts the record's limits; a decoded `Decide` holds them (the decoder
             // refuses any other), a built one must have been checked.
             Message::Decide(decision) => decision.encode_into(out),
-            Message::Complete(xid) | Message::Outcome(xid) => xid.encode(out),
+            Message::Complete(xid) | Message::Outcome(xid) | Message::OnePhase(xid) => xid.encode(out),
             Message::CompleteHeuristic(xid, outcome) => {
                 xid.encode(out);
                 out.push(heuristic_byte(*outcome));
@@ -372,6 +386,7 @@ impl Message {
                 Message::CompleteHeuristic(xid, outcome)
             }
             MessageType::Outcome => Message::Outcome(decode_xid(body).map_err(|e| bad(&e))?),
+            MessageType::OnePhase => Message::OnePhase(decode_xid(body).map_err(|e| bad(&e))?),
             MessageType::OutcomeIs => {
                 exact(1)?;
                 Message::OutcomeIs(
@@ -529,6 +544,7 @@ mod tests {
             Message::DecideOk,
             Message::Complete(xid),
             Message::CompleteHeuristic(xid, HeuristicOutcome::Mixed),
+            Message::OnePhase(xid),
             Message::Outcome(xid),
             Message::OutcomeIs(Outcome::InProgress),
             Message::OutcomeIs(Outcome::Unknown),
@@ -640,10 +656,11 @@ mod tests {
             (17, ErrorCode::NotAllowed),
             (18, ErrorCode::TlsRequired),
             (19, ErrorCode::NotPrimary),
+            (20, ErrorCode::MustUnderstand),
         ] {
             assert_eq!(ErrorCode::from_u16(c), code);
         }
-        assert_eq!(ErrorCode::from_u16(20), ErrorCode::Other(20));
+        assert_eq!(ErrorCode::from_u16(21), ErrorCode::Other(21));
     }
 
     /// A `Decide` body of `count` branches named `name`, written by hand: the encoder
@@ -789,7 +806,7 @@ mod tests {
         #[test]
         fn valid_frames_with_random_header_bytes_never_panic(
             prefix in proptest::collection::vec(any::<u8>(), 0..14),
-            which in 0usize..17,
+            which in 0usize..18,
             cuts in proptest::collection::vec(any::<usize>(), 0..8),
         ) {
             let mut bytes = prefix;

@@ -20,6 +20,7 @@
 //! frame_bytes_max = 65536
 //! handshake_timeout_ms = 10000  # a connection must complete its Hello within this
 //! idle_timeout_ms = 0           # 0: idle sessions stay open; N: closed after N ms silent
+//! close_drain_ms = 1000         # a session the server closes is read to its end this long
 //!
 //! [tls]                         # on the tcp listener; mutual TLS 1.3
 //! cert = "/etc/decree/server.pem"       # the server's chain, leaf first
@@ -110,7 +111,15 @@ pub struct Limits {
     /// server closes it; 0 never closes an idle session (the default, since closing rolls
     /// back the session's undecided prepared branches). Announced in `HelloOk`.
     pub idle_timeout_ms: u32,
+    /// Milliseconds the server keeps reading a session it closes itself (idle timeout,
+    /// protocol error) for the client to close its end: a `OnePhase` notice may still be
+    /// unread. Past it, the session's undecided Xids are answered unknown, never rolled
+    /// back (docs/protocol.md, session rule 9).
+    pub close_drain_ms: u32,
 }
+
+/// Longest accepted `close_drain_ms`: a minute; the connection slot stays taken meanwhile.
+pub const CLOSE_DRAIN_MS_MAX: u32 = 60_000;
 
 /// Shortest accepted `idle_timeout_ms` (0 aside): a client pings at about a third of it,
 /// and a shorter bound would turn the keep-alive into a stream of requests.
@@ -129,6 +138,7 @@ impl Default for Limits {
             outcomes_remembered_max: 65536,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 0,
+            close_drain_ms: 1000,
         }
     }
 }
@@ -150,7 +160,19 @@ impl Limits {
                 self.idle_timeout_ms
             )));
         }
+        if self.close_drain_ms > CLOSE_DRAIN_MS_MAX {
+            return Err(ConfigError(format!(
+                "limits.close_drain_ms = {} must be at most {CLOSE_DRAIN_MS_MAX} (the connection slot stays \
+                 taken while the server reads a closed session to its end)",
+                self.close_drain_ms
+            )));
+        }
         Ok(())
+    }
+
+    /// How long a session the server closes is read to its end.
+    pub fn close_drain(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.close_drain_ms.into())
     }
 
     /// The handshake bound as a duration.

@@ -14,12 +14,18 @@
 //! it trickles bytes), and, when `idle_timeout_ms` is set, a session is closed once it has
 //! sent no request for that long with none in flight (a decide waiting on the log keeps
 //! its session alive, and the bound restarts when the last answer leaves).
+//!
+//! A session the server closes itself (an idle timeout, a protocol error) is read to its
+//! end before it is closed in the state, for at most `close_drain_ms`: a `OnePhase` the
+//! client wrote just before may be unread, and "rolled back" may be answered for the
+//! session's undecided Xids only once every notice it sent has been seen
+//! (docs/protocol.md, session rule 9).
 
 use crate::crash_points::{self, CrashPoint};
 use crate::rules;
 use crate::state::{SessionTxns, State};
 use decree_core::{Decision, HeuristicOutcome, Xid};
-use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
+use decree_proto::{encode_frame, ErrorCode, Field, FrameBuffer, Message, Negotiated};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,6 +50,18 @@ struct Response {
 enum Next {
     Continue,
     Close,
+}
+
+/// How the reader's loop ended, which decides what the session's close may claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The client closed its end (or reset it): every byte it sent before was read.
+    PeerClosed,
+    /// The server is stopping: its next start is a new incarnation.
+    Shutdown,
+    /// The server closed the session itself; `framed` says whether the bytes that follow
+    /// can still be cut into frames (not after a malformed one).
+    ServerClosed { framed: bool },
 }
 
 /// Why the server closes a connection that stayed silent.
@@ -113,20 +131,20 @@ pub(crate) async fn serve<R, W>(
     };
     let mut frames = FrameBuffer::new(state.limits.frame_bytes_max as usize);
     let mut last_request = accepted;
-    'read: loop {
+    let ending = 'read: loop {
         loop {
-            match frames.next_message() {
-                Ok(Some((id, message))) => {
+            match frames.next_message_with_fields() {
+                Ok(Some((id, message, fields))) => {
                     last_request = TokioInstant::now();
-                    if let Next::Close = conn.handle(id, message).await {
-                        break 'read;
+                    if let Next::Close = conn.handle_with_fields(id, message, &fields).await {
+                        break 'read Ending::ServerClosed { framed: true };
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::debug!(error = %e, "closing a connection after a bad frame");
                     conn.fail(0, e.code(), e.to_string()).await;
-                    break 'read;
+                    break 'read Ending::ServerClosed { framed: false };
                 }
             }
         }
@@ -135,26 +153,93 @@ pub(crate) async fn serve<R, W>(
         // at the same moment (a request that arrived in time is served).
         tokio::select! {
             biased;
-            _ = shutdown.changed() => break 'read,
+            _ = shutdown.changed() => break 'read Ending::Shutdown,
+            // An error is a reset or a broken TLS stream: the kernel delivered every byte
+            // sent before it, so it ends the session like a close.
             read = reader.read(space) => match read {
-                Ok(0) | Err(_) => break 'read,
+                Ok(0) | Err(_) => break 'read Ending::PeerClosed,
                 Ok(n) => frames.commit(n),
             },
             expiry = conn.expiry(accepted, last_request) => {
                 conn.expired(expiry);
-                break 'read;
+                break 'read Ending::ServerClosed { framed: true };
             }
         }
-    }
+    };
     let session = conn.session.take();
+    let version = conn.version;
     drop(conn); // Drops the reader's sender: the writer ends once in-flight requests settle.
-    let _ = writer_task.await;
+    let _ = writer_task.await; // Its end shuts the sending side down: the client sees it.
     if let Some((id, txns)) = session {
+        if let Ending::ServerClosed { framed } = ending {
+            let drained = framed && drain(&mut reader, &mut frames, &state, id, &txns, version).await;
+            if !drained {
+                state.closed_unread(&txns);
+                state.metrics.sessions_closed_unread.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(session = id, "closed a session that did not close its end in time: its undecided transactions are answered unknown");
+            }
+        }
         state.close_session(id, &txns);
     }
 }
 
+/// Reads a session the server has closed until the client closes its end, for at most
+/// `close_drain_ms`, acting on `OnePhase` and `Complete` only (nothing else can be
+/// answered any more); returns whether the end was reached, i.e. every notice was seen.
+async fn drain<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    frames: &mut FrameBuffer,
+    state: &State,
+    session: u64,
+    txns: &SessionTxns,
+    version: u8,
+) -> bool {
+    let deadline = TokioInstant::now() + state.limits.close_drain();
+    loop {
+        loop {
+            match frames.next_message_with_fields() {
+                Ok(Some((_, Message::OnePhase(xid), _)))
+                    if version >= decree_proto::PROTOCOL_VERSION_TRAILER =>
+                {
+                    state.mark_one_phase(&xid, session, txns);
+                }
+                Ok(Some((_, Message::Complete(xid), _))) => {
+                    state.complete_own(&xid, session, txns, None);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => return false,
+            }
+        }
+        match tokio::time::timeout_at(deadline, reader.read(frames.read_space())).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(n)) => frames.commit(n),
+        }
+    }
+}
+
 impl Conn {
+    /// Handles one request and its version-3 field trailer: bytes after the body are
+    /// malformed on an older session, and an unknown must-understand field refuses the
+    /// request before anything of it is acted on.
+    async fn handle_with_fields(&mut self, id: u64, message: Message, fields: &[Field]) -> Next {
+        if fields.is_empty() {
+            return self.handle(id, message).await;
+        }
+        let kind = message.kind().name();
+        if self.version < decree_proto::PROTOCOL_VERSION_TRAILER {
+            let why = format!("malformed {kind} body: bytes after the body (a field trailer needs protocol version 3, this session speaks {})", self.version);
+            return self.fail(id, ErrorCode::Malformed, why).await;
+        }
+        // Version 3 defines no field: every must-understand one is unknown here.
+        if let Some(f) = fields.iter().find(|f| f.must_understand()) {
+            let why = format!("unknown must-understand field 0x{:04x} in {kind}", f.tag);
+            return self.reply(id, Message::Error { code: ErrorCode::MustUnderstand, message: why }).await;
+        }
+        self.handle(id, message).await
+    }
+
     /// Handles one request; the response goes to the writer.
     async fn handle(&mut self, id: u64, message: Message) -> Next {
         let Some((session, txns)) = self.session.clone() else {
@@ -173,6 +258,13 @@ impl Conn {
             Message::Complete(xid) => self.complete(&xid, session, &txns, None),
             Message::CompleteHeuristic(xid, outcome) if self.version >= 2 => {
                 self.complete(&xid, session, &txns, Some(outcome))
+            }
+            Message::OnePhase(xid) if self.version >= decree_proto::PROTOCOL_VERSION_TRAILER => {
+                self.state.metrics.one_phase_notices.fetch_add(1, Ordering::Relaxed);
+                if !self.state.mark_one_phase(&xid, session, &txns) {
+                    tracing::debug!(%xid, session, "ignored a OnePhase for a transaction of another session");
+                }
+                Next::Continue
             }
             Message::Outcome(xid) => {
                 let outcome = self.state.outcome(&xid);

@@ -45,6 +45,12 @@ pub(crate) struct Metrics {
     /// Recovery passes run (at start, after closes and their rechecks, periodic, retries).
     pub(crate) recovery_passes: AtomicU64,
     pub(crate) heuristics: AtomicU64,
+    /// `OnePhase` notices received (protocol version 3).
+    pub(crate) one_phase_notices: AtomicU64,
+    /// One-phase commits completed by their session (remembered committed).
+    pub(crate) one_phase_completes: AtomicU64,
+    /// Sessions the server closed itself without reading them to their end in time.
+    pub(crate) sessions_closed_unread: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
 }
@@ -104,6 +110,21 @@ pub(crate) fn render(state: &State) -> String {
         load(&m.sessions_idle_closed),
     );
     counter("protocol_errors_total", "Connections closed for a protocol error.", load(&m.protocol_errors));
+    counter(
+        "one_phase_notices_total",
+        "OnePhase notices received: transactions a session commits in one phase.",
+        load(&m.one_phase_notices),
+    );
+    counter(
+        "one_phase_completes_total",
+        "One-phase commits their session completed (remembered committed).",
+        load(&m.one_phase_completes),
+    );
+    counter(
+        "sessions_closed_unread_total",
+        "Sessions the server closed that did not close their end within close_drain_ms (undecided Xids answered unknown).",
+        load(&m.sessions_closed_unread),
+    );
     counter("phase_two_commits_total", "Branches committed by the server.", load(&m.phase_two_commits));
     counter(
         "aborts_total",

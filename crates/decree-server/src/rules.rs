@@ -76,6 +76,10 @@ pub(crate) struct Facts {
     pub(crate) incarnation_evicted: bool,
     /// The first recovery pass of this run has ended.
     pub(crate) first_pass_done: bool,
+    /// Its database may have committed it in one phase, with no decision here: its session
+    /// sent `OnePhase` for it, overflowed its marks, or was closed by the server before its
+    /// socket was read to the end (a notice may have been lost unread).
+    pub(crate) one_phase: bool,
 }
 
 /// The answer to `Outcome`: the first rule that holds, and unknown when none does, so
@@ -95,8 +99,9 @@ pub(crate) fn outcome(f: &Facts) -> Outcome {
         return Outcome::Unknown;
     }
     // No Decide can arrive any more (the session is closed) and none arrived (it would be
-    // live, remembered or doubtful, and nothing of this incarnation was forgotten).
-    if f.owner == Owner::Closed && !f.incarnation_evicted {
+    // live, remembered or doubtful, and nothing of this incarnation was forgotten), and no
+    // database committed it in one phase (no notice came, and none can be lost unread).
+    if f.owner == Owner::Closed && !f.incarnation_evicted && !f.one_phase {
         return Outcome::RolledBack;
     }
     if f.owner == (Owner::Live { evicted: false }) {
@@ -172,7 +177,7 @@ mod tests {
         let mut all = Vec::new();
         for owner in OWNERS {
             for remembered in REMEMBERED {
-                for bits in 0..32u32 {
+                for bits in 0..64u32 {
                     let bit = |i: u32| bits & (1 << i) != 0;
                     all.push(Facts {
                         owner,
@@ -182,6 +187,7 @@ mod tests {
                         doubtful: bit(2),
                         incarnation_evicted: bit(3),
                         first_pass_done: bit(4),
+                        one_phase: bit(5),
                     });
                 }
             }
@@ -207,6 +213,7 @@ mod tests {
                             || (f.owner == Owner::Closed
                                 && !f.incarnation_evicted
                                 && !f.doubtful
+                                && !f.one_phase
                                 && f.remembered.is_none()),
                         "{f:?}"
                     );
@@ -237,6 +244,7 @@ mod tests {
             doubtful: false,
             incarnation_evicted: false,
             first_pass_done: true,
+            one_phase: false,
         };
         // Committed, completed, then a restart: the memory answers, not presumed abort.
         let committed = Facts { remembered: Some(Remembered::Committed), ..base };
@@ -258,6 +266,38 @@ mod tests {
         let foreign = Facts { owner: Owner::Foreign, first_pass_done: false, ..base };
         assert_eq!(outcome(&foreign), Outcome::Unknown);
         assert_eq!(outcome(&Facts { owner: Owner::NeverIssued, ..base }), Outcome::Unknown);
+    }
+
+    #[test]
+    fn a_one_phase_notice_is_never_answered_rolled_back_and_one_lost_in_a_restart_costs_nothing() {
+        let base = Facts {
+            owner: Owner::Closed,
+            decided: false,
+            heuristic_seen: false,
+            remembered: None,
+            doubtful: false,
+            incarnation_evicted: false,
+            first_pass_done: true,
+            one_phase: true,
+        };
+        // The bug of issue 31: a one-phase commit answered "rolled back" once its session
+        // closed. With the notice (or a session the server could not read to its end) the
+        // database alone knows.
+        assert_eq!(outcome(&base), Outcome::Unknown);
+        assert_eq!(outcome(&Facts { one_phase: false, ..base }), Outcome::RolledBack);
+        // While the session lives the client may still be committing.
+        assert_eq!(outcome(&Facts { owner: Owner::Live { evicted: false }, ..base }), Outcome::InProgress);
+        // After the client's Complete the memory answers.
+        let completed = Facts { remembered: Some(Remembered::Committed), ..base };
+        assert_eq!(outcome(&completed), Outcome::Committed);
+        // A notice lost in a restart: the Xid is of an earlier incarnation, for which "rolled
+        // back" is never answered without a memory, notice or not.
+        for one_phase in [false, true] {
+            assert_eq!(outcome(&Facts { owner: Owner::Earlier, one_phase, ..base }), Outcome::Unknown);
+        }
+        // The server rolled its prepared branches back itself: that memory is true.
+        let rolled = Facts { remembered: Some(Remembered::RolledBack), ..base };
+        assert_eq!(outcome(&rolled), Outcome::RolledBack);
     }
 
     #[test]

@@ -32,6 +32,16 @@ use std::time::{Duration, Instant};
 /// undecided Xid of this incarnation counts as doubtful (the log is fail-stop anyway).
 pub(crate) const DOUBTFUL_MAX: usize = 65_536;
 
+/// `OnePhase` marks one session holds (protocol version 3); past this the session is marked
+/// overflowed instead, and after its close none of its undecided Xids is answered rolled
+/// back (other sessions keep their answers).
+pub(crate) const ONE_PHASE_MARKS_MAX: usize = 1024;
+
+/// Xids and sessions of closed sessions remembered as "a database may have committed it in
+/// one phase"; past this, no closed session's undecided Xid of this incarnation is answered
+/// rolled back (the answers become unknown, never false).
+pub(crate) const CLOSED_UNKNOWN_MAX: usize = 65_536;
+
 /// A decision that is durable in the log and not finished yet, with its log keys.
 #[derive(Debug, Clone)]
 pub(crate) struct LiveDecision {
@@ -63,6 +73,67 @@ pub(crate) struct SessionTxns {
     /// Set by `close_session` under the `decided` lock once its decisions moved to the
     /// orphans: a pair's decision confirmed later goes to the orphans instead.
     pub(crate) closed: AtomicBool,
+    /// The transactions this session said it commits in one phase (`OnePhase`), until its
+    /// `Complete` for them.
+    one_phase: Mutex<OnePhaseMarks>,
+    /// The server closed the session without reading it to its end: a `OnePhase` may have
+    /// been lost unread, so none of its undecided Xids may be answered rolled back.
+    unread: AtomicBool,
+}
+
+/// The `OnePhase` marks of one session, by sequence number.
+#[derive(Default)]
+struct OnePhaseMarks {
+    sequences: HashSet<u64>,
+    /// More than `ONE_PHASE_MARKS_MAX` were marked at once: every undecided Xid counts.
+    overflowed: bool,
+}
+
+/// What closed sessions left of their one-phase marks: the Xids, or whole sessions (marks
+/// overflowed, or not read to the end).
+#[derive(Default)]
+struct ClosedUnknown {
+    xids: HashSet<Xid>,
+    sessions: HashSet<u64>,
+    /// More than `CLOSED_UNKNOWN_MAX` entries: every closed session counts.
+    overflowed: bool,
+}
+
+impl ClosedUnknown {
+    fn room(&mut self) -> bool {
+        if self.xids.len() + self.sessions.len() < CLOSED_UNKNOWN_MAX {
+            return true;
+        }
+        if !self.overflowed {
+            tracing::warn!(
+                max = CLOSED_UNKNOWN_MAX,
+                "too many one-phase marks of closed sessions: every undecided transaction of a closed session \
+                 of this run is now answered unknown, not rolled back"
+            );
+        }
+        self.overflowed = true;
+        false
+    }
+
+    /// Keeps what a closing session leaves: its marked Xids, or the whole session.
+    fn keep(&mut self, node: u32, incarnation: u64, session: u64, marks: OnePhaseMarks, unread: bool) {
+        if marks.overflowed || unread {
+            if self.room() {
+                self.sessions.insert(session);
+            }
+            return;
+        }
+        for sequence in marks.sequences {
+            if !self.room() {
+                return;
+            }
+            self.xids.insert(Xid::decree(Origin { node, incarnation, session, sequence }));
+        }
+    }
+
+    fn holds(&self, xid: &Xid, session: u64) -> bool {
+        self.overflowed || self.sessions.contains(&session) || self.xids.contains(xid)
+    }
 }
 
 /// Xids answered `LogFailed` in this run.
@@ -103,6 +174,8 @@ pub(crate) struct State {
     /// Decisions durable here and not yet confirmed by the backup (a pair in strict
     /// mode): in doubt, never rolled back, never answered as decided.
     unconfirmed: Mutex<HashSet<Xid>>,
+    /// Closed sessions' one-phase marks: never answered rolled back.
+    closed_unknown: Mutex<ClosedUnknown>,
 }
 
 impl State {
@@ -152,6 +225,7 @@ impl State {
             wake_signal: Condvar::new(),
             pair: std::sync::OnceLock::new(),
             unconfirmed: Mutex::new(HashSet::new()),
+            closed_unknown: Mutex::new(ClosedUnknown::default()),
         }
     }
 
@@ -243,6 +317,13 @@ impl State {
                 }
             }
         }
+        // What its one-phase marks say, before it leaves `live` (the outcome rule reads the
+        // owner first): a marked Xid of a closed session is never answered rolled back.
+        let marks = std::mem::take(&mut *txns.one_phase.lock());
+        let unread = txns.unread.load(Ordering::SeqCst);
+        if unread || marks.overflowed || !marks.sequences.is_empty() {
+            self.closed_unknown.lock().keep(self.node, self.incarnation, id, marks, unread);
+        }
         self.live.lock().remove(&id);
         self.metrics.sessions_closed.fetch_add(1, Ordering::Relaxed);
         if handed_over > 0 {
@@ -251,6 +332,47 @@ impl State {
         // Asked for only once the session has left `live`: a recheck looks after it.
         self.rechecks.lock().after_close(Instant::now());
         self.wake_recovery();
+    }
+
+    /// A `OnePhase` of a live session (protocol version 3): `xid` may be committed by its
+    /// database in one phase. Another session's Xid is ignored (false).
+    pub(crate) fn mark_one_phase(&self, xid: &Xid, session: u64, txns: &SessionTxns) -> bool {
+        let Some(o) = xid.global().origin() else { return false };
+        if o.node != self.node || o.incarnation != self.incarnation || o.session != session {
+            return false;
+        }
+        let mut marks = txns.one_phase.lock();
+        if marks.sequences.len() < ONE_PHASE_MARKS_MAX {
+            marks.sequences.insert(o.sequence);
+        } else if !marks.overflowed {
+            marks.overflowed = true;
+            tracing::warn!(
+                session,
+                max = ONE_PHASE_MARKS_MAX,
+                "a session marked too many one-phase commits without completing them: its undecided \
+                 transactions will be answered unknown, not rolled back"
+            );
+        }
+        true
+    }
+
+    /// The server closes `txns`' session without having read it to its end.
+    pub(crate) fn closed_unread(&self, txns: &SessionTxns) {
+        txns.unread.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a database may have committed `xid` in one phase (see [`Facts::one_phase`]).
+    fn one_phase(&self, global: &Xid, origin: Option<Origin>) -> bool {
+        let Some(o) = origin.filter(|o| o.node == self.node && o.incarnation == self.incarnation) else {
+            return false;
+        };
+        if let Some(txns) = self.live.lock().get(&o.session).cloned() {
+            let marks = txns.one_phase.lock();
+            return marks.overflowed
+                || marks.sequences.contains(&o.sequence)
+                || txns.unread.load(Ordering::SeqCst);
+        }
+        self.closed_unknown.lock().holds(global, o.session)
     }
 
     /// A fresh log key for a decision of `session`'s transaction `sequence`: the key it
@@ -348,6 +470,9 @@ impl State {
         let mut decided = txns.decided.lock();
         let Some(live) = decided.get(&o.sequence) else {
             drop(decided);
+            if heuristic.is_none() && txns.one_phase.lock().sequences.contains(&o.sequence) {
+                return self.one_phase_committed(&global, o.sequence, txns);
+            }
             // An undecided transaction of this session that it rolled back, where a branch
             // decided on its own: remembered, or "rolled back" would be answered for it.
             let Some(h) = heuristic else { return false };
@@ -362,6 +487,18 @@ impl State {
         if self.finish(&global, keys, heuristic) {
             decided.remove(&o.sequence);
         }
+        true
+    }
+
+    /// A `Complete` for a transaction this session marked with `OnePhase`: its one-phase
+    /// commit succeeded. Remembered committed (visible) before the mark goes; kept marked
+    /// if the memory refused it, so that it is answered unknown, never rolled back.
+    fn one_phase_committed(&self, global: &Xid, sequence: u64, txns: &SessionTxns) -> bool {
+        if !self.remember(global, Remembered::Committed, Box::new(|_| {})) {
+            return false;
+        }
+        txns.one_phase.lock().sequences.remove(&sequence);
+        self.metrics.one_phase_completes.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -503,6 +640,7 @@ impl State {
             doubtful: self.is_doubtful(&global),
             incarnation_evicted: self.incarnation_evicted.load(Ordering::SeqCst),
             first_pass_done,
+            one_phase: self.one_phase(&global, origin),
         }
     }
 
