@@ -4,12 +4,15 @@
 //! named error. The vectors were produced by an independent encoder (not this crate), so
 //! a change of the wire format breaks this test instead of silently moving the vectors.
 //!
-//! Vectors with `"since": 2` exist only in protocol version 2; the others are version 1
+//! Vectors with `"since": 2` exist only from protocol version 2 on, those with `"since": 3`
+//! (the field trailer, `OnePhase`, error 20) from version 3 on; the others are version 1
 //! and must stay byte for byte what they are.
 
 use decree_core::{BranchRecord, Decision, HeuristicOutcome, Outcome, Xid};
+use decree_proto::trailer::decode_body_and_fields;
 use decree_proto::{
-    decode_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated, ProtoError, FRAME_BYTES_MAX,
+    decode_frame, encode_frame, encode_frame_with_fields, ErrorCode, Field, FrameBuffer, Message, Negotiated,
+    ProtoError, FRAME_BYTES_MAX,
 };
 use serde_json::Value;
 
@@ -77,6 +80,7 @@ fn message(kind: &str, f: &Value) -> Message {
             },
         ),
         "Outcome" => Message::Outcome(xid(&f["xid"])),
+        "OnePhase" => Message::OnePhase(xid(&f["xid"])),
         "OutcomeIs" => Message::OutcomeIs(match f["outcome"].as_str().unwrap() {
             "committed" => Outcome::Committed,
             "in_progress" => Outcome::InProgress,
@@ -95,6 +99,17 @@ fn message(kind: &str, f: &Value) -> Message {
     }
 }
 
+/// A vector's field trailer (version 3), empty when it has none.
+fn trailer(f: &Value) -> Vec<Field> {
+    let Some(list) = f["trailer"].as_array() else { return Vec::new() };
+    list.iter()
+        .map(|t| Field {
+            tag: num(t, "tag") as u16,
+            value: hex::decode(t["value"].as_str().unwrap()).unwrap(),
+        })
+        .collect()
+}
+
 #[test]
 fn every_vector_encodes_and_decodes_exactly() {
     let v = vectors();
@@ -107,7 +122,7 @@ fn every_vector_encodes_and_decodes_exactly() {
     let mut kinds: Vec<&str> = messages.iter().map(|m| m["type"].as_str().unwrap()).collect();
     kinds.sort_unstable();
     kinds.dedup();
-    assert_eq!(kinds.len(), 11, "every message type has a vector");
+    assert_eq!(kinds.len(), 12, "every message type has a vector");
     let mut stream = Vec::new();
     let mut expected = Vec::new();
     for vector in messages {
@@ -115,20 +130,29 @@ fn every_vector_encodes_and_decodes_exactly() {
         let bytes = hex::decode(vector["hex"].as_str().unwrap()).unwrap();
         let id = num(vector, "request_id");
         let m = message(vector["type"].as_str().unwrap(), &vector["fields"]);
+        let fields = trailer(&vector["fields"]);
+        assert!(fields.is_empty() || vector["since"].as_u64() >= Some(3), "{name}: a trailer is version 3");
         assert_eq!(m.kind().name(), vector["type"].as_str().unwrap(), "{name}");
         let mut encoded = Vec::new();
-        encode_frame(&mut encoded, id, &m);
+        encode_frame_with_fields(&mut encoded, id, &m, &fields);
         assert_eq!(hex::encode(&encoded), hex::encode(&bytes), "encoding of vector {name}");
         let frame = decode_frame(&bytes, FRAME_BYTES_MAX).unwrap().expect("whole frame");
         assert_eq!(frame.header.request_id, id, "{name}");
         assert_eq!(frame.header.frame_bytes, bytes.len(), "{name}");
         assert_eq!(
-            Message::decode_body(frame.header.kind, frame.body).unwrap(),
-            m,
+            decode_body_and_fields(frame.header.kind, frame.body).unwrap(),
+            (m.clone(), fields.clone()),
             "decoding of vector {name}"
         );
+        // A decoder of versions 1 and 2 reads every vector without a trailer, and refuses
+        // one with a trailer as trailing bytes.
+        let strict = Message::decode_body(frame.header.kind, frame.body);
+        match fields.is_empty() {
+            true => assert_eq!(strict.unwrap(), m, "strict decoding of vector {name}"),
+            false => assert!(matches!(strict, Err(ProtoError::Malformed { .. })), "{name}: {strict:?}"),
+        }
         stream.extend_from_slice(&bytes);
-        expected.push((id, m));
+        expected.push((id, m, fields));
     }
     // All vectors back to back, as on a connection.
     let mut buffer = FrameBuffer::new(FRAME_BYTES_MAX);
@@ -136,7 +160,7 @@ fn every_vector_encodes_and_decodes_exactly() {
     let mut at = 0;
     while at < stream.len() {
         at += buffer.push(&stream[at..]);
-        while let Some(m) = buffer.next_message().unwrap() {
+        while let Some(m) = buffer.next_message_with_fields().unwrap() {
             got.push(m);
         }
     }
@@ -151,7 +175,16 @@ fn every_invalid_vector_is_refused_with_its_named_error() {
         let bytes = hex::decode(vector["hex"].as_str().unwrap()).unwrap();
         let mut buffer = FrameBuffer::new(FRAME_BYTES_MAX);
         assert_eq!(buffer.push(&bytes), bytes.len());
+        let mut with_fields = FrameBuffer::new(FRAME_BYTES_MAX);
+        assert_eq!(with_fields.push(&bytes), bytes.len());
+        // Refused alike by a version-3 decoder, which reads trailers.
+        let err3 = with_fields.next_message_with_fields().expect_err(name);
         let err = buffer.next_message().expect_err(name);
+        assert_eq!(
+            std::mem::discriminant(&err),
+            std::mem::discriminant(&err3),
+            "vector {name}: {err} / {err3}"
+        );
         let kind = match err {
             ProtoError::TooLarge { .. } => "TooLarge",
             ProtoError::TooShort(_) => "TooShort",
