@@ -875,3 +875,82 @@ def test_the_guide_asyncio_program_moves_money(
             balances.append(row[0] if row else None)
     assert balances == [70, 130]
     assert prepared_branches(dsns, bank_server.node) == []
+
+
+# --- a branch the application ended itself ------------------------------------------------------
+
+
+async def insert(bank: Bank, conn: Any, tid: int) -> None:
+    await conn.execute(f"INSERT INTO {bank.prefix}_transfers VALUES (%s, 1)", (tid,))
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback"])
+@pytest.mark.parametrize("ended", ["a", "b"])
+def test_a_branch_ended_by_the_application_is_reported_as_not_safe_to_retry(
+    server: Server, bank: Bank, how: str, ended: str
+) -> None:
+    async def scenario() -> tuple[decree.BranchEndedByApplication, decree.AsyncTransaction]:
+        async with decree.aconnect(server.endpoint) as tm:
+            a, b = await connect_pair(bank)
+            with pytest.raises(decree.BranchEndedByApplication) as raised:
+                async with tm.atransaction() as tx:
+                    await tx.enlist(a, "pg-a")
+                    await tx.enlist(b, "pg-b")
+                    await insert(bank, a, 1)
+                    await insert(bank, b, 1)
+                    await (a if ended == "a" else b).execute("COMMIT" if how == "commit" else "ROLLBACK")
+            await transfer(tm, bank, a, b, tid=2)  # both connections serve the next transaction.
+            await close_all(a, b)
+            return raised.value, tx
+
+    e, tx = run(scenario())
+    assert not isinstance(e, (decree.RolledBack, decree.OutcomeUnknown)) and tx.state == "failed"
+    assert (e.rm, e.branch, e.xid) == (("pg-a", 0) if ended == "a" else ("pg-b", 1)) + (tx.xid,)
+    assert "not safe to retry" in str(e) and str(e.rm) in str(e)
+    snap = bank.snapshot(server.node)
+    committed_by_app = {1} if how == "commit" else set()
+    assert snap.in_a == (committed_by_app if ended == "a" else set()) | {2}
+    assert snap.in_b == (committed_by_app if ended == "b" else set()) | {2}
+    assert snap.prepared == []
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback"])
+def test_the_only_branch_ended_by_the_application_is_reported_too(server: Server, bank: Bank, how: str) -> None:
+    async def scenario() -> decree.BranchEndedByApplication:
+        async with decree.aconnect(server.endpoint) as tm:
+            b = await psycopg.AsyncConnection.connect(bank.dsns["pg-b"])
+            with pytest.raises(decree.BranchEndedByApplication) as raised:
+                async with tm.atransaction() as tx:
+                    await tx.enlist(b, "pg-b")
+                    await insert(bank, b, 3)
+                    await b.execute("COMMIT" if how == "commit" else "ROLLBACK")
+            await b.close()
+            return raised.value
+
+    e = run(scenario())
+    assert (e.rm, e.branch) == ("pg-b", 0)
+    assert bank.snapshot(server.node).in_b == ({3} if how == "commit" else set())
+
+
+def test_a_branch_enlisted_with_no_sql_yet_commits_normally(server: Server, bank: Bank) -> None:
+    async def scenario() -> tuple[decree.AsyncTransaction, decree.AsyncTransaction]:
+        async with decree.aconnect(server.endpoint) as tm:
+            a, b = await connect_pair(bank)
+            async with tm.atransaction() as two:
+                await tx_enlist_both(two, a, b)
+                await insert(bank, b, 4)
+            async with tm.atransaction() as one:  # one branch, no SQL at all
+                await one.enlist(b, "pg-b")
+            await close_all(a, b)
+            return two, one
+
+    two, one = run(scenario())
+    assert two.report is not None and two.report.kind == "two_phase"
+    assert one.report is not None and one.report.kind == "one_phase"
+    snap = bank.snapshot(server.node)
+    assert (snap.in_a, snap.in_b, snap.prepared) == (set(), {4}, [])
+
+
+async def tx_enlist_both(tx: decree.AsyncTransaction, a: Any, b: Any) -> None:
+    await tx.enlist(a, "pg-a")
+    await tx.enlist(b, "pg-b")

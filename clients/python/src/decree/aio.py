@@ -45,9 +45,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from . import protocol as p
 from .aio_branches import AsyncBranchAdapter, async_adapter_for
 from .aio_connection import AsyncServerConnection
-from .branches import BranchFailed, BranchInDoubt, PhaseTwo, Step
+from .branches import BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step
 from .connection import Endpoint, NotSent, Options, TlsConfig
 from .errors import (
+    BranchEndedByApplication,
     DecreeError,
     HeuristicError,
     HeuristicReport,
@@ -434,6 +435,9 @@ class AsyncTransaction:
         told = await self._tell_one_phase(session, b)
         try:
             await b.adapter.commit_one_phase()
+        except BranchEnded as e:
+            self._close_session = self._close_session or told  # a told server then answers unknown.
+            raise await self._ended_by_application(b, e) from e
         except BranchFailed as e:
             raise RolledBack(
                 f"{self.xid}: the one-phase commit on {b.adapter.rm} failed: {e}",
@@ -479,6 +483,8 @@ class AsyncTransaction:
             try:
                 await b.adapter.prepare()
                 b.prepared = True
+            except BranchEnded as e:
+                raise await self._ended_by_application(b, e) from e
             except Exception as e:
                 errors = await self._roll_back_all()
                 raise RolledBack(
@@ -486,6 +492,16 @@ class AsyncTransaction:
                     f"rolled back: {e}",
                     xid=self.xid, rm=b.adapter.rm, branch=b.number, cause=e, rollback_errors=errors,
                 ) from e
+
+    async def _ended_by_application(self, b: _Enlisted, e: BranchEnded) -> BranchEndedByApplication:
+        """Rolls the other branches back and says that ``b`` ended outside decree."""
+        errors = await self._roll_back_all()
+        return BranchEndedByApplication(
+            f"{self.xid}: branch {b.number} on {b.adapter.rm} was committed or rolled back by the "
+            f"application itself, which way is unknown, and every other branch is rolled back: the "
+            f"transaction is not safe to retry; check {b.adapter.rm} first ({e})",
+            xid=self.xid, rm=b.adapter.rm, branch=b.number, cause=e, rollback_errors=errors,
+        )
 
     async def _two_phase(self) -> CommitReport:
         session = self._session

@@ -19,7 +19,7 @@ import abc
 import logging
 from typing import Any
 
-from .branches import DONE, BranchFailed, BranchInDoubt, PhaseTwo, Step, _connection_lost_pg
+from .branches import DONE, BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step, _connection_lost_pg
 from .errors import UsageError
 from .protocol import Xid
 
@@ -75,6 +75,7 @@ class AsyncPsycopgBranch(AsyncBranchAdapter):
     def __init__(self, connection: Any, rm: str) -> None:
         super().__init__(connection, rm)
         self._state = "idle"
+        self._begun = False
 
     def _status(self) -> int:
         return int(self.connection.info.transaction_status)
@@ -101,10 +102,25 @@ class AsyncPsycopgBranch(AsyncBranchAdapter):
         self.xid = xid
         await self.connection.tpc_begin(xid.pg_gid())
         self._state = "active"
+        # psycopg sends BEGIN with tpc_begin: from here on, no open transaction means that
+        # the application ended the branch.
+        self._begun = self._status() == TransactionStatus.INTRANS
+
+    def _check_not_ended(self) -> None:
+        """BranchEnded when the transaction psycopg began is gone: a ``COMMIT`` or
+        ``ROLLBACK`` the application sent itself (as :class:`decree.PsycopgBranch`)."""
+        from psycopg.pq import TransactionStatus
+
+        if self._begun and self._state == "active" and self._status() == TransactionStatus.IDLE:
+            raise BranchEnded(
+                f"{self.rm}: the connection has no transaction open although the branch began on it: "
+                "the application committed or rolled it back itself"
+            )
 
     async def prepare(self) -> None:
         import psycopg
 
+        self._check_not_ended()
         if self._aborted():
             # PostgreSQL would answer PREPARE TRANSACTION with a silent ROLLBACK.
             raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
@@ -121,6 +137,7 @@ class AsyncPsycopgBranch(AsyncBranchAdapter):
     async def commit_one_phase(self) -> None:
         import psycopg
 
+        self._check_not_ended()
         if self._aborted():
             await self.rollback()
             raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
