@@ -29,6 +29,7 @@ from bank import Bank, prepared_branches
 from conftest import REPO, Server, mysql_kwargs, need, rm_entries
 from decree import protocol as p
 from decree.aio_connection import AsyncServerConnection
+from decree.branches import BranchInDoubt
 from decree.connection import NotSent
 from test_guide import bank_server, schema  # noqa: F401  (fixtures)
 from test_tls import tls_config, tls_server  # noqa: F401  (a fixture)
@@ -813,6 +814,100 @@ def test_a_one_phase_commit_is_remembered_committed_after_the_session_closes(ser
     assert tx.report is not None and tx.report.kind == "one_phase"
     assert answer == decree.Outcome.COMMITTED
     assert bank.snapshot(server.node).in_a == {70}
+
+
+class CommitAnswerLost(decree.AsyncPsycopgBranch):
+    """A branch whose one-phase commit happens in the database but whose answer is lost."""
+
+    async def commit_one_phase(self) -> None:
+        await super().commit_one_phase()
+        raise BranchInDoubt(f"{self.rm}: COMMIT lost its answer (after the commit, by the test)")
+
+
+async def final_outcome(tm: decree.AsyncTransactionManager, xid: p.Xid, timeout: float = 15.0) -> p.Outcome:
+    """The server's answer once it is no longer "in progress" (its session's close seen)."""
+    deadline = time.monotonic() + timeout
+    while (answer := await tm.outcome(xid)) == p.Outcome.IN_PROGRESS and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return answer
+
+
+async def needs_version_3(tm: decree.AsyncTransactionManager) -> None:
+    """Skips the test (fails it under CI=true) when the server does not speak version 3."""
+    version = tm._pool[0].version
+    if version < 3:
+        await tm.aclose()
+        need("protocol version 3 in decree serve", f"it chose version {version}; rebuild target/release/decree")
+
+
+def test_a_lost_one_phase_answer_is_unknown_and_the_server_says_so(server: Server, bank: Bank) -> None:
+    async def scenario() -> tuple[decree.OutcomeUnknown, decree.AsyncTransaction, p.Outcome]:
+        async with decree.aconnect(server.endpoint) as tm:
+            await needs_version_3(tm)
+            a = await psycopg.AsyncConnection.connect(bank.dsns["pg-a"])
+            with pytest.raises(decree.OutcomeUnknown, match="one-phase: only the database knows;") as unknown:
+                async with tm.atransaction() as tx:
+                    await tx.enlist(CommitAnswerLost(a, "pg-a"), "pg-a")
+                    await insert(bank, a, 3)
+            assert tx.xid is not None
+            # The session was closed, so the server answers unknown at once, not in progress.
+            answer = await final_outcome(tm, tx.xid, timeout=5)
+            await a.close()
+            return unknown.value, tx, answer
+
+    error, tx, answer = run(scenario())
+    assert error.xid == tx.xid and tx.state == "unknown" and answer == p.Outcome.UNKNOWN
+    assert bank.snapshot(server.node).in_a == {3}
+
+
+def test_an_older_session_is_not_told_and_the_error_says_so(server: Server, bank: Bank) -> None:
+    before = server.metrics()
+
+    async def scenario() -> decree.OutcomeUnknown:
+        endpoint = decree.Endpoint.parse(server.endpoint)
+        async with decree.AsyncTransactionManager(endpoint, decree.Options(versions=(1, 2))) as old:
+            a = await psycopg.AsyncConnection.connect(bank.dsns["pg-a"])
+            async with old.atransaction() as tx:
+                await tx.enlist(a, "pg-a")
+                await insert(bank, a, 4)
+            with pytest.raises(decree.OutcomeUnknown) as unknown:
+                async with old.atransaction() as tx:
+                    await tx.enlist(CommitAnswerLost(a, "pg-a"), "pg-a")
+                    await insert(bank, a, 5)
+            await a.close()
+            return unknown.value
+
+    error = run(scenario())
+    assert "one-phase: only the database knows (the server speaks protocol version 2 and was not told of " \
+        "this transaction)" in str(error)
+    assert bank.snapshot(server.node).in_a == {4, 5}
+    assert server.metrics()["decree_commits_total"] == before["decree_commits_total"]
+
+
+def test_a_one_phase_notice_that_cannot_be_written_rolls_the_branch_back(server: Server, bank: Bank) -> None:
+    async def scenario() -> tuple[decree.RolledBack, decree.AsyncTransaction, p.Outcome]:
+        async with decree.aconnect(server.endpoint) as tm:
+            await needs_version_3(tm)
+            a = await psycopg.AsyncConnection.connect(bank.dsns["pg-a"])
+            with pytest.raises(decree.RolledBack, match="OnePhase notice could not be written") as refused:
+                async with tm.atransaction() as tx:
+                    await tx.enlist(a, "pg-a")
+                    await insert(bank, a, 6)
+                    session = tx._session
+                    assert session is not None and session._transport is not None
+                    session._transport.get_extra_info("socket").shutdown(socket.SHUT_WR)  # writes fail now.
+            assert tx.xid is not None
+            answer = await final_outcome(tm, tx.xid)
+            async with tm.atransaction() as again:  # the connection and the manager go on.
+                await again.enlist(a, "pg-a")
+                await insert(bank, a, 7)
+            await a.close()
+            return refused.value, tx, answer
+
+    error, tx, answer = run(scenario())
+    assert error.rm == "pg-a" and tx.state == "rolled_back"
+    assert answer == p.Outcome.ROLLED_BACK, "the server never got OnePhase"
+    assert bank.snapshot(server.node).in_a == {7}
 
 
 # --- the guide's asyncio program --------------------------------------------------------------
