@@ -26,7 +26,7 @@ import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import REPO, Server, mysql_kwargs, need, rm_entries
+from conftest import REPO, Server, mysql_kwargs, need, pg_kwargs, rm_entries
 from decree import protocol as p
 from decree.aio_connection import AsyncServerConnection
 from decree.branches import BranchInDoubt
@@ -365,6 +365,24 @@ def test_a_manager_belongs_to_the_event_loop_that_opened_it(server: Server) -> N
             loop.run_until_complete(tm.ping())
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("which", ["pg-a", "maria"])
+def test_a_database_port_is_reported_as_not_a_decree_server(which: str, dsns: dict[str, str]) -> None:
+    if which == "pg-a":
+        kw = pg_kwargs(dsns["pg-a"])
+        host, port, hint = kw.get("host", "127.0.0.1"), int(kw.get("port", 5432)), "PostgreSQL"
+    else:
+        kw_m = mysql_kwargs(dsns["maria"])
+        host, port, hint = kw_m["host"], kw_m["port"], "MySQL or MariaDB"
+
+    async def scenario() -> decree.ProtocolError:
+        with pytest.raises(decree.ProtocolError, match="did not answer as a decree server") as refused:
+            await decree.aconnect(f"tcp:{host}:{port}", connect_timeout=5, reply_timeout=5)
+        return refused.value
+
+    message = str(run(scenario()))
+    assert hint in message and "bytes exceeds" not in message, message
 
 
 # --- lost answers, sessions gone, cancellations -----------------------------------------------

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from . import protocol as p
-from .connection import COMPLETES_BUFFERED_MAX, Endpoint, NotSent, Options
+from .connection import _FIRST_BYTES_SHOWN, _HEADER_ERRORS, COMPLETES_BUFFERED_MAX, Endpoint, NotSent, Options, _peer_guess
 from .errors import ProtocolError, ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
@@ -65,6 +65,8 @@ class _Stream(asyncio.Protocol):
         self.decoder = p.FrameDecoder()
         self.frames: collections.deque[p.Frame] = collections.deque()
         self.error: p.FrameError | None = None
+        self.first_bytes = b""
+        """The first bytes the peer sent, to describe one that is not decree."""
         self.ended: str | None = None
         self.paused = False
         self.tls = False
@@ -79,6 +81,8 @@ class _Stream(asyncio.Protocol):
             transport.set_write_buffer_limits(high=0)  # paused exactly while bytes wait.
 
     def data_received(self, data: bytes) -> None:
+        if len(self.first_bytes) < _FIRST_BYTES_SHOWN:
+            self.first_bytes += data[: _FIRST_BYTES_SHOWN - len(self.first_bytes)]
         if self.error is None:
             self.decoder.feed(data)
             self._decode()
@@ -499,6 +503,8 @@ class AsyncServerConnection:
             if stream.frames:
                 return self._understood(stream.frames.popleft())
             if stream.error is not None:
+                if self.session == 0 and stream.error.kind in _HEADER_ERRORS:
+                    raise self._not_decree()
                 raise self._violation(str(stream.error))
             if stream.ended is not None:
                 self.close_now(stream.ended)
@@ -519,6 +525,15 @@ class AsyncServerConnection:
             name = type(frame.message).__name__
             raise self._violation(f"a {name} with the unknown must-understand field {unknown.tag:#06x}")
         return frame
+
+    def _not_decree(self) -> ProtocolError:
+        """The first reply's header is not a decree frame: the peer is something else."""
+        head = self._stream.first_bytes
+        self.close_now("not a decree server")
+        return ProtocolError(
+            f"the server at {self.endpoint} did not answer as a decree server{_peer_guess(head)}: its "
+            f"first bytes read as ASCII {repr(head)[1:]}"
+        )
 
     def _violation(self, why: str) -> ProtocolError:
         self.close_now(f"protocol violation: {why}")
