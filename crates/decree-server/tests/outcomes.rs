@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{count, decision, dsn, eventually, metric, metrics, prepare_insert, xid_of};
+use common::{count, decision, dsn, error_code, eventually, metric, metrics, prepare_insert, xid_of, Raw};
 use decree_client::RemoteDecisions;
 use decree_core::testing::dummy::{BranchOutcome, Call, FaultAction, FaultRule};
 use decree_core::testing::DummyFactory;
@@ -18,14 +18,12 @@ use decree_core::{
 };
 use decree_log::testing::fault::FaultStorage;
 use decree_log::EngineKind;
-use decree_proto::{encode_frame, ErrorCode, FrameBuffer, Message};
+use decree_proto::{ErrorCode, Message};
 use decree_rm::PgRm;
 use decree_server::{RmConfig, ServerConfig};
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
     let mut c = ServerConfig::new(dir.join("log"), engine);
@@ -36,70 +34,6 @@ fn config(dir: &Path, engine: EngineKind) -> ServerConfig {
 
 fn endpoint(dir: &Path) -> String {
     format!("unix:{}", dir.join("decree.sock").display())
-}
-
-/// A raw connection speaking protocol `versions` (empty: a version-1 client of today).
-struct Raw {
-    stream: UnixStream,
-    frames: FrameBuffer,
-    next_id: u64,
-    hello_ok: Message,
-}
-
-impl Raw {
-    fn connect(dir: &Path, versions: &[u8]) -> Raw {
-        let stream = UnixStream::connect(dir.join("decree.sock")).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
-        let mut raw = Raw { stream, frames, next_id: 1, hello_ok: Message::Ping };
-        let hello = Message::Hello { node_expected: 0, client: "raw".into(), versions: versions.to_vec() };
-        raw.hello_ok = raw.request(&hello);
-        raw
-    }
-
-    fn session(&self) -> (u32, u64, u64) {
-        match &self.hello_ok {
-            Message::HelloOk { node, incarnation, session, .. } => (*node, *incarnation, *session),
-            other => panic!("expected HelloOk, got {other:?}"),
-        }
-    }
-
-    fn xid(&self, sequence: u64) -> Xid {
-        let (node, incarnation, session) = self.session();
-        Xid::decree(Origin { node, incarnation, session, sequence })
-    }
-
-    fn send(&mut self, message: &Message) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut buf = Vec::new();
-        encode_frame(&mut buf, id, message);
-        self.stream.write_all(&buf).unwrap();
-        id
-    }
-
-    fn request(&mut self, message: &Message) -> Message {
-        let id = self.send(message);
-        loop {
-            if let Some((got, reply)) = self.frames.next_message().unwrap() {
-                assert_eq!(got, id, "replies come in order on this connection: {reply:?}");
-                return reply;
-            }
-            let n = self.stream.read(self.frames.read_space()).unwrap();
-            assert!(n > 0, "the server closed the connection while {message:?} waited for its reply");
-            self.frames.commit(n);
-        }
-    }
-}
-
-fn error_code(reply: &Message) -> ErrorCode {
-    match reply {
-        Message::Error { code, message } => {
-            assert!(!message.is_empty(), "an error names its problem");
-            *code
-        }
-        other => panic!("expected an Error, got {other:?}"),
-    }
 }
 
 /// Points 5 and 6: a decision the server could never finish, or that the protocol

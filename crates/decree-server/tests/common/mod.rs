@@ -9,9 +9,12 @@
 
 use decree_client::RemoteDecisions;
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, ResourceManager, Xid};
+use decree_proto::{ErrorCode, FrameBuffer, Message};
 use decree_rm::PgRm;
 use decree_server::ServerHandle;
 use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The Xid `sequence` of `session`, minted as the server told `store`.
@@ -90,4 +93,83 @@ pub fn count(rm: &PgRm, table: &str, id: i64) -> i64 {
         .query_one(&format!("SELECT count(*) FROM {table} WHERE id = $1"), &[&id])
         .expect("count");
     row.get(0)
+}
+
+/// A raw connection speaking protocol `versions` (empty: a version-1 client of today).
+pub struct Raw {
+    pub stream: UnixStream,
+    frames: FrameBuffer,
+    next_id: u64,
+    hello_ok: Message,
+}
+
+impl Raw {
+    pub fn connect(dir: &Path, versions: &[u8]) -> Raw {
+        let stream = UnixStream::connect(dir.join("decree.sock")).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let frames = FrameBuffer::new(decree_proto::FRAME_BYTES_MAX);
+        let mut raw = Raw { stream, frames, next_id: 1, hello_ok: Message::Ping };
+        let hello = Message::Hello { node_expected: 0, client: "raw".into(), versions: versions.to_vec() };
+        raw.hello_ok = raw.request(&hello);
+        raw
+    }
+
+    pub fn session(&self) -> (u32, u64, u64) {
+        match &self.hello_ok {
+            Message::HelloOk { node, incarnation, session, .. } => (*node, *incarnation, *session),
+            other => panic!("expected HelloOk, got {other:?}"),
+        }
+    }
+
+    pub fn xid(&self, sequence: u64) -> Xid {
+        let (node, incarnation, session) = self.session();
+        Xid::decree(Origin { node, incarnation, session, sequence })
+    }
+
+    /// The server's `HelloOk`.
+    pub fn hello_ok(&self) -> &Message {
+        &self.hello_ok
+    }
+
+    pub fn send(&mut self, message: &Message) -> u64 {
+        self.send_with_fields(message, &[])
+    }
+
+    /// Sends `message` followed by a version-3 field trailer.
+    pub fn send_with_fields(&mut self, message: &Message, fields: &[decree_proto::Field]) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut buf = Vec::new();
+        decree_proto::encode_frame_with_fields(&mut buf, id, message, fields);
+        self.stream.write_all(&buf).unwrap();
+        id
+    }
+
+    pub fn request(&mut self, message: &Message) -> Message {
+        self.request_with_fields(message, &[])
+    }
+
+    /// Sends `message` with a field trailer and waits for its reply.
+    pub fn request_with_fields(&mut self, message: &Message, fields: &[decree_proto::Field]) -> Message {
+        let id = self.send_with_fields(message, fields);
+        loop {
+            if let Some((got, reply)) = self.frames.next_message().unwrap() {
+                assert_eq!(got, id, "replies come in order on this connection: {reply:?}");
+                return reply;
+            }
+            let n = self.stream.read(self.frames.read_space()).unwrap();
+            assert!(n > 0, "the server closed the connection while {message:?} waited for its reply");
+            self.frames.commit(n);
+        }
+    }
+}
+
+pub fn error_code(reply: &Message) -> ErrorCode {
+    match reply {
+        Message::Error { code, message } => {
+            assert!(!message.is_empty(), "an error names its problem");
+            *code
+        }
+        other => panic!("expected an Error, got {other:?}"),
+    }
 }
