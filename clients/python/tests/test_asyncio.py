@@ -66,7 +66,9 @@ def bank(dsns: dict[str, str]) -> Iterator[Bank]:
     b.drop()
 
 
-async def connect_pair(bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection) -> tuple[Any, Any]:
+async def connect_pair(
+    bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection
+) -> tuple[Any, Any]:
     return await cls.connect(bank.dsns["pg-a"]), await cls.connect(bank.dsns["pg-b"])
 
 
@@ -79,7 +81,9 @@ async def work(bank: Bank, a: Any, b: Any, tid: int, amount: int, src: int, dst:
     await b.execute(f"INSERT INTO {p}_transfers VALUES (%s, %s)", (tid, amount))
 
 
-async def transfer(tm: decree.AsyncTransactionManager, bank: Bank, a: Any, b: Any, tid: int, amount: int = 7) -> decree.CommitReport:
+async def transfer(
+    tm: decree.AsyncTransactionManager, bank: Bank, a: Any, b: Any, tid: int, amount: int = 7
+) -> decree.CommitReport:
     async with tm.atransaction() as tx:
         await tx.enlist(a, "pg-a")
         await tx.enlist(b, "pg-b")

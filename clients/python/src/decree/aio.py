@@ -84,7 +84,9 @@ def aconnect(
     members). Await it (``tm = await decree.aconnect(...)``) or enter it (``async with
     decree.aconnect(...) as tm:``): either opens one session at once, so that a wrong
     address or a refused certificate fails there."""
-    options = Options(node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls)
+    options = Options(
+        node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls
+    )
     if client_name is not None:
         options = dataclasses.replace(options, client_name=client_name)
     endpoints = [Endpoint.parse(e.strip()) for e in endpoint.split(",")]

@@ -33,7 +33,15 @@ import time
 from typing import Any
 
 from . import protocol as p
-from .connection import _FIRST_BYTES_SHOWN, _HEADER_ERRORS, COMPLETES_BUFFERED_MAX, Endpoint, NotSent, Options, _peer_guess
+from .connection import (
+    _FIRST_BYTES_SHOWN,
+    _HEADER_ERRORS,
+    COMPLETES_BUFFERED_MAX,
+    Endpoint,
+    NotSent,
+    Options,
+    _peer_guess,
+)
 from .errors import ProtocolError, ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
