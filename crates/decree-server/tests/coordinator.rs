@@ -93,3 +93,79 @@ fn a_heuristic_outcome_of_a_rollback_reaches_the_state_server() {
     assert_eq!(store.outcome(&xid).unwrap(), Outcome::Heuristic, "and keeps answering it");
     server.shutdown().unwrap();
 }
+
+/// A server and a coordinator over it with dummy resource managers `a` and `b`.
+fn coordinator(
+    dir: &std::path::Path,
+) -> (decree_server::ServerHandle, Arc<RemoteDecisions>, Arc<TransactionManager>, DummyFactory, DummyFactory) {
+    let mut config = ServerConfig::new(dir.join("log"), EngineKind::Volatile);
+    config.unix = Some(dir.join("decree.sock"));
+    let (a, b) = (DummyFactory::named("a", 100), DummyFactory::named("b", 100));
+    let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];
+    let server = decree_server::start(config, factories.clone()).unwrap();
+    let endpoint = format!("unix:{}", server.unix_path().unwrap().display());
+    let store = Arc::new(RemoteDecisions::connect(&endpoint).unwrap());
+    let tm = TransactionManager::with_store(store.clone(), TmConfig::default(), factories).unwrap();
+    (server, store, tm, a, b)
+}
+
+/// Issue 31, item 1: a one-phase commit sent nothing to the server, which answered
+/// "rolled back" for it once the session closed. The coordinator now tells the server
+/// first: committed once the commit's answer came, unknown when it was lost.
+#[test]
+fn a_one_phase_commit_is_never_answered_rolled_back_by_the_server() {
+    use decree_core::testing::dummy::{Call, FaultAction, FaultRule};
+    use decree_core::TmError;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, store, tm, a, _b) = coordinator(dir.path());
+    assert_eq!(store.protocol_version(), 3);
+    let mut session = Session::open(&tm, vec![Box::new(a.connection()) as Box<dyn ResourceManager>]).unwrap();
+    let mut tx = session.begin().unwrap();
+    tx.enlist(0).unwrap();
+    let report = tx.commit().unwrap();
+    assert_eq!(report.kind, CommitKind::OnePhase);
+    // The commit's answer was lost although the branch committed.
+    a.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::FailAfter, 1)]);
+    let mut tx = session.begin().unwrap();
+    tx.enlist(0).unwrap();
+    let lost = match tx.commit() {
+        Err(TmError::OutcomeUnknown { xid, cause }) => {
+            assert!(cause.contains("only the database knows"), "{cause}");
+            *xid
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    };
+    assert_eq!(a.outcome(&lost.branch(0)), Some(BranchOutcome::Committed));
+    session.close().unwrap();
+    common::eventually("the server answers committed for the one-phase commit", || {
+        store.outcome(&report.xid).unwrap() == Outcome::Committed
+    });
+    common::eventually("and unknown for the lost one", || store.outcome(&lost).unwrap() != Outcome::InProgress);
+    assert_eq!(store.outcome(&lost).unwrap(), Outcome::Unknown, "never rolled back: it committed");
+    server.shutdown().unwrap();
+}
+
+/// Issue 31, item 2: the server went away between begin and commit. The `Decide` cannot
+/// reach it, so the transaction is rolled back at once (its branches too) instead of
+/// "outcome unknown" with branches left prepared for the server's next recovery pass.
+#[test]
+fn a_decide_to_a_server_that_went_away_is_not_sent_and_rolls_back() {
+    use decree_core::TmError;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _store, tm, a, b) = coordinator(dir.path());
+    let rms: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut session = Session::open(&tm, rms).unwrap();
+    let mut tx = session.begin().unwrap();
+    tx.enlist_all().unwrap();
+    server.shutdown().unwrap();
+    let xid = match tx.commit() {
+        Err(TmError::RolledBack { xid, call, .. }) => {
+            assert_eq!(call, "decide (not sent)");
+            *xid
+        }
+        other => panic!("expected RolledBack, got {other:?}"),
+    };
+    assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::RolledBack));
+    assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));
+    assert!(a.prepared().is_empty() && b.prepared().is_empty(), "nothing left prepared");
+}
