@@ -197,13 +197,50 @@ pub fn xid_from_recover_row(
     Xid::new(format_id, &data[..g], &data[g..]).map_err(|e| e.to_string())
 }
 
+/// The connection options of a DSN, connecting exactly as it says: by default the driver
+/// would switch a TCP connection to 127.0.0.1 over to the server's Unix socket, a login as
+/// `user@localhost` that a user granted for `127.0.0.1` only is refused (silently for the
+/// driver, which falls back to TCP, but logged by MariaDB as "Access denied" for every
+/// connection). A DSN that says `prefer_socket=true` keeps the switch.
 fn parse_dsn(rm: &str, dsn: &str) -> Result<Opts, RmError> {
     let opts =
         Opts::from_url(dsn).map_err(|e| RmError::Protocol(format!("{rm}: invalid MariaDB DSN: {e}")))?;
-    if opts.get_tcp_connect_timeout().is_some() {
-        return Ok(opts);
+    let mut builder = OptsBuilder::from_opts(opts.clone());
+    if !dsn.contains("prefer_socket=") {
+        builder = builder.prefer_socket(false);
     }
-    Ok(OptsBuilder::from_opts(opts).tcp_connect_timeout(Some(CONNECT_TIMEOUT_DEFAULT)).into())
+    if opts.get_tcp_connect_timeout().is_none() {
+        builder = builder.tcp_connect_timeout(Some(CONNECT_TIMEOUT_DEFAULT));
+    }
+    Ok(builder.into())
+}
+
+/// MariaDB's error for a refused login (ER_ACCESS_DENIED_ERROR).
+const ACCESS_DENIED: u16 = 1045;
+
+/// Resource managers whose refused login was logged already: once is enough to name the
+/// fix, and a retry loop would repeat it for every attempt.
+static LOGIN_REFUSED_LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Logs a refused login of `name` once per resource manager, naming the fix.
+fn note_refused_login(name: &str, address: &str, e: &mysql::Error) {
+    let mysql::Error::MySqlError(server) = e else { return };
+    if server.code != ACCESS_DENIED {
+        return;
+    }
+    let mut logged = LOGIN_REFUSED_LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if logged.iter().any(|n| n == name) {
+        return;
+    }
+    logged.push(name.to_string());
+    tracing::error!(
+        rm = name,
+        address,
+        error = %server.message,
+        "MariaDB refused the login of resource manager {name:?}: grant the DSN's user for the host decree \
+         connects from (the server sees it as in the message, e.g. 'user'@'127.0.0.1' for a TCP DSN, \
+         'user'@'localhost' for a socket), or fix the DSN's user or password (logged once)"
+    );
 }
 
 /// The server address for messages: host, port, database and user, never the password.
@@ -229,7 +266,10 @@ fn describe(opts: &Opts) -> String {
 /// not even those of the server's own connection.
 fn open_conn(name: &str, address: &str, opts: &Opts) -> Result<(Conn, u64), RmError> {
     let fail = |e: mysql::Error| RmError::Unavailable(format!("{name}: cannot connect to {address}: {e}"));
-    let mut conn = Conn::new(opts.clone()).map_err(fail)?;
+    let mut conn = Conn::new(opts.clone()).map_err(|e| {
+        note_refused_login(name, address, &e);
+        fail(e)
+    })?;
     let id: Option<u64> = conn.query_first("SELECT CONNECTION_ID()").map_err(fail)?;
     let id =
         id.ok_or_else(|| RmError::Protocol(format!("{name}: SELECT CONNECTION_ID() returned no row")))?;

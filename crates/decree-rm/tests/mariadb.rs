@@ -303,3 +303,28 @@ fn killed_preparing_connection_lets_another_one_finish_and_reconnects() {
     assert_eq!(count(&mut second, &table, 2), 1);
     drop_table(&mut second, &table);
 }
+
+/// Issue 31, item 6: with a DSN over TCP to 127.0.0.1, the driver used to switch each new
+/// connection to the server's Unix socket, a login as `decree@localhost` that the test
+/// user (granted for 127.0.0.1 only, like a production user granted for TCP) is refused:
+/// MariaDB logged "Access denied" for every connection the server opened. Each refused
+/// login counts in `Aborted_connects`; connecting as the DSN says adds none.
+#[test]
+fn connections_follow_the_dsn_and_make_no_refused_login() {
+    let dsn = require_dsn!(MARIADB);
+    let aborted = |rm: &mut MariaDbRm| -> u64 {
+        let row: Option<(String, String)> = rm
+            .client()
+            .expect("connected")
+            .query_first("SHOW GLOBAL STATUS LIKE 'Aborted_connects'")
+            .expect("status");
+        row.expect("one row").1.parse().expect("a number")
+    };
+    let mut watcher = MariaDbRm::connect("watcher", &dsn).expect("connect");
+    let before = aborted(&mut watcher);
+    for i in 0..5 {
+        let mut rm = MariaDbRm::connect(&format!("rm-{i}"), &dsn).expect("connect");
+        assert!(rm.client().is_ok());
+    }
+    assert_eq!(aborted(&mut watcher) - before, 0, "no login was refused while opening 5 connections");
+}
