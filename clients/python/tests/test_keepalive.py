@@ -54,7 +54,7 @@ def test_a_raw_session_that_stays_silent_is_closed_by_the_server(idle_server: Se
     """The bound is real: a session nobody pings is closed, and the client sees it."""
     endpoint = decree.Endpoint.parse(idle_server.endpoint)
     conn = decree.ServerConnection.open(endpoint, decree.Options())
-    assert conn.idle_timeout_ms == IDLE_MS and conn.version == 2
+    assert conn.idle_timeout_ms == IDLE_MS and conn.version == 3
     time.sleep(3 * IDLE_MS / 1000)
     assert not conn.alive()
     with pytest.raises(decree.Unavailable):
