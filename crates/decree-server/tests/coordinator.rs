@@ -97,7 +97,8 @@ fn a_heuristic_outcome_of_a_rollback_reaches_the_state_server() {
 /// A server and a coordinator over it with dummy resource managers `a` and `b`.
 fn coordinator(
     dir: &std::path::Path,
-) -> (decree_server::ServerHandle, Arc<RemoteDecisions>, Arc<TransactionManager>, DummyFactory, DummyFactory) {
+) -> (decree_server::ServerHandle, Arc<RemoteDecisions>, Arc<TransactionManager>, DummyFactory, DummyFactory)
+{
     let mut config = ServerConfig::new(dir.join("log"), EngineKind::Volatile);
     config.unix = Some(dir.join("decree.sock"));
     let (a, b) = (DummyFactory::named("a", 100), DummyFactory::named("b", 100));
@@ -140,7 +141,9 @@ fn a_one_phase_commit_is_never_answered_rolled_back_by_the_server() {
     common::eventually("the server answers committed for the one-phase commit", || {
         store.outcome(&report.xid).unwrap() == Outcome::Committed
     });
-    common::eventually("and unknown for the lost one", || store.outcome(&lost).unwrap() != Outcome::InProgress);
+    common::eventually("and unknown for the lost one", || {
+        store.outcome(&lost).unwrap() != Outcome::InProgress
+    });
     assert_eq!(store.outcome(&lost).unwrap(), Outcome::Unknown, "never rolled back: it committed");
     server.shutdown().unwrap();
 }
