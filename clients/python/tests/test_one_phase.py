@@ -40,7 +40,7 @@ IDLE_MS = 300
 
 def needs_version_3(server: Server) -> None:
     """Skips the test (fails it under CI=true) when the server does not speak version 3."""
-    conn = ServerConnection.open(decree.Endpoint.parse(server.endpoint), Options())
+    conn = ServerConnection.open(decree.Endpoint.parse(server.endpoint), Options(versions=(1, 2, 3)))
     conn.close()
     if conn.version < 3:
         need("protocol version 3 in decree serve", f"it chose version {conn.version}; rebuild target/release/decree")
@@ -85,6 +85,7 @@ def test_a_client_killed_after_a_one_phase_commit_leaves_it_unknown_not_rolled_b
     server: Server, bank: Bank, tm: decree.TransactionManager, tmp_path: Path
 ) -> None:
     needs_version_3(server)
+    before = server.metrics()
     out = tmp_path / "xid"
     done = subprocess.run(
         [sys.executable, str(WORKER), server.endpoint, f"{bank.prefix}_transfers", "7", str(out)],
@@ -92,16 +93,20 @@ def test_a_client_killed_after_a_one_phase_commit_leaves_it_unknown_not_rolled_b
     )
     assert done.returncode == -9, f"the worker was to kill itself after the commit: {done.stderr[-2000:]}"
     gtrid, version = out.read_text().split()
-    assert version == "3"
     xid = p.Xid(p.DECREE_FORMAT_ID, bytes.fromhex(gtrid))
     assert bank.snapshot(server.node).in_a == {7}, "the database committed it"
     assert final_outcome(tm, xid) == p.Outcome.UNKNOWN, "the server got OnePhase: only the database knows"
+    assert version == "3"
+    after = server.metrics()
+    assert after["decree_one_phase_notices_total"] == before["decree_one_phase_notices_total"] + 1
+    assert after["decree_one_phase_completes_total"] == before["decree_one_phase_completes_total"], "killed first"
 
 
 def test_a_one_phase_commit_is_completed_and_remembered_committed(
     server: Server, bank: Bank, tm: decree.TransactionManager
 ) -> None:
     needs_version_3(server)
+    before = server.metrics()
     other = decree.connect(server.endpoint, client_name="one-phase")
     a = bank.connect_a()
     tx = insert_one_phase(other, bank, a, 1)
@@ -112,6 +117,8 @@ def test_a_one_phase_commit_is_completed_and_remembered_committed(
     other.close()  # the buffered Complete goes with the close.
     assert final_outcome(tm, later.xid) == p.Outcome.COMMITTED
     assert bank.snapshot(server.node).in_a == {1, 2}
+    after = server.metrics()
+    assert after["decree_one_phase_completes_total"] == before["decree_one_phase_completes_total"] + 2
     a.close()
 
 
@@ -213,6 +220,9 @@ def test_a_one_phase_commit_whose_session_the_idle_timeout_closes_is_never_rolle
         tm.close()
         with decree.connect(idle_server.endpoint) as asker:
             assert final_outcome(asker, tx.xid) in (p.Outcome.UNKNOWN, p.Outcome.COMMITTED)
+            if idle_server.metrics()["decree_sessions_closed_unread_total"] == 0:
+                # The client closed within close_drain_ms, after writing its Complete.
+                assert final_outcome(asker, tx.xid) == p.Outcome.COMMITTED
         assert 1 in bank.snapshot(idle_server.node).in_a
         a.close()
     finally:

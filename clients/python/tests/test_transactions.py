@@ -1,6 +1,6 @@
 """Transactions against a real ``decree serve`` and the real test databases: transfers
 between two PostgreSQL databases and between PostgreSQL and MariaDB, alone and from
-concurrent threads; one-phase commits that never reach the server; rollbacks on an
+concurrent threads; one-phase commits that send the server no decision; rollbacks on an
 exception, on a failed prepare and on a decision the server refuses; Outcome answers."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_a_transfer_commits_in_both_databases_and_tells_the_server(
     a.close(), b.close()
 
 
-def test_one_branch_commits_in_one_phase_and_sends_nothing(
+def test_one_branch_commits_in_one_phase_without_a_decision(
     server: Server, bank: Bank, tm: decree.TransactionManager
 ) -> None:
     before = server.metrics()
@@ -60,7 +60,7 @@ def test_one_branch_commits_in_one_phase_and_sends_nothing(
         a.execute(f"INSERT INTO {bank.prefix}_transfers VALUES (5, 0)")
     assert tx.report is not None and tx.report.kind == "one_phase"
     assert bank.snapshot(server.node).in_a == {5}
-    assert server.metrics()["decree_commits_total"] == before["decree_commits_total"]
+    assert server.metrics()["decree_commits_total"] == before["decree_commits_total"]  # OnePhase only.
     a.close()
 
 

@@ -17,7 +17,11 @@ pub struct PromoteArgs {
     /// The member's TOML configuration (its `log_dir` holds the control socket).
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Promote although this member has not caught up since it started (recorded).
+    /// Promote although this member has not caught up since it started (recorded). Only
+    /// when the other member is certainly stopped (killed, powered off, its disk lost): if
+    /// it may still run (paused, cut off), forcing can lose decisions it acknowledged alone,
+    /// and both may acknowledge until it learns of the new epoch. Without --force the
+    /// promotion needs a caught-up member.
     #[arg(long)]
     pub force: bool,
 }

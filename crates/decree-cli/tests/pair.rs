@@ -181,9 +181,15 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     server_a.0.kill().unwrap();
     server_a.0.wait().unwrap();
     drop(store);
+    let asked_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     let (ok, text) = decree(&["promote"], &b);
     assert!(ok, "{text}");
     assert!(text.contains("member 2 leads epoch 2.2"), "{text}");
+    // Issue 32, point 12: the status gave the member's start as its promotion time.
+    let promotion = &status(&b)["promotion"];
+    let at_ms = promotion["at_unix_ms"].as_u64().expect("when it was promoted") as u128;
+    assert!(at_ms + 5 >= asked_ms, "promoted at {at_ms}, asked at {asked_ms}: not the member's start");
+    assert!(promotion["took_ms"].as_f64().unwrap() < 10_000.0, "{promotion}");
     let store = connect(&b).expect("the new primary serves");
     // The unfinished ones from the decisions the backup holds, the finished ones from the
     // outcome memory it received (without it they would be unknown: an earlier epoch's Xid

@@ -865,6 +865,14 @@ mod tests {
         assert!(matches!(serialization, RmError::RolledBack(_)), "{serialization:?}");
         let in_block = classify_error("a", PgOp::CommitPrepared, Some("25001"), "inside a block");
         assert!(matches!(in_block, RmError::Protocol(_)), "{in_block:?}");
+        // PostgreSQL 15 answers 55000 for a prepared transaction another session is finishing.
+        let busy55000 = classify_error(
+            "a",
+            PgOp::CommitPrepared,
+            Some("55000"),
+            "prepared transaction with identifier \"decree:x\" is busy",
+        );
+        assert!(matches!(busy55000, RmError::Unavailable(_)), "{busy55000:?}");
         let busy = classify_error("a", PgOp::CommitPrepared, Some("55006"), "is busy");
         assert!(matches!(busy, RmError::Unavailable(_)), "{busy:?}");
     }

@@ -299,8 +299,7 @@ pub(crate) async fn run(
     let _ = ready.send((bound.clone(), config.node, 0));
 
     let mut signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
-    let asked = (std::time::SystemTime::now(), std::time::Instant::now());
-    let (node, reply, forced) = loop {
+    let (node, reply, forced, asked) = loop {
         tokio::select! {
             _ = crate::wait_for_stop(&mut stop_rx, signals.take()) => {
                 let _ = follower_stop.send(true);
@@ -308,10 +307,15 @@ pub(crate) async fn run(
                 remove_socket(&bound);
                 return Ok(());
             }
-            Some((forced, reply)) = promote_rx.recv() => match follower.promote(forced) {
-                Ok(node) => break (node, reply, forced),
-                Err(e) => { let _ = reply.send(format!("refused: {e}")); }
-            },
+            Some((forced, reply)) = promote_rx.recv() => {
+                // When the operator asked, not when the member started: `decree status`
+                // shows how long ago it was promoted and how long the promotion took.
+                let asked = (std::time::SystemTime::now(), std::time::Instant::now());
+                match follower.promote(forced) {
+                    Ok(node) => break (node, reply, forced, asked),
+                    Err(e) => { let _ = reply.send(format!("refused: {e}")); }
+                }
+            }
         }
     };
     let epoch = node.seen;
