@@ -1,9 +1,18 @@
 package dev.decree.jta;
 
+import java.net.URI;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Properties;
+import org.junit.jupiter.api.Assertions;
+import org.junit.jupiter.api.Assumptions;
 
-/** Where the repository, the decree binary and the test databases are. */
+/**
+ * Where the repository, the decree binary and the test databases are. Without the databases
+ * ({@code DECREE_TEST_PG_A}, {@code DECREE_TEST_PG_B}, {@code DECREE_TEST_MARIADB}) or the
+ * binary (target/release/decree, or {@code DECREE_BIN}) a test that needs them is skipped
+ * with the reason; with {@code CI=true} it fails instead, so that CI cannot pass by skipping.
+ */
 final class TestEnv {
     private TestEnv() {}
 
@@ -20,5 +29,66 @@ final class TestEnv {
             throw new IllegalStateException("cannot find the repository (docs/vectors) above " + Path.of("").toAbsolutePath());
         }
         return p;
+    }
+
+    static void need(String what, String hint) {
+        String message = what + " is missing: " + hint;
+        if (CI) {
+            Assertions.fail("CI=true but " + message);
+        }
+        Assumptions.abort(message);
+    }
+
+    static Path decreeBin() {
+        String env = System.getenv("DECREE_BIN");
+        Path p = env != null ? Path.of(env) : repo().resolve("target/release/decree");
+        if (!Files.isRegularFile(p)) {
+            need(p.toString(), "build it with cargo build --release -p decree-cli (or set DECREE_BIN)");
+        }
+        return p;
+    }
+
+    static String env(String var) {
+        String v = System.getenv(var);
+        if (v == null || v.isEmpty()) {
+            need(var, "run scripts/test-dbs.sh start && eval \"$(scripts/test-dbs.sh env)\"");
+        }
+        return v;
+    }
+
+    /** A JDBC database: its URL, its properties, and the server's DSN for the same database. */
+    record Db(String rm, String kind, String dsn, String jdbcUrl, Properties properties) {}
+
+    /** A PostgreSQL DSN {@code host=... port=... user=... dbname=...} as a JDBC database. */
+    static Db pg(String rm, String var) {
+        String dsn = env(var);
+        Properties kv = new Properties();
+        for (String part : dsn.trim().split("\\s+")) {
+            int eq = part.indexOf('=');
+            kv.setProperty(part.substring(0, eq), part.substring(eq + 1));
+        }
+        Properties p = new Properties();
+        p.setProperty("user", kv.getProperty("user", "postgres"));
+        if (kv.getProperty("password") != null) {
+            p.setProperty("password", kv.getProperty("password"));
+        }
+        String url = "jdbc:postgresql://" + kv.getProperty("host", "127.0.0.1") + ":" + kv.getProperty("port", "5432") + "/"
+                + kv.getProperty("dbname");
+        return new Db(rm, "postgres", dsn, url, p);
+    }
+
+    /** A MariaDB URL {@code mysql://user[:password]@host:port/db} as a JDBC database. */
+    static Db maria(String rm, String var) {
+        String dsn = env(var);
+        URI u = URI.create(dsn);
+        Properties p = new Properties();
+        String info = u.getUserInfo() == null ? "root" : u.getUserInfo();
+        int colon = info.indexOf(':');
+        p.setProperty("user", colon < 0 ? info : info.substring(0, colon));
+        if (colon >= 0) {
+            p.setProperty("password", info.substring(colon + 1));
+        }
+        String url = "jdbc:mariadb://" + u.getHost() + ":" + (u.getPort() < 0 ? 3306 : u.getPort()) + u.getPath();
+        return new Db(rm, "mariadb", dsn, url, p);
     }
 }

@@ -1,0 +1,744 @@
+package dev.decree.jta;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import jakarta.transaction.HeuristicMixedException;
+import jakarta.transaction.HeuristicRollbackException;
+import jakarta.transaction.InvalidTransactionException;
+import jakarta.transaction.NotSupportedException;
+import jakarta.transaction.RollbackException;
+import jakarta.transaction.Status;
+import jakarta.transaction.Synchronization;
+import jakarta.transaction.SystemException;
+import jakarta.transaction.Transaction;
+import jakarta.transaction.TransactionSynchronizationRegistry;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import javax.transaction.xa.XAException;
+import javax.transaction.xa.XAResource;
+import javax.transaction.xa.Xid;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The JTA contract against a real {@code decree serve} with dummy resource managers: every
+ * state transition and its exception, as jakarta.transaction 2.0 states them, and what
+ * reaches the server (docs/protocol.md, "What a client does").
+ */
+class JtaContractTest {
+    static DecreeServer server;
+    DecreeTransactionManager tm;
+    List<String> journal;
+
+    @BeforeAll
+    static void startServer() throws Exception {
+        server = DecreeServer.dummy("d1", "d2", "d3").start();
+    }
+
+    @AfterAll
+    static void stopServer() throws Exception {
+        if (server != null) {
+            server.close();
+        }
+    }
+
+    @BeforeEach
+    void connect() throws Exception {
+        tm = DecreeTransactionManager.connect(server.endpoint());
+        tm.setOutcomeTimeoutMillis(10_000);
+        journal = FakeResource.journal();
+    }
+
+    @AfterEach
+    void close() {
+        tm.close();
+    }
+
+    FakeResource res(String rm) {
+        return new FakeResource(rm, journal);
+    }
+
+    DecreeXid current() {
+        return ((DecreeTransaction) tm.getTransaction()).xid();
+    }
+
+    /** Outcome of {@code xid} once the server has a final answer (in progress is asked again). */
+    Outcome settled(DecreeXid xid) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(15);
+        while (true) {
+            Outcome o = tm.outcome(xid);
+            if (o != Outcome.IN_PROGRESS || System.nanoTime() > deadline) {
+                return o;
+            }
+            Thread.sleep(50);
+        }
+    }
+
+    /** The metric once it reached {@code expected} (the server reads a notice after the client wrote it), or after 5 s. */
+    static double awaitMetric(String name, double expected) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+        double v = server.metric(name);
+        while (v < expected && System.nanoTime() < deadline) {
+            Thread.sleep(20);
+            v = server.metric(name);
+        }
+        return v;
+    }
+
+    // --- without a transaction ---------------------------------------------------------------
+
+    @Test
+    void withoutATransactionEveryCallThatNeedsOneIsRefused() throws Exception {
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+        assertNull(tm.getTransaction());
+        assertThrows(IllegalStateException.class, tm::commit);
+        assertThrows(IllegalStateException.class, tm::rollback);
+        assertThrows(IllegalStateException.class, tm::setRollbackOnly);
+        assertNull(tm.suspend());
+        TransactionSynchronizationRegistry reg = tm.getSynchronizationRegistry();
+        assertEquals(Status.STATUS_NO_TRANSACTION, reg.getTransactionStatus());
+        assertNull(reg.getTransactionKey());
+        assertThrows(IllegalStateException.class, () -> reg.putResource("k", "v"));
+        assertThrows(IllegalStateException.class, () -> reg.registerInterposedSynchronization(new Recorder("i", new ArrayList<>())));
+        assertThrows(IllegalStateException.class, reg::getRollbackOnly);
+        assertThrows(SystemException.class, () -> tm.setTransactionTimeout(-1));
+    }
+
+    @Test
+    void beginTwiceIsNotSupportedAndTheFirstTransactionStays() throws Exception {
+        tm.begin();
+        Transaction first = tm.getTransaction();
+        assertThrows(NotSupportedException.class, tm::begin);
+        assertSame(first, tm.getTransaction());
+        tm.rollback();
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+    }
+
+    // --- commits -----------------------------------------------------------------------------
+
+    @Test
+    void aTransactionWithoutBranchesCommitsAndSendsNothing() throws Exception {
+        double before = server.metric("decree_commits_total");
+        tm.begin();
+        assertEquals(Status.STATUS_ACTIVE, tm.getStatus());
+        tm.commit();
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+        assertEquals(before, server.metric("decree_commits_total"));
+    }
+
+    @Test
+    void oneBranchCommitsInOnePhaseAfterTheOnePhaseNoticeAndTheServerRemembersIt() throws Exception {
+        double notices = server.metric("decree_one_phase_notices_total");
+        double commits = server.metric("decree_commits_total");
+        tm.begin();
+        DecreeXid xid = current();
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.commit();
+        assertEquals(List.of("start 0", "end 0", "commit 0 1p"), journal);
+        assertEquals(notices + 1, awaitMetric("decree_one_phase_notices_total", notices + 1), "the OnePhase notice reached the server");
+        assertEquals(commits, server.metric("decree_commits_total"), "no Decide for one branch");
+        assertEquals(Outcome.COMMITTED, tm.outcome(xid), "the Complete after OnePhase is remembered as a commit");
+    }
+
+    @Test
+    void twoBranchesArePreparedDecidedCommittedAndCompleted() throws Exception {
+        double commits = server.metric("decree_commits_total");
+        tm.begin();
+        DecreeXid xid = current();
+        FakeResource a = res("d1");
+        FakeResource b = res("d2");
+        assertTrue(tm.getTransaction().enlistResource(a));
+        assertTrue(tm.getTransaction().enlistResource(b));
+        assertTrue(tm.getTransaction().enlistResource(a), "enlisting the same resource again is the same branch");
+        tm.commit();
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+        assertEquals(commits + 1, server.metric("decree_commits_total"));
+        assertEquals(Outcome.COMMITTED, tm.outcome(xid));
+        // The branch Xids are decree's: format id, gtrid node|incarnation|session|sequence, bqual = branch number.
+        DecreeXid branch = DecreeXid.copyOf(a.xids.get(0));
+        assertEquals(DecreeXid.FORMAT_ID, branch.getFormatId());
+        assertEquals(server.node, branch.node());
+        assertEquals(xid.branch(0), branch);
+        assertEquals(xid.branch(1), DecreeXid.copyOf(b.xids.get(0)));
+    }
+
+    @Test
+    void aSecondResourceOfTheSameDatabaseIsASecondBranchNeverAJoin() throws Exception {
+        tm.begin();
+        FakeResource a = res("d1");
+        FakeResource a2 = res("d1");
+        tm.getTransaction().enlistResource(a);
+        tm.getTransaction().enlistResource(a2);
+        tm.commit();
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+    }
+
+    @Test
+    void readOnlyVotesLeavePhaseTwoAndTheDecisionNamesOnlyTheOthers() throws Exception {
+        double commits = server.metric("decree_commits_total");
+        tm.begin();
+        FakeResource ro = res("d1");
+        ro.vote = XAResource.XA_RDONLY;
+        tm.getTransaction().enlistResource(ro);
+        tm.getTransaction().enlistResource(res("d2"));
+        tm.getTransaction().enlistResource(res("d3"));
+        tm.commit();
+        assertEquals(List.of("start 0", "start 1", "start 2", "end 0", "end 1", "end 2", "prepare 0", "prepare 1", "prepare 2",
+                "commit 1", "commit 2"), journal);
+        assertEquals(commits + 1, server.metric("decree_commits_total"));
+
+        journal.clear();
+        tm.begin();
+        for (String rm : List.of("d1", "d2")) {
+            FakeResource r = res(rm);
+            r.vote = XAResource.XA_RDONLY;
+            tm.getTransaction().enlistResource(r);
+        }
+        tm.commit();
+        assertEquals(commits + 1, server.metric("decree_commits_total"), "every branch read-only: nothing to decide");
+        assertFalse(journal.stream().anyMatch(s -> s.startsWith("commit")));
+    }
+
+    @Test
+    void aBranchThatDoesNotPrepareRollsEveryBranchBackAndNothingIsDecided() throws Exception {
+        double commits = server.metric("decree_commits_total");
+        tm.begin();
+        FakeResource a = res("d1");
+        FakeResource b = res("d2");
+        b.failPrepare = XAException.XA_RBINTEGRITY;
+        tm.getTransaction().enlistResource(a);
+        tm.getTransaction().enlistResource(b);
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertTrue(e.getMessage().contains("branch 1 on d2 did not prepare"), e.getMessage());
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0"), journal);
+        assertEquals(commits, server.metric("decree_commits_total"));
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+    }
+
+    @Test
+    void aBranchWhosePrepareLostItsAnswerIsRolledBackToo() throws Exception {
+        tm.begin();
+        FakeResource a = res("d1");
+        FakeResource b = res("d2");
+        b.failPrepare = XAException.XAER_RMFAIL;
+        tm.getTransaction().enlistResource(a);
+        tm.getTransaction().enlistResource(b);
+        assertThrows(RollbackException.class, tm::commit);
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0", "rollback 1"), journal);
+    }
+
+    @Test
+    void aDecisionNamingAResourceManagerTheServerLacksIsRefusedAndRolledBack() throws Exception {
+        tm.begin();
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(res("no-such-rm"));
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertTrue(e.getMessage().contains("no-such-rm"), e.getMessage());
+        assertTrue(journal.containsAll(List.of("rollback 0", "rollback 1")), journal.toString());
+        // The session stays usable (error 11 keeps the connection open).
+        tm.begin();
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(res("d2"));
+        tm.commit();
+    }
+
+    // --- rollback-only, rollback ---------------------------------------------------------------
+
+    @Test
+    void rollbackRollsEveryBranchBackAndTellsTheSynchronizations() throws Exception {
+        List<String> events = new ArrayList<>();
+        tm.begin();
+        tm.getTransaction().registerSynchronization(new Recorder("s", events));
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(res("d2"));
+        tm.rollback();
+        assertEquals(List.of("start 0", "start 1", "end 0 fail", "end 1 fail", "rollback 0", "rollback 1"), journal);
+        assertEquals(List.of("s after " + Status.STATUS_ROLLEDBACK), events, "no beforeCompletion on rollback");
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+    }
+
+    @Test
+    void rollbackOnlyMakesCommitRollBackAndRefusesNewWork() throws Exception {
+        List<String> events = new ArrayList<>();
+        tm.begin();
+        Transaction tx = tm.getTransaction();
+        tx.registerSynchronization(new Recorder("s", events));
+        tx.enlistResource(res("d1"));
+        tm.setRollbackOnly();
+        assertEquals(Status.STATUS_MARKED_ROLLBACK, tm.getStatus());
+        assertTrue(tm.getSynchronizationRegistry().getRollbackOnly());
+        assertThrows(RollbackException.class, () -> tx.enlistResource(res("d2")));
+        assertThrows(RollbackException.class, () -> tx.registerSynchronization(new Recorder("t", events)));
+        assertThrows(RollbackException.class, tm::commit);
+        assertEquals(List.of("start 0", "end 0 fail", "rollback 0"), journal);
+        assertEquals(List.of("s after " + Status.STATUS_ROLLEDBACK), events);
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+        assertThrows(IllegalStateException.class, tx::commit, "a transaction ends once");
+    }
+
+    // --- synchronizations ----------------------------------------------------------------------
+
+    static final class Recorder implements Synchronization {
+        final String name;
+        final List<String> events;
+        RuntimeException before;
+        RuntimeException after;
+        Runnable duringBefore;
+
+        Recorder(String name, List<String> events) {
+            this.name = name;
+            this.events = events;
+        }
+
+        @Override
+        public void beforeCompletion() {
+            events.add(name + " before");
+            if (duringBefore != null) {
+                duringBefore.run();
+            }
+            if (before != null) {
+                throw before;
+            }
+        }
+
+        @Override
+        public void afterCompletion(int status) {
+            events.add(name + " after " + status);
+            if (after != null) {
+                throw after;
+            }
+        }
+    }
+
+    @Test
+    void interposedSynchronizationsRunBeforeCompletionLastAndAfterCompletionFirst() throws Exception {
+        List<String> events = Collections.synchronizedList(new ArrayList<>());
+        TransactionSynchronizationRegistry reg = tm.getSynchronizationRegistry();
+        tm.begin();
+        Transaction tx = tm.getTransaction();
+        Recorder s1 = new Recorder("s1", events);
+        Recorder i1 = new Recorder("i1", events);
+        reg.registerInterposedSynchronization(i1);
+        tx.registerSynchronization(s1);
+        // A synchronization may register others during beforeCompletion (JPA providers do).
+        s1.duringBefore = () -> {
+            try {
+                tx.registerSynchronization(new Recorder("s2", events));
+                reg.registerInterposedSynchronization(new Recorder("i2", events));
+            } catch (Exception e) {
+                throw new IllegalStateException(e);
+            }
+        };
+        reg.putResource("key", "value");
+        assertEquals("value", reg.getResource("key"));
+        assertEquals(current(), reg.getTransactionKey());
+        tx.enlistResource(res("d1"));
+        tx.enlistResource(res("d2"));
+        tm.commit();
+        int c = Status.STATUS_COMMITTED;
+        assertEquals(List.of("s1 before", "s2 before", "i1 before", "i2 before", "i1 after " + c, "i2 after " + c, "s1 after " + c,
+                "s2 after " + c), events);
+    }
+
+    @Test
+    void aBeforeCompletionThatThrowsRollsBackAndCommitSaysWhy() throws Exception {
+        List<String> events = new ArrayList<>();
+        tm.begin();
+        Recorder bad = new Recorder("bad", events);
+        bad.before = new IllegalStateException("flush failed");
+        Recorder later = new Recorder("later", events);
+        tm.getTransaction().registerSynchronization(bad);
+        tm.getTransaction().registerSynchronization(later);
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(res("d2"));
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertInstanceOf(IllegalStateException.class, e.getCause());
+        assertEquals(List.of("bad before", "bad after " + Status.STATUS_ROLLEDBACK, "later after " + Status.STATUS_ROLLEDBACK), events);
+        assertEquals(List.of("start 0", "start 1", "end 0 fail", "end 1 fail", "rollback 0", "rollback 1"), journal);
+    }
+
+    @Test
+    void anAfterCompletionThatThrowsChangesNothing() throws Exception {
+        List<String> events = new ArrayList<>();
+        tm.begin();
+        Recorder bad = new Recorder("bad", events);
+        bad.after = new IllegalStateException("ignored");
+        tm.getTransaction().registerSynchronization(bad);
+        tm.getTransaction().registerSynchronization(new Recorder("next", events));
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.commit();
+        assertEquals(List.of("bad before", "next before", "bad after 3", "next after 3"), events);
+    }
+
+    @Test
+    void synchronizationsCannotBeRegisteredOnceTheTransactionEnded() throws Exception {
+        tm.begin();
+        Transaction tx = tm.getTransaction();
+        tm.commit();
+        assertThrows(IllegalStateException.class, () -> tx.registerSynchronization(new Recorder("x", new ArrayList<>())));
+        assertThrows(IllegalStateException.class, () -> tx.enlistResource(res("d1")));
+        assertEquals(Status.STATUS_COMMITTED, tx.getStatus());
+    }
+
+    // --- suspend and resume ------------------------------------------------------------------
+
+    @Test
+    void aSuspendedTransactionIsResumedAndCommittedOnAnotherThread() throws Exception {
+        tm.begin();
+        DecreeXid xid = current();
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(res("d2"));
+        Transaction tx = tm.suspend();
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+        assertNull(tm.getTransaction());
+        // This thread may run another transaction meanwhile.
+        tm.begin();
+        assertThrows(IllegalStateException.class, () -> tm.resume(tx), "a thread with a transaction cannot resume another");
+        tm.rollback();
+        CompletableFuture.runAsync(() -> {
+            try {
+                tm.resume(tx);
+                assertSame(tx, tm.getTransaction());
+                tm.commit();
+                assertNull(tm.getTransaction());
+            } catch (Exception e) {
+                throw new IllegalStateException(e);
+            }
+        }).get(20, TimeUnit.SECONDS);
+        assertEquals(Status.STATUS_COMMITTED, tx.getStatus());
+        assertEquals(Outcome.COMMITTED, tm.outcome(xid));
+        assertThrows(InvalidTransactionException.class, () -> tm.resume(tx), "an ended transaction cannot be resumed");
+        Transaction foreign = new Transaction() {
+            public void commit() {}
+            public boolean delistResource(XAResource r, int f) { return false; }
+            public boolean enlistResource(XAResource r) { return false; }
+            public int getStatus() { return 0; }
+            public void registerSynchronization(Synchronization s) {}
+            public void rollback() {}
+            public void setRollbackOnly() {}
+        };
+        assertThrows(InvalidTransactionException.class, () -> tm.resume(foreign));
+    }
+
+    @Test
+    void delistWithSuspendThenEnlistResumesTheSameBranch() throws Exception {
+        tm.begin();
+        Transaction tx = tm.getTransaction();
+        FakeResource a = res("d1");
+        tx.enlistResource(a);
+        assertTrue(tx.delistResource(a, XAResource.TMSUSPEND));
+        assertTrue(tx.enlistResource(a));
+        assertTrue(tx.delistResource(a, XAResource.TMSUCCESS));
+        assertTrue(tx.enlistResource(a));
+        tx.enlistResource(res("d2"));
+        tm.commit();
+        assertEquals(List.of("start 0", "end 0 suspend", "start 0 resume", "end 0", "start 0 join", "start 1", "end 0", "end 1",
+                "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+    }
+
+    @Test
+    void delistWithFailMarksTheTransactionForRollback() throws Exception {
+        tm.begin();
+        Transaction tx = tm.getTransaction();
+        FakeResource a = res("d1");
+        tx.enlistResource(a);
+        tx.delistResource(a, XAResource.TMFAIL);
+        assertEquals(Status.STATUS_MARKED_ROLLBACK, tx.getStatus());
+        assertThrows(RollbackException.class, tm::commit);
+    }
+
+    // --- timeouts ----------------------------------------------------------------------------
+
+    @Test
+    void aTransactionPastItsTimeoutIsRolledBackAndItsThreadToldSo() throws Exception {
+        List<String> events = Collections.synchronizedList(new ArrayList<>());
+        tm.setTransactionTimeout(1);
+        tm.begin();
+        tm.setTransactionTimeout(0);
+        Transaction tx = tm.getTransaction();
+        tx.registerSynchronization(new Recorder("s", events));
+        tx.enlistResource(res("d1"));
+        tx.enlistResource(res("d2"));
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (tm.getStatus() != Status.STATUS_ROLLEDBACK && System.nanoTime() < deadline) {
+            Thread.sleep(20);
+        }
+        assertEquals(Status.STATUS_ROLLEDBACK, tm.getStatus(), "rolled back by the reaper while the thread slept");
+        assertTrue(journal.containsAll(List.of("rollback 0", "rollback 1")), journal.toString());
+        assertEquals(List.of("s after " + Status.STATUS_ROLLEDBACK), events);
+        assertThrows(IllegalStateException.class, () -> tx.enlistResource(res("d3")), "no new work");
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertTrue(e.getMessage().contains("timed out"), e.getMessage());
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus(), "the thread is free again");
+        tm.begin();
+        tm.rollback();
+    }
+
+    @Test
+    void rollbackAfterTheTimeoutIsWhatTheThreadExpected() throws Exception {
+        tm.setTransactionTimeout(1);
+        tm.begin();
+        tm.setTransactionTimeout(0);
+        tm.getTransaction().enlistResource(res("d1"));
+        Thread.sleep(1500);
+        tm.rollback();
+        assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
+    }
+
+    @Test
+    void aTimeoutDuringPrepareRollsBackBeforeTheDecisionIsSent() throws Exception {
+        double commits = server.metric("decree_commits_total");
+        tm.setTransactionTimeout(1);
+        tm.begin();
+        tm.setTransactionTimeout(0);
+        FakeResource slow = res("d2");
+        slow.onPrepare = () -> sleep(1500);
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(slow);
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertTrue(e.getMessage().contains("timed out"), e.getMessage());
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0", "rollback 1"), journal);
+        assertEquals(commits, server.metric("decree_commits_total"));
+    }
+
+    @Test
+    void aTimeoutAfterTheDecisionLetsTheThreadLearnTheRealOutcome() throws Exception {
+        tm.setTransactionTimeout(1);
+        tm.begin();
+        tm.setTransactionTimeout(0);
+        FakeResource slow = res("d2");
+        slow.onCommit = () -> sleep(1500);
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(slow);
+        tm.commit(); // decided before the timeout: committed, however long phase two takes.
+        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+    }
+
+    static void sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    // --- heuristics and phase two --------------------------------------------------------------
+
+    @Test
+    void aBranchThatRolledBackOnItsOwnInPhaseTwoIsHeuristicMixedAndTheServerIsTold() throws Exception {
+        tm.begin();
+        DecreeXid xid = current();
+        FakeResource b = res("d2");
+        b.failCommit = XAException.XA_HEURRB;
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(b);
+        assertThrows(HeuristicMixedException.class, tm::commit);
+        assertTrue(journal.contains("forget 1"), journal.toString());
+        assertEquals(Outcome.HEURISTIC, tm.outcome(xid), "CompleteHeuristic reached the server");
+    }
+
+    @Test
+    void everyBranchRolledBackOnItsOwnIsHeuristicRollback() throws Exception {
+        tm.begin();
+        DecreeXid xid = current();
+        for (String rm : List.of("d1", "d2")) {
+            FakeResource r = res(rm);
+            r.failCommit = XAException.XA_HEURRB;
+            tm.getTransaction().enlistResource(r);
+        }
+        assertThrows(HeuristicRollbackException.class, tm::commit);
+        assertEquals(Outcome.HEURISTIC, tm.outcome(xid));
+    }
+
+    @Test
+    void aOnePhaseCommitThatRolledBackIsARollbackException() throws Exception {
+        tm.begin();
+        FakeResource a = res("d1");
+        a.failCommit = XAException.XA_RBDEADLOCK;
+        tm.getTransaction().enlistResource(a);
+        assertThrows(RollbackException.class, tm::commit);
+    }
+
+    @Test
+    void aOnePhaseCommitWhoseAnswerWasLostIsOutcomeUnknownAndTheServerSaysSo() throws Exception {
+        tm.begin();
+        DecreeXid xid = current();
+        FakeResource a = res("d1");
+        a.failCommit = XAException.XAER_RMFAIL;
+        tm.getTransaction().enlistResource(a);
+        OutcomeUnknownException e = assertThrows(OutcomeUnknownException.class, tm::commit);
+        assertTrue(e.getMessage().contains("one-phase: only the database knows"), e.getMessage());
+        assertEquals(xid, e.xid());
+        assertInstanceOf(SystemException.class, e);
+        assertEquals(Outcome.UNKNOWN, settled(xid), "the told server answers unknown once the session closed, never rolled back");
+    }
+
+    @Test
+    void aBranchPhaseTwoCannotCommitIsLeftToTheServerAndTheTransactionIsCommitted() throws Exception {
+        tm.begin();
+        DecreeXid xid = current();
+        FakeResource b = res("d2");
+        b.failCommit = XAException.XAER_RMFAIL;
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(b);
+        DecreeTransaction tx = (DecreeTransaction) tm.getTransaction();
+        tm.commit();
+        assertEquals(List.of("d2"), tx.phaseTwoPending());
+        assertTrue(b.abandoned);
+        assertEquals(Outcome.COMMITTED, settled(xid), "the server finishes the decided transaction of the closed session");
+    }
+
+    // --- what may be enlisted ----------------------------------------------------------------
+
+    @Test
+    void aResourceTheServerCannotFinishIsRefusedWithTheReason() throws Exception {
+        tm.begin();
+        XAResource plain = new FakeResource("d1", journal);
+        XAResource anonymous = (XAResource) java.lang.reflect.Proxy.newProxyInstance(getClass().getClassLoader(),
+                new Class<?>[] {XAResource.class}, (p, m, a) -> null);
+        SystemException e = assertThrows(SystemException.class, () -> tm.getTransaction().enlistResource(anonymous));
+        assertTrue(e.getMessage().contains("server could never finish its branch"), e.getMessage());
+        assertTrue(tm.getTransaction().enlistResource(plain));
+        tm.rollback();
+        assertNotNull(DecreeResource.named(new FakeResource("x", journal), "d1"));
+        assertThrows(IllegalArgumentException.class, () -> DecreeResource.named(new FakeResource("x", journal), ""));
+    }
+
+    // --- the session and the server ----------------------------------------------------------
+
+    @Test
+    void aDecisionTheSessionCouldNotSendRollsBack() throws Exception {
+        try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
+                DecreeTransactionManager local = DecreeTransactionManager.connect(own.endpoint())) {
+            local.begin();
+            FakeResource a = res("d1");
+            FakeResource b = res("d2");
+            b.onPrepare = () -> {
+                try {
+                    own.kill();
+                } catch (InterruptedException e) {
+                    throw new IllegalStateException(e);
+                }
+            };
+            local.getTransaction().enlistResource(a);
+            local.getTransaction().enlistResource(b);
+            RollbackException e = assertThrows(RollbackException.class, local::commit);
+            assertTrue(e.getMessage().contains("decision was not sent"), e.getMessage());
+            assertTrue(journal.containsAll(List.of("rollback 0", "rollback 1")), journal.toString());
+        }
+    }
+
+    @Test
+    void aLostAnswerToDecideIsResolvedWithOutcomeNeverGuessed() throws Exception {
+        try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
+                DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
+                        SessionOptions.defaults().withReplyTimeoutMs(500))) {
+            local.setOutcomeTimeoutMillis(20_000);
+            local.begin();
+            FakeResource b = res("d2");
+            // The server stops (SIGSTOP) before the decision arrives: the Decide waits in its
+            // socket, the answer times out, the client closes the session and asks Outcome
+            // until the server, continued, has read the decision and answers committed.
+            b.onPrepare = () -> {
+                try {
+                    own.signal("STOP");
+                    CompletableFuture.runAsync(() -> {
+                        sleep(1500);
+                        try {
+                            own.signal("CONT");
+                        } catch (Exception e) {
+                            throw new IllegalStateException(e);
+                        }
+                    });
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            };
+            local.getTransaction().enlistResource(res("d1"));
+            local.getTransaction().enlistResource(b);
+            local.commit();
+            assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+        }
+    }
+
+    @Test
+    void aDecisionLostWithTheServersProcessIsOutcomeUnknown() throws Exception {
+        try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
+                DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
+                        SessionOptions.defaults().withReplyTimeoutMs(500))) {
+            local.setOutcomeTimeoutMillis(15_000);
+            local.begin();
+            FakeResource b = res("d2");
+            // Stopped, then killed with the decision unread, then restarted: a new incarnation
+            // cannot prove what an earlier one never read (rule 6.7: unknown).
+            b.onPrepare = () -> {
+                try {
+                    own.signal("STOP");
+                    CompletableFuture.runAsync(() -> {
+                        sleep(1000);
+                        try {
+                            own.kill();
+                            own.start();
+                        } catch (Exception e) {
+                            throw new IllegalStateException(e);
+                        }
+                    });
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            };
+            local.getTransaction().enlistResource(res("d1"));
+            local.getTransaction().enlistResource(b);
+            OutcomeUnknownException e = assertThrows(OutcomeUnknownException.class, local::commit);
+            assertTrue(e.getMessage().contains("cannot prove"), e.getMessage());
+            assertFalse(journal.contains("commit 0") || journal.contains("rollback 0"), "no branch touched: " + journal);
+        }
+    }
+
+    @Test
+    void aWrongAddressFailsAtConnect() {
+        SystemException e = assertThrows(SystemException.class, () -> DecreeTransactionManager.connect("unix:/nonexistent/decree.sock"));
+        assertTrue(e.getMessage().contains("cannot connect"), e.getMessage());
+    }
+
+    @Test
+    void threadsShareThePoolEachTransactionOnItsOwnSession() throws Exception {
+        List<CompletableFuture<Void>> all = new ArrayList<>();
+        for (int t = 0; t < 8; t++) {
+            all.add(CompletableFuture.runAsync(() -> {
+                try {
+                    for (int i = 0; i < 20; i++) {
+                        tm.begin();
+                        tm.getTransaction().enlistResource(new FakeResource("d1", FakeResource.journal()));
+                        tm.getTransaction().enlistResource(new FakeResource("d2", FakeResource.journal()));
+                        tm.commit();
+                    }
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            }));
+        }
+        for (CompletableFuture<Void> f : all) {
+            f.get(60, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void branchXidsAreDecreesAndNamedByNumber() {
+        Xid x = DecreeXid.of(5, 6, 7, 8).branch(2);
+        assertEquals(2, DecreeXid.copyOf(x).branchNumber());
+    }
+}
