@@ -644,6 +644,7 @@ public final class DecreeTransaction implements Transaction {
         synchronized (lock) {
             status = Status.STATUS_PREPARED;
         }
+        Hooks.step("prepared", xid);
         try {
             session.decide(xid, decision);
         } catch (NotSent e) {
@@ -672,6 +673,7 @@ public final class DecreeTransaction implements Transaction {
             return;
         }
         log.debug("{}: decided", xid);
+        Hooks.step("decided", xid);
         synchronized (lock) {
             status = Status.STATUS_COMMITTING;
         }
@@ -755,6 +757,7 @@ public final class DecreeTransaction implements Transaction {
                 b.resource.commit(b.xid, false);
                 b.state = BranchState.DONE;
                 anyCommitted = true;
+                Hooks.step("phase-two", xid);
             } catch (XAException e) {
                 int code = e.errorCode;
                 if (code == XAException.XAER_NOTA) {

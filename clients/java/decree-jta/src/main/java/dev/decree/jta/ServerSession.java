@@ -294,6 +294,7 @@ final class ServerSession implements AutoCloseable {
                 markBroken(e.getMessage());
                 throw new NotSent("the decision could not be written: " + e.getMessage(), e);
             }
+            Hooks.step("decide-sent", xid);
             Frame f = await(request, "Decide");
             if (f.message() instanceof Message.DecideOk) {
                 return;
