@@ -100,7 +100,7 @@ final class Bank {
                     String prefix = "decree:64637265:" + String.format("%08x", node);
                     while (r.next()) {
                         String gid = r.getString(1);
-                        if (gid.startsWith(prefix) || gid.startsWith("1684238949_")) {
+                        if (gid.startsWith(prefix) || pgjdbcFormOfNode(gid, node)) {
                             out.add(gid);
                         }
                     }
@@ -117,6 +117,20 @@ final class Bank {
             }
         }
         return out;
+    }
+
+    /** Whether {@code gid} is pgjdbc's form {@code 1684238949_<base64 gtrid>_<base64 bqual>} of a decree Xid of {@code node}. */
+    static boolean pgjdbcFormOfNode(String gid, long node) {
+        String[] parts = gid.split("_");
+        if (parts.length != 3 || !parts[0].equals("1684238949")) {
+            return false;
+        }
+        try {
+            byte[] gtrid = java.util.Base64.getDecoder().decode(parts[1]);
+            return gtrid.length == 28 && (java.nio.ByteBuffer.wrap(gtrid).getInt() & 0xffffffffL) == node;
+        } catch (IllegalArgumentException e) {
+            return false;
+        }
     }
 
     /** Waits until no database holds a prepared branch of {@code node}; the branches still there after {@code seconds}. */
