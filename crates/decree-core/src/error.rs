@@ -49,6 +49,17 @@ pub enum TmError {
         /// What the resource manager answered.
         cause: RmError,
     },
+    /// The decision (or a one-phase commit's notice) could not be sent to the state server:
+    /// its session had ended (the server restarted, or closed the session) or the write
+    /// failed. Nothing was decided and every branch was rolled back: safe to retry, on a
+    /// new connection to the server (the old one is gone).
+    #[error("transaction {xid} rolled back: it could not be sent to the state server ({cause}); nothing was decided")]
+    NotSent {
+        /// The global transaction.
+        xid: Box<Xid>,
+        /// Why it could not be sent.
+        cause: String,
+    },
     /// The outcome is not known to this caller: the decision write failed or a one-phase
     /// commit lost its reply. Recovery (or asking the state server) settles it; the
     /// branches stay prepared meanwhile.

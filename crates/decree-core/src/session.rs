@@ -378,7 +378,7 @@ impl Session {
         // the transaction undecided, so it rolls back.
         let told = match self.tm.store().one_phase(&xid) {
             Ok(told) => told,
-            Err(e) => return Err(self.abort(xid, i, "one-phase notice", RmError::Protocol(e.to_string()))),
+            Err(e) => return Err(self.not_sent(xid, e)),
         };
         let result = self.rms[i].commit(&bx, true);
         let name = self.rms[i].name().to_string();
@@ -483,20 +483,7 @@ impl Session {
         };
         // The commit point: fill the reused decision and store it.
         self.fill_decision(xid, voters);
-        match self.tm.store().decide(&self.decision) {
-            Ok(()) => {}
-            Err(StoreError::NotSent(why)) => {
-                // Written nowhere: undecided, so rolled back like a failed prepare.
-                let i = self.nth_enlisted(0);
-                return Err(self.abort(xid, i, "decide (not sent)", RmError::Unavailable(why)));
-            }
-            Err(e) => {
-                // The record may or may not be durable: leave the branches prepared for
-                // recovery (or the state server) to settle, and never roll them back here.
-                self.clear();
-                return Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() });
-            }
-        }
+        self.decide(xid)?;
         // Phase two on the branches that voted commit.
         let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
         if let Some(spread) = spread {
@@ -577,6 +564,29 @@ impl Session {
 
     /// Rolls back every enlisted branch after a failure and returns the error naming the
     /// branch that failed.
+    /// Stores the filled decision: the commit point. A decision that was not sent rolls
+    /// back; one whose store failed otherwise may or may not be durable, so its branches
+    /// are left prepared for recovery (or the state server) to settle, never rolled back.
+    fn decide(&mut self, xid: Xid) -> Result<(), TmError> {
+        match self.tm.store().decide(&self.decision) {
+            Ok(()) => Ok(()),
+            Err(e @ StoreError::NotSent(_)) => Err(self.not_sent(xid, e)),
+            Err(e) => {
+                self.clear();
+                Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() })
+            }
+        }
+    }
+
+    /// Rolls back every branch of a transaction whose decision (or one-phase notice) never
+    /// reached the store: nothing was decided.
+    fn not_sent(&mut self, xid: Xid, e: StoreError) -> TmError {
+        if let Err(rollback) = self.roll_back_enlisted(xid) {
+            tracing::warn!(%xid, error = %rollback, "rollback after a decision not sent reported an error");
+        }
+        TmError::NotSent { xid: Box::new(xid), cause: e.to_string() }
+    }
+
     fn abort(&mut self, xid: Xid, failed: usize, call: &'static str, cause: RmError) -> TmError {
         let (rm, branch) = (self.rms[failed].name().to_string(), self.branch_of[failed]);
         if let Err(e) = self.roll_back_enlisted(xid) {

@@ -154,11 +154,14 @@ pub(crate) async fn serve<R, W>(
         tokio::select! {
             biased;
             _ = shutdown.changed() => break 'read Ending::Shutdown,
-            // An error is a reset or a broken TLS stream: the kernel delivered every byte
-            // sent before it, so it ends the session like a close.
             read = reader.read(space) => match read {
-                Ok(0) | Err(_) => break 'read Ending::PeerClosed,
+                Ok(0) => break 'read Ending::PeerClosed,
                 Ok(n) => frames.commit(n),
+                // A reset (or a TLS stream cut without its close alert) comes after every
+                // byte sent before it: the session ends like a close. Any other error (a
+                // TLS record that does not decrypt) may hide a notice: nothing is proven.
+                Err(e) if peer_gone(&e) => break 'read Ending::PeerClosed,
+                Err(_) => break 'read Ending::ServerClosed { framed: false },
             },
             expiry = conn.expiry(accepted, last_request) => {
                 conn.expired(expiry);
@@ -181,6 +184,12 @@ pub(crate) async fn serve<R, W>(
         }
         state.close_session(id, &txns);
     }
+}
+
+/// Whether a read error only says that the peer went away (after everything it sent).
+fn peer_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe)
 }
 
 /// Reads a session the server has closed until the client closes its end, for at most
@@ -213,7 +222,8 @@ async fn drain<R: AsyncRead + Unpin>(
         }
         match tokio::time::timeout_at(deadline, reader.read(frames.read_space())).await {
             Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(0)) => return true,
+            Ok(Err(e)) => return peer_gone(&e),
             Ok(Ok(n)) => frames.commit(n),
         }
     }

@@ -110,21 +110,6 @@ pub(crate) fn render(state: &State) -> String {
         load(&m.sessions_idle_closed),
     );
     counter("protocol_errors_total", "Connections closed for a protocol error.", load(&m.protocol_errors));
-    counter(
-        "one_phase_notices_total",
-        "OnePhase notices received: transactions a session commits in one phase.",
-        load(&m.one_phase_notices),
-    );
-    counter(
-        "one_phase_completes_total",
-        "One-phase commits their session completed (remembered committed).",
-        load(&m.one_phase_completes),
-    );
-    counter(
-        "sessions_closed_unread_total",
-        "Sessions the server closed that did not close their end within close_drain_ms (undecided Xids answered unknown).",
-        load(&m.sessions_closed_unread),
-    );
     counter("phase_two_commits_total", "Branches committed by the server.", load(&m.phase_two_commits));
     counter(
         "aborts_total",
@@ -168,8 +153,34 @@ pub(crate) fn render(state: &State) -> String {
          decree_sessions_live {}",
         state.live_sessions()
     );
+    render_one_phase(&mut out, m);
     render_latency(&mut out, m);
     out
+}
+
+/// Appends the counters of protocol version 3's one-phase notices and of the sessions the
+/// server closed without reading them to their end.
+fn render_one_phase(out: &mut String, m: &Metrics) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    for (name, help, v) in [
+        (
+            "one_phase_notices_total",
+            "OnePhase notices received: transactions a session commits in one phase.",
+            load(&m.one_phase_notices),
+        ),
+        (
+            "one_phase_completes_total",
+            "One-phase commits their session completed (remembered committed).",
+            load(&m.one_phase_completes),
+        ),
+        (
+            "sessions_closed_unread_total",
+            "Sessions the server closed that did not close their end within close_drain_ms (undecided Xids answered unknown).",
+            load(&m.sessions_closed_unread),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} counter\ndecree_{name} {v}");
+    }
 }
 
 /// Appends the decide latency histogram.

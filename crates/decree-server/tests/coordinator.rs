@@ -162,11 +162,11 @@ fn a_decide_to_a_server_that_went_away_is_not_sent_and_rolls_back() {
     tx.enlist_all().unwrap();
     server.shutdown().unwrap();
     let xid = match tx.commit() {
-        Err(TmError::RolledBack { xid, call, .. }) => {
-            assert_eq!(call, "decide (not sent)");
+        Err(TmError::NotSent { xid, cause }) => {
+            assert!(cause.contains("closed the session"), "{cause}");
             *xid
         }
-        other => panic!("expected RolledBack, got {other:?}"),
+        other => panic!("expected NotSent, got {other:?}"),
     };
     assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::RolledBack));
     assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));

@@ -36,7 +36,7 @@ const FUNCTION_LINES_MAX: usize = 100;
 /// only go down, and goes when its function fits the limit: it is a list of old debts, not
 /// a place for new code. Functions of one file with one name count as one, the longest.
 const ALLOWED_LONG: &[(&str, &str, usize)] = &[
-    ("crates/decree-core/src/session.rs", "Session::commit_two_phase", 111),
+    ("crates/decree-core/src/session.rs", "Session::commit_two_phase", 106),
     ("crates/decree-log/src/engine/journal.rs", "JournalLog::open", 163),
 ];
 

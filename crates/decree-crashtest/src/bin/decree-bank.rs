@@ -306,10 +306,10 @@ struct Ended {
     doubts: Vec<Xid>,
 }
 
-/// A failure that says the coordinator lost its state server: a decide without an answer
-/// or a session the server did not open. (Phase one never talks to the server.)
+/// A failure that says the coordinator lost its state server: a decide without an answer,
+/// a decision that could not be sent (rolled back), or a session the server did not open.
 fn store_lost(e: &BankError) -> bool {
-    matches!(e, BankError::Tm(TmError::OutcomeUnknown { .. } | TmError::Store(_)))
+    matches!(e, BankError::Tm(TmError::OutcomeUnknown { .. } | TmError::NotSent { .. } | TmError::Store(_)))
 }
 
 fn run_workers(
