@@ -13,3 +13,4 @@ eval "$(scripts/test-dbs.sh env)"
 
 cargo test --workspace --release "$@"
 scripts/test-python.sh
+scripts/test-java.sh
