@@ -323,7 +323,7 @@ fn connections_follow_the_dsn_and_make_no_refused_login() {
     let mut watcher = MariaDbRm::connect("watcher", &dsn).expect("connect");
     let before = aborted(&mut watcher);
     for i in 0..5 {
-        let mut rm = MariaDbRm::connect(&format!("rm-{i}"), &dsn).expect("connect");
+        let rm = MariaDbRm::connect(&format!("rm-{i}"), &dsn).expect("connect");
         assert!(rm.client().is_ok());
     }
     assert_eq!(aborted(&mut watcher) - before, 0, "no login was refused while opening 5 connections");
