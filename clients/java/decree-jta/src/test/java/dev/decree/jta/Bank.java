@@ -16,14 +16,14 @@ import java.util.Set;
  * id 1) and {@code decree_java_ledger} (one row per transfer, by transfer id) in each
  * database; and what the databases hold prepared for a decree node.
  */
-final class Bank {
+public final class Bank {
     private Bank() {}
 
-    static Connection plain(TestEnv.Db db) throws SQLException {
+    public static Connection plain(TestEnv.Db db) throws SQLException {
         return DriverManager.getConnection(db.jdbcUrl(), db.properties());
     }
 
-    static void setUp(TestEnv.Db db) throws SQLException {
+    public static void setUp(TestEnv.Db db) throws SQLException {
         try (Connection c = plain(db); Statement s = c.createStatement()) {
             s.execute("CREATE TABLE IF NOT EXISTS decree_java_account (id INT PRIMARY KEY, balance BIGINT NOT NULL)");
             s.execute("CREATE TABLE IF NOT EXISTS decree_java_ledger (transfer VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)"
@@ -37,7 +37,7 @@ final class Bank {
     }
 
     /** One leg of a transfer on a connection of the transaction: the balance moves, the ledger says so. */
-    static void leg(Connection c, String transfer, long amount) throws SQLException {
+    public static void leg(Connection c, String transfer, long amount) throws SQLException {
         try (PreparedStatement p = c.prepareStatement("UPDATE decree_java_account SET balance = balance + ? WHERE id = 1")) {
             p.setLong(1, amount);
             p.executeUpdate();
@@ -49,7 +49,7 @@ final class Bank {
         }
     }
 
-    static long balance(TestEnv.Db db) throws SQLException {
+    public static long balance(TestEnv.Db db) throws SQLException {
         try (Connection c = plain(db); Statement s = c.createStatement();
                 ResultSet r = s.executeQuery("SELECT balance FROM decree_java_account WHERE id = 1")) {
             r.next();
@@ -57,7 +57,7 @@ final class Bank {
         }
     }
 
-    static boolean has(TestEnv.Db db, String transfer) throws SQLException {
+    public static boolean has(TestEnv.Db db, String transfer) throws SQLException {
         try (Connection c = plain(db); PreparedStatement p = c.prepareStatement("SELECT 1 FROM decree_java_ledger WHERE transfer = ?")) {
             p.setString(1, transfer);
             try (ResultSet r = p.executeQuery()) {
@@ -92,7 +92,7 @@ final class Bank {
     }
 
     /** The branches of decree node {@code node} that {@code db} holds prepared (PostgreSQL gids, MariaDB XA RECOVER rows). */
-    static List<String> prepared(TestEnv.Db db, long node) throws SQLException {
+    public static List<String> prepared(TestEnv.Db db, long node) throws SQLException {
         List<String> out = new ArrayList<>();
         try (Connection c = plain(db); Statement s = c.createStatement()) {
             if (db.kind().equals("postgres")) {
@@ -134,7 +134,7 @@ final class Bank {
     }
 
     /** Waits until no database holds a prepared branch of {@code node}; the branches still there after {@code seconds}. */
-    static List<String> awaitNothingPrepared(long node, int seconds, TestEnv.Db... dbs) throws Exception {
+    public static List<String> awaitNothingPrepared(long node, int seconds, TestEnv.Db... dbs) throws Exception {
         long deadline = System.nanoTime() + seconds * 1_000_000_000L;
         while (true) {
             List<String> left = new ArrayList<>();

@@ -28,19 +28,19 @@ import java.util.stream.Stream;
  * SIGSTOP. Every server gets a random node id: other test runs share the databases, and a
  * server's recovery only touches branches of its own node.
  */
-final class DecreeServer implements AutoCloseable {
+public final class DecreeServer implements AutoCloseable {
     /** A {@code [[rm]]} entry: name, kind (postgres, mariadb, dummy), DSN (null for dummy). */
-    record Rm(String name, String kind, String dsn) {}
+    public record Rm(String name, String kind, String dsn) {}
 
     final Path dir;
     final Path socket;
-    final long node;
+    public final long node;
     final int metricsPort;
     private final Path config;
     private Process proc;
     private int starts;
 
-    DecreeServer(List<Rm> rms, String extra) throws IOException {
+    public DecreeServer(List<Rm> rms, String extra) throws IOException {
         Path base = TestEnv.repo().resolve("target");
         Files.createDirectories(base);
         dir = Files.createTempDirectory(base, "decree-java-");
@@ -64,7 +64,7 @@ final class DecreeServer implements AutoCloseable {
         Files.writeString(config, String.join("\n", lines) + "\n");
     }
 
-    static DecreeServer dummy(String... names) throws IOException {
+    public static DecreeServer dummy(String... names) throws IOException {
         List<Rm> rms = new ArrayList<>();
         for (String n : names) {
             rms.add(new Rm(n, "dummy", null));
@@ -79,11 +79,11 @@ final class DecreeServer implements AutoCloseable {
         }
     }
 
-    String endpoint() {
+    public String endpoint() {
         return "unix:" + socket;
     }
 
-    DecreeServer start() throws IOException, InterruptedException {
+    public DecreeServer start() throws IOException, InterruptedException {
         if (proc != null && proc.isAlive()) {
             throw new IllegalStateException("already running");
         }
@@ -105,7 +105,7 @@ final class DecreeServer implements AutoCloseable {
         throw new IOException("decree serve did not listen within 20 s: " + logTail());
     }
 
-    String logTail() {
+    public String logTail() {
         StringBuilder b = new StringBuilder();
         try (Stream<Path> files = Files.list(dir)) {
             for (Path p : files.filter(f -> f.getFileName().toString().startsWith("serve-")).sorted().toList()) {
@@ -122,7 +122,7 @@ final class DecreeServer implements AutoCloseable {
     }
 
     /** SIGKILL: the server dies at once, whatever it was doing. */
-    void kill() throws InterruptedException {
+    public void kill() throws InterruptedException {
         if (proc != null && proc.isAlive()) {
             proc.destroyForcibly();
             proc.waitFor(10, TimeUnit.SECONDS);
@@ -156,7 +156,7 @@ final class DecreeServer implements AutoCloseable {
         return out;
     }
 
-    double metric(String name) throws IOException, InterruptedException {
+    public double metric(String name) throws IOException, InterruptedException {
         return metrics().getOrDefault(name, 0.0);
     }
 

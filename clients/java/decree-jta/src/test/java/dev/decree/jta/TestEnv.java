@@ -13,12 +13,12 @@ import org.junit.jupiter.api.Assumptions;
  * binary (target/release/decree, or {@code DECREE_BIN}) a test that needs them is skipped
  * with the reason; with {@code CI=true} it fails instead, so that CI cannot pass by skipping.
  */
-final class TestEnv {
+public final class TestEnv {
     private TestEnv() {}
 
     static final boolean CI = "true".equals(System.getenv("CI")) || "1".equals(System.getenv("CI"));
 
-    static Path repo() {
+    public static Path repo() {
         String env = System.getenv("DECREE_REPO");
         Path p = env != null ? Path.of(env) : Path.of("").toAbsolutePath();
         p = p.toAbsolutePath().normalize();
@@ -31,7 +31,7 @@ final class TestEnv {
         return p;
     }
 
-    static void need(String what, String hint) {
+    public static void need(String what, String hint) {
         String message = what + " is missing: " + hint;
         if (CI) {
             Assertions.fail("CI=true but " + message);
@@ -39,7 +39,7 @@ final class TestEnv {
         Assumptions.abort(message);
     }
 
-    static Path decreeBin() {
+    public static Path decreeBin() {
         String env = System.getenv("DECREE_BIN");
         Path p = env != null ? Path.of(env) : repo().resolve("target/release/decree");
         if (!Files.isRegularFile(p)) {
@@ -57,10 +57,10 @@ final class TestEnv {
     }
 
     /** A JDBC database: its URL, its properties, and the server's DSN for the same database. */
-    record Db(String rm, String kind, String dsn, String jdbcUrl, Properties properties) {}
+    public record Db(String rm, String kind, String dsn, String jdbcUrl, Properties properties) {}
 
     /** A PostgreSQL DSN {@code host=... port=... user=... dbname=...} as a JDBC database. */
-    static Db pg(String rm, String var) {
+    public static Db pg(String rm, String var) {
         String dsn = env(var);
         Properties kv = new Properties();
         for (String part : dsn.trim().split("\\s+")) {
@@ -78,7 +78,7 @@ final class TestEnv {
     }
 
     /** A MariaDB URL {@code mysql://user[:password]@host:port/db} as a JDBC database. */
-    static Db maria(String rm, String var) {
+    public static Db maria(String rm, String var) {
         String dsn = env(var);
         URI u = URI.create(dsn);
         Properties p = new Properties();
