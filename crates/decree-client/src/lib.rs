@@ -1286,4 +1286,26 @@ mod tests {
             Ok(_) => panic!("nothing listens there"),
         }
     }
+
+    /// Issue 31, item 6: an endpoint that is another kind of server (here an HTTP one) was
+    /// reported as "frame of 1213486160 bytes exceeds the limit".
+    #[test]
+    fn an_endpoint_that_is_not_a_decree_server_is_named_so() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        match RemoteDecisions::connect(&format!("tcp:127.0.0.1:{port}")) {
+            Err(StoreError::Unreachable(why)) => {
+                assert!(why.contains("did not answer as a decree state server"), "{why}");
+                assert!(why.contains("HTTP/1.1 400"), "{why}");
+            }
+            Err(e) => panic!("expected Unreachable, got {e}"),
+            Ok(_) => panic!("an HTTP server is no decree server"),
+        }
+        server.join().unwrap();
+    }
 }
