@@ -72,7 +72,7 @@ public final class DecreeServer implements AutoCloseable {
         return new DecreeServer(rms, "");
     }
 
-    static int freePort() throws IOException {
+    public static int freePort() throws IOException {
         try (ServerSocket s = new ServerSocket()) {
             s.bind(new InetSocketAddress("127.0.0.1", 0));
             return s.getLocalPort();
