@@ -41,11 +41,16 @@ public final class DecreeServer implements AutoCloseable {
     private int starts;
 
     public DecreeServer(List<Rm> rms, String extra) throws IOException {
+        this(rms, extra, ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31));
+    }
+
+    /** A server of node {@code node} (the two members of a pair share theirs). */
+    public DecreeServer(List<Rm> rms, String extra, long node) throws IOException {
         Path base = TestEnv.repo().resolve("target");
         Files.createDirectories(base);
         dir = Files.createTempDirectory(base, "decree-java-");
         socket = dir.resolve("decree.sock");
-        node = ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
+        this.node = node;
         metricsPort = freePort();
         List<String> lines = new ArrayList<>(List.of("node = " + node, "log_dir = \"" + dir.resolve("log") + "\"",
                 "unix = \"" + socket + "\"", "metrics = \"127.0.0.1:" + metricsPort + "\"", extra));
@@ -115,6 +120,19 @@ public final class DecreeServer implements AutoCloseable {
             b.append(e);
         }
         return b.length() > 4000 ? b.substring(b.length() - 4000) : b.toString();
+    }
+
+    /** Runs {@code decree <args> --config <this server's config>}; its output (the test fails if it fails). */
+    public String control(String... args) throws IOException, InterruptedException {
+        List<String> cmd = new ArrayList<>(List.of(TestEnv.decreeBin().toString()));
+        cmd.addAll(List.of(args));
+        cmd.addAll(List.of("--config", config.toString()));
+        Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+        String out = new String(p.getInputStream().readAllBytes()).trim();
+        if (p.waitFor() != 0) {
+            throw new IOException(String.join(" ", cmd) + " failed: " + out);
+        }
+        return out;
     }
 
     long pid() {
