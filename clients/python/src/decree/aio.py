@@ -511,8 +511,6 @@ class AsyncTransaction:
         await self._prepare_all()
         decision = tuple(p.Branch(b.number, b.adapter.rm) for b in self._branches)
         try:
-            if not await session.alive():
-                raise NotSent(f"the session to {session.endpoint} is gone ({session._broken})")
             await session.decide(self._xid, decision)
         except NotSent as e:
             return await self._not_sent(e)

@@ -6,8 +6,9 @@ standard ``ssl`` module) on the running event loop, says ``Hello`` offering the 
 of :data:`decree.protocol.PROTOCOL_VERSIONS`, and then carries one request at a time
 (``decide``, ``outcome``, ``ping``, ``one_phase`` on version 3 with no reply, and lazy
 ``complete``). Frames are encoded and decoded by :mod:`decree.protocol`, as in the
-synchronous client. Before a ``Decide`` the coordinator asks :meth:`alive`; a session the
-server closed gets its buffered completions, then the client's close (session rule 9).
+synchronous client, and what the session decides is :class:`decree._session.SessionState`'s,
+as there. A ``decide`` first asks :meth:`alive`; a session the server closed gets its
+buffered completions, then the client's close (session rule 9).
 
 A session belongs to the event loop that opened it and is used from one task at a time
 (``lock`` is held for each request; the keep-alive takes only sessions nobody holds).
@@ -33,23 +34,18 @@ import time
 from typing import Any
 
 from . import protocol as p
-from .connection import (
-    _FIRST_BYTES_SHOWN,
-    _HEADER_ERRORS,
-    COMPLETES_BUFFERED_MAX,
-    Endpoint,
-    NotSent,
-    Options,
-    _peer_guess,
+from ._session import (
+    CLOSED_BY_SERVER,
+    SessionState,
+    due_for_ping,
+    falls_back_to_version_1,
+    first_bytes,
+    gone_because,
 )
-from .errors import ProtocolError, ServerError, Unavailable, UsageError
+from .connection import Endpoint, Options
+from .errors import NotSent, ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
-
-_CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18, 19})
-"""Error codes after which the server closes the connection."""
-
-_CLOSED_BY_SERVER = "closed by the server"
 
 _POLL = 0.005
 """Seconds between looks at a TLS connection's inner buffer while a frame waits in it."""
@@ -89,8 +85,7 @@ class _Stream(asyncio.Protocol):
             transport.set_write_buffer_limits(high=0)  # paused exactly while bytes wait.
 
     def data_received(self, data: bytes) -> None:
-        if len(self.first_bytes) < _FIRST_BYTES_SHOWN:
-            self.first_bytes += data[: _FIRST_BYTES_SHOWN - len(self.first_bytes)]
+        self.first_bytes = first_bytes(self.first_bytes, data)
         if self.error is None:
             self.decoder.feed(data)
             self._decode()
@@ -108,7 +103,7 @@ class _Stream(asyncio.Protocol):
             self.frames.append(frame)
 
     def eof_received(self) -> bool:
-        self.ended = self.ended or _CLOSED_BY_SERVER
+        self.ended = self.ended or CLOSED_BY_SERVER
         self._changed.set()
         # A server that closes a session reads on until the client closes (docs/protocol.md,
         # session rule 9): the session writes its buffered completions, then closes.
@@ -146,25 +141,18 @@ def _inner(transport: asyncio.BaseTransport) -> Any:
     return getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
 
 
-class AsyncServerConnection:
-    """One open server session on an event loop. Use it from one task at a time."""
+class AsyncServerConnection(SessionState):
+    """One open server session on an event loop. Use it from one task at a time. What the
+    session decides is :class:`decree._session.SessionState`'s; this class has the transport."""
+
+    _KIND = ", asyncio"
 
     def __init__(self, endpoint: Endpoint, options: Options) -> None:
-        self.endpoint = endpoint
-        self.options = options
-        self.lock = asyncio.Lock()
-        self.node = self.incarnation = self.session = 0
-        self.version = 1
-        self.frame_bytes_max = p.FRAME_BYTES_MAX
-        self.inflight_max = 1
-        self.idle_timeout_ms = 0
-        self.last_sent = time.monotonic()
         self._stream = _Stream()
+        super().__init__(endpoint, options, self._stream.decoder)
+        self.lock = asyncio.Lock()
+        self.last_sent = time.monotonic()
         self._transport: asyncio.Transport | None = None
-        self._next_id = 1
-        self._sequence = 0
-        self._completes: list[bytes] = []
-        self._broken: str | None = None
 
     # --- opening --------------------------------------------------------------------------
 
@@ -175,9 +163,8 @@ class AsyncServerConnection:
         try:
             await conn._greet(options.versions)
         except ServerError as e:
-            if e.code != p.ErrorCode.MALFORMED or not options.versions:
+            if not falls_back_to_version_1(e, endpoint, options.versions):
                 raise
-            log.info("%s refused the version list (%s): speaking protocol version 1", endpoint, e.server_message)
             conn = cls(endpoint, options)
             await conn._greet(())
         return conn
@@ -205,39 +192,9 @@ class AsyncServerConnection:
 
     async def _greet(self, versions: tuple[int, ...]) -> None:
         await self._connect()
-        reply = await self._exchange(p.Hello(self.options.node_expected, self.options.client_name, tuple(versions)))
-        if isinstance(reply, p.Error):
-            self.close_now(f"refused: {reply.message}")
-            raise ServerError(reply.code, reply.message)
-        if not isinstance(reply, p.HelloOk):
-            raise self._violation(f"expected HelloOk, got {type(reply).__name__}")
-        self._agree(reply, versions)
-
-    def _agree(self, reply: p.HelloOk, versions: tuple[int, ...]) -> None:
-        """Takes the session's parameters from HelloOk (docs/protocol.md, "Versions")."""
-        if reply.negotiated is None:
-            self.version = 1
-        elif reply.negotiated.version not in versions:
-            raise self._violation(f"the server chose protocol version {reply.negotiated.version}, not offered")
-        else:
-            self.version = reply.negotiated.version
-            self.idle_timeout_ms = reply.negotiated.idle_timeout_ms
-        if reply.session == 0:
-            raise self._violation("HelloOk with session 0")
-        self.node, self.incarnation, self.session = reply.node, reply.incarnation, reply.session
-        self._stream.decoder.version = self.version  # version 3 on: frames may carry a field trailer.
-        self.frame_bytes_max = min(reply.frame_bytes_max, p.FRAME_BYTES_MAX)
-        self.inflight_max = reply.inflight_max
-        log.debug(
-            "session %d of node %d incarnation %d on %s (protocol version %d, asyncio)",
-            self.session, self.node, self.incarnation, self.endpoint, self.version,
-        )
+        self._agree(await self._exchange(self._hello(versions)), versions)
 
     # --- state ------------------------------------------------------------------------------
-
-    @property
-    def broken(self) -> bool:
-        return self._broken is not None
 
     async def alive(self) -> bool:
         """Whether the server still holds this session: nothing unsolicited has arrived and
@@ -249,9 +206,9 @@ class AsyncServerConnection:
             if self._readable():
                 for _ in range(3):
                     await asyncio.sleep(0)
-            stream = self._stream
-            if stream.ended is not None or stream.unsolicited():
-                self._drop_gone(stream.ended or "unsolicited bytes from the server")
+            gone = gone_because(self._stream.ended, self._stream.unsolicited())
+            if gone is not None:
+                self._drop_gone(gone)
                 return False
             return not self.broken
 
@@ -265,56 +222,35 @@ class AsyncServerConnection:
             return True
         return bool(readable)
 
-    def next_xid(self) -> p.Xid:
-        """The global Xid of this session's next transaction (nothing is sent)."""
-        self._sequence += 1
-        return p.Xid.decree(self.node, self.incarnation, self.session, self._sequence)
-
     # --- requests ---------------------------------------------------------------------------
 
     async def decide(self, xid: p.Xid, branches: tuple[p.Branch, ...]) -> None:
-        """Sends Decide and waits for DecideOk. NotSent when the session was gone or the
-        frame was not written whole (not a decision); ServerError for an Error answer;
-        Unavailable when the answer was lost (the decision may or may not be durable)."""
-        reply = await self._request(p.Decide(xid, branches))
-        if isinstance(reply, p.DecideOk):
-            return
-        if isinstance(reply, p.Error):
-            raise ServerError(reply.code, reply.message)
-        raise self._violation(f"expected DecideOk, got {type(reply).__name__}")
+        """Sends Decide and waits for DecideOk. First checks that the server still holds the
+        session (:meth:`alive`): NotSent when it does not, or when the frame was not written
+        whole (not a decision); ServerError for an Error answer; Unavailable when the answer
+        was lost (the decision may or may not be durable)."""
+        if not await self.alive():
+            raise NotSent(f"the session to {self.endpoint} is gone ({self._broken})")
+        self._decided(await self._request(p.Decide(xid, branches)))
 
     async def outcome(self, xid: p.Xid) -> p.Outcome:
         """Asks what became of ``xid`` (version-1 errors 15 and 16 read as unknown and heuristic)."""
-        reply = await self._request(p.OutcomeQuery(xid.global_xid()))
-        if isinstance(reply, p.OutcomeIs):
-            return reply.outcome
-        if isinstance(reply, p.Error):
-            if reply.code == p.ErrorCode.OUTCOME_UNKNOWN:
-                return p.Outcome.UNKNOWN
-            if reply.code == p.ErrorCode.OUTCOME_HEURISTIC:
-                return p.Outcome.HEURISTIC
-            raise ServerError(reply.code, reply.message)
-        raise self._violation(f"expected OutcomeIs, got {type(reply).__name__}")
+        return self._outcome_of(await self._request(p.OutcomeQuery(xid.global_xid())))
 
     async def ping(self) -> None:
-        reply = await self._request(p.Ping())
-        if isinstance(reply, p.Error):
-            raise ServerError(reply.code, reply.message)
-        if not isinstance(reply, p.Pong):
-            raise self._violation(f"expected Pong, got {type(reply).__name__}")
+        self._ponged(await self._request(p.Ping()))
 
     async def one_phase(self, xid: p.Xid) -> bool:
         """Version 3: tells the server that ``xid`` is about to commit in one phase
         (OnePhase, written with the buffered completions; no reply on success). Returns
         False on an older session, which has no such message: nothing is sent. NotSent
         unless the socket surely took the whole frame: the branch must not commit then."""
-        if self.version < p.TRAILER_VERSION:
+        if not self._tells_one_phase:
             return False
         async with self.lock:
-            if self._broken is not None or self._transport is None:
-                raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
+            frame = self._one_phase_frame(xid, self._transport)
             try:
-                await self._send(p.encode_frame(self._take_id(), p.OnePhase(xid.global_xid())))
+                await self._send(frame)
             except NotSent:
                 raise
             except Unavailable as e:  # perhaps written: still not a notice to commit on.
@@ -325,26 +261,16 @@ class AsyncServerConnection:
         return True
 
     def complete(self, xid: p.Xid, heuristic: p.Heuristic | None = None) -> None:
-        """Buffers the completion of ``xid`` (no reply on success); a version-1 session
-        sends a plain Complete where version 2 sends CompleteHeuristic."""
-        message: p.Message
-        if heuristic is not None and self.version >= 2:
-            message = p.CompleteHeuristic(xid.global_xid(), heuristic)
-        else:
-            message = p.Complete(xid.global_xid())
-        if self.broken:
-            return  # the server finishes the transaction itself once the session is gone.
-        self._completes.append(p.encode_frame(self._take_id(), message))
-        if len(self._completes) >= COMPLETES_BUFFERED_MAX and not self.lock.locked():
+        """Buffers the completion of ``xid`` (no reply on success; a version-1 session
+        sends a plain Complete where version 2 sends CompleteHeuristic)."""
+        if self._buffer_complete(xid, heuristic) and not self.lock.locked():
             self.flush()
 
     def flush(self) -> None:
         """Hands the buffered completions to the transport (a lost one only makes the
         server redo an idempotent phase two)."""
         if self._completes and not self.broken and self._transport is not None:
-            data = b"".join(self._completes)
-            self._completes.clear()
-            self._transport.write(data)
+            self._transport.write(self._with_completes())
             self.last_sent = time.monotonic()
 
     async def aclose(self) -> None:
@@ -362,11 +288,10 @@ class AsyncServerConnection:
         reads what comes before the client's close (docs/protocol.md, session rule 9), so
         the buffered completions are written first, for what they are worth."""
         transport = self._transport
-        if why != _CLOSED_BY_SERVER or not self._completes or transport is None or transport.is_closing():
+        if not self._flushes_before_close(why) or transport is None or transport.is_closing():
             self.close_now(why)
             return
-        transport.write(b"".join(self._completes))
-        self._completes.clear()
+        transport.write(self._with_completes())
         self._broken = self._broken or why
         self._transport = None
         transport.close()  # after the written bytes.
@@ -381,7 +306,7 @@ class AsyncServerConnection:
 
     async def ping_if_idle(self, idle_for: float) -> None:
         """Keep-alive: pings when nobody holds the session and nothing was sent for ``idle_for`` s."""
-        if self.broken or self.lock.locked() or time.monotonic() - self.last_sent < idle_for:
+        if self.broken or self.lock.locked() or not due_for_ping(time.monotonic(), self.last_sent, idle_for):
             return
         try:
             await self.ping()
@@ -389,11 +314,6 @@ class AsyncServerConnection:
             log.warning("keep-alive ping of session %d failed: %s", self.session, e)
 
     # --- frames -----------------------------------------------------------------------------
-
-    def _take_id(self) -> int:
-        rid = self._next_id
-        self._next_id += 1
-        return rid
 
     async def _request(self, message: p.Message) -> p.Message:
         async with self.lock:
@@ -403,12 +323,7 @@ class AsyncServerConnection:
         """Sends ``message`` (after the buffered completions) and reads its reply; the
         caller holds ``lock``. A cancellation breaks the session: its reply would
         otherwise answer a later request."""
-        if self._broken is not None or self._transport is None:
-            raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
-        rid = self._take_id()
-        frame = p.encode_frame(rid, message)
-        if len(frame) > self.frame_bytes_max:
-            raise UsageError(f"a {type(message).__name__} of {len(frame)} bytes exceeds the server's frame limit")
+        rid, frame = self._request_frame(message, self._transport)
         try:
             await self._send(frame)
             return await self._reply(rid)
@@ -418,29 +333,9 @@ class AsyncServerConnection:
 
     async def _reply(self, rid: int) -> p.Message:
         while True:
-            got = await self._read_frame()
-            if got.request_id == rid:
-                return got.message
-            if isinstance(got.message, p.Error):
-                self._refused_elsewhere(got)
-                continue
-            raise self._violation(f"a {type(got.message).__name__} for request {got.request_id}, not {rid}")
-
-    def _refused_elsewhere(self, got: p.Frame) -> None:
-        """An Error for another request: request id 0 (the connection), or a buffered
-        Complete (success has no answer, and it is never a decision)."""
-        assert isinstance(got.message, p.Error)
-        error = got.message
-        if got.request_id == 0:
-            self.close_now(f"error {error.code}: {error.message}")
-            raise ServerError(error.code, error.message)
-        log.warning(
-            "session %d: the server refused a completion (request %d): error %d %s",
-            self.session, got.request_id, error.code, error.message,
-        )
-        if error.code in _CLOSING_CODES:
-            self.close_now("the server closed the session")
-            raise ServerError(error.code, error.message)
+            reply = self._answer(await self._read_frame(), rid)
+            if reply is not None:
+                return reply
 
     async def _send(self, frame: bytes) -> None:
         """Writes the buffered completions and ``frame``; returns once the socket took
@@ -451,9 +346,7 @@ class AsyncServerConnection:
             self._drop_gone(stream.ended or "closing")
             self._raise_refusal()
             raise NotSent(f"{self.endpoint} closed the connection before the request was written")
-        data = b"".join(self._completes) + frame
-        self._completes.clear()
-        transport.write(data)
+        transport.write(self._with_completes(frame))
         written = await self._written(transport)
         if written == Written.NOT_SENT:
             self.close_now("write failed")
@@ -511,9 +404,7 @@ class AsyncServerConnection:
             if stream.frames:
                 return self._understood(stream.frames.popleft())
             if stream.error is not None:
-                if self.session == 0 and stream.error.kind in _HEADER_ERRORS:
-                    raise self._not_decree()
-                raise self._violation(str(stream.error))
+                raise self._frame_error(stream.error, stream.first_bytes)
             if stream.ended is not None:
                 self.close_now(stream.ended)
                 raise Unavailable(f"{self.endpoint} closed the connection ({stream.ended})")
@@ -526,23 +417,3 @@ class AsyncServerConnection:
             except asyncio.TimeoutError:
                 pass
 
-    def _understood(self, frame: p.Frame) -> p.Frame:
-        """``frame``, unless its trailer has a must-understand field this client does not know."""
-        unknown = p.unknown_must_understand(frame.trailer)
-        if unknown is not None:
-            name = type(frame.message).__name__
-            raise self._violation(f"a {name} with the unknown must-understand field {unknown.tag:#06x}")
-        return frame
-
-    def _not_decree(self) -> ProtocolError:
-        """The first reply's header is not a decree frame: the peer is something else."""
-        head = self._stream.first_bytes
-        self.close_now("not a decree server")
-        return ProtocolError(
-            f"the server at {self.endpoint} did not answer as a decree server{_peer_guess(head)}: its "
-            f"first bytes read as ASCII {repr(head)[1:]}"
-        )
-
-    def _violation(self, why: str) -> ProtocolError:
-        self.close_now(f"protocol violation: {why}")
-        return ProtocolError(f"{self.endpoint}: {why}")

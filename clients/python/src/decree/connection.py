@@ -29,47 +29,25 @@ import time
 from dataclasses import dataclass, field
 
 from . import protocol as p
-from .errors import ProtocolError, ServerError, Unavailable, UsageError
+from ._session import COMPLETES_BUFFERED_MAX as COMPLETES_BUFFERED_MAX
+from ._session import (
+    CLOSED_BY_SERVER,
+    UNSOLICITED,
+    SessionState,
+    due_for_ping,
+    falls_back_to_version_1,
+    first_bytes,
+    gone_because,
+)
+from .errors import NotSent as NotSent
+from .errors import ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
-
-COMPLETES_BUFFERED_MAX = 16
-"""Completions buffered on one connection before they are sent on their own."""
-
-_CLOSING_CODES = frozenset({1, 2, 3, 4, 5, 8, 9, 10, 17, 18, 19})
-"""Error codes after which the server closes the connection."""
 
 __version__ = "0.1.0"
 
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 """Whether reply timeouts are the kernel's SO_RCVTIMEO/SO_SNDTIMEO (see ``_reply_timeout``)."""
-
-_CLOSED_BY_SERVER = "closed by the server"
-
-
-_FIRST_BYTES_SHOWN = 24
-"""How many of a non-decree peer's first bytes an error shows."""
-
-_HEADER_ERRORS = frozenset({"TooLarge", "TooShort", "Version", "UnknownType"})
-"""Frame errors of the header, which on the first reply mean that the peer is not decree."""
-
-
-def _peer_guess(head: bytes) -> str:
-    """What a peer that is not decree may be, from its first bytes: `` (an HTTP server?)``."""
-    if head.startswith(b"HTTP/"):
-        return " (an HTTP server?)"
-    if len(head) >= 2 and head[0] in (0x15, 0x16) and head[1] == 3:
-        return " (a TLS server? only a tls: endpoint speaks TLS)"
-    if len(head) >= 5 and head[3] == 0 and head[4] == 10:
-        return " (a MySQL or MariaDB server?)"
-    if len(head) >= 5 and head[:1] in (b"E", b"R") and head[1] == 0:
-        return " (a PostgreSQL server?)"
-    return ""
-
-
-class NotSent(Unavailable):
-    """The request was not written whole (its last byte was not taken, or the session was
-    already gone): the server never received it. The connection is closed."""
 
 
 def _readable_now(sock: socket.socket) -> bool:
@@ -152,26 +130,16 @@ class Options:
     versions: tuple[int, ...] = p.PROTOCOL_VERSIONS
 
 
-class ServerConnection:
+class ServerConnection(SessionState):
     """One open server session. Use it from one thread at a time; ``lock`` is held for
-    each request (the keep-alive takes only connections nobody holds)."""
+    each request (the keep-alive takes only connections nobody holds). What the session
+    decides is :class:`decree._session.SessionState`'s; this class has the socket."""
 
     def __init__(self, endpoint: Endpoint, options: Options) -> None:
-        self.endpoint = endpoint
-        self.options = options
+        super().__init__(endpoint, options, p.FrameDecoder())
         self.lock = threading.Lock()
-        self.node = self.incarnation = self.session = 0
-        self.version = 1
-        self.frame_bytes_max = p.FRAME_BYTES_MAX
-        self.inflight_max = 1
-        self.idle_timeout_ms = 0
         self.last_sent = time.monotonic()
         self._sock: socket.socket | None = None
-        self._decoder = p.FrameDecoder()
-        self._next_id = 1
-        self._sequence = 0
-        self._completes: list[bytes] = []
-        self._broken: str | None = None
         self._first_bytes = b""
         """The first bytes the server sent, kept until HelloOk to describe a peer that is not decree."""
 
@@ -184,9 +152,8 @@ class ServerConnection:
         try:
             conn._greet(options.versions)
         except ServerError as e:
-            if e.code != p.ErrorCode.MALFORMED or not options.versions:
+            if not falls_back_to_version_1(e, endpoint, options.versions):
                 raise
-            log.info("%s refused the version list (%s): speaking protocol version 1", endpoint, e.server_message)
             conn = cls(endpoint, options)
             conn._greet(())
         return conn
@@ -238,36 +205,9 @@ class ServerConnection:
 
     def _greet(self, versions: tuple[int, ...]) -> None:
         self._sock = self._connect()
-        hello = p.Hello(self.options.node_expected, self.options.client_name, tuple(versions))
-        reply = self._exchange(hello)
-        if isinstance(reply, p.Error):
-            self.close_now(f"refused: {reply.message}")
-            raise ServerError(reply.code, reply.message)
-        if not isinstance(reply, p.HelloOk):
-            raise self._violation(f"expected HelloOk, got {type(reply).__name__}")
-        if reply.negotiated is None:
-            self.version = 1
-        elif reply.negotiated.version not in versions:
-            raise self._violation(f"the server chose protocol version {reply.negotiated.version}, not offered")
-        else:
-            self.version = reply.negotiated.version
-            self.idle_timeout_ms = reply.negotiated.idle_timeout_ms
-        if reply.session == 0:
-            raise self._violation("HelloOk with session 0")
-        self.node, self.incarnation, self.session = reply.node, reply.incarnation, reply.session
-        self._decoder.version = self.version
-        self.frame_bytes_max = min(reply.frame_bytes_max, p.FRAME_BYTES_MAX)
-        self.inflight_max = reply.inflight_max
-        log.debug(
-            "session %d of node %d incarnation %d on %s (protocol version %d)",
-            self.session, self.node, self.incarnation, self.endpoint, self.version,
-        )
+        self._agree(self._exchange(self._hello(versions)), versions)
 
     # --- requests ---------------------------------------------------------------------------
-
-    @property
-    def broken(self) -> bool:
-        return self._broken is not None
 
     def alive(self) -> bool:
         """Whether the server still holds this session: nothing unsolicited has arrived (a
@@ -301,7 +241,7 @@ class ServerConnection:
             return None
         except (OSError, ValueError) as e:
             return f"connection check failed: {e}"
-        return _CLOSED_BY_SERVER if not data else "unsolicited bytes from the server"
+        return gone_because(None if data else CLOSED_BY_SERVER, bool(data))
 
     def _tls_gone(self, sock: ssl.SSLSocket) -> str | None:
         """``_gone`` for TLS, which cannot peek: a readable socket may hold a record without
@@ -309,7 +249,7 @@ class ServerConnection:
         end of the stream (both read as b""), or application data (consumed: the session
         is given up anyway)."""
         if sock.pending():
-            return "unsolicited bytes from the server"
+            return UNSOLICITED
         for _ in range(4):
             if not _readable_now(sock):
                 return None
@@ -320,25 +260,19 @@ class ServerConnection:
                 continue  # no application data in what arrived; look again.
             finally:
                 self._reply_timeout(sock)
-            return _CLOSED_BY_SERVER if not data else "unsolicited bytes from the server"
+            return gone_because(None if data else CLOSED_BY_SERVER, bool(data))
         return None
 
     def _drop_gone(self, why: str) -> None:
         """Closes a session the server has let go of. A server that closed it itself still
         reads what comes before the client's close (docs/protocol.md, session rule 9), so
         the buffered completions are written first, for what they are worth."""
-        if why == _CLOSED_BY_SERVER and self._completes and self._sock is not None:
+        if self._flushes_before_close(why) and self._sock is not None:
             try:
-                self._sock.sendall(b"".join(self._completes))
+                self._sock.sendall(self._with_completes())
             except OSError as e:
                 log.debug("completions not sent to the closing session %d: %s", self.session, e)
-            self._completes.clear()
         self.close_now(why)
-
-    def next_xid(self) -> p.Xid:
-        """The global Xid of this session's next transaction (nothing is sent)."""
-        self._sequence += 1
-        return p.Xid.decree(self.node, self.incarnation, self.session, self._sequence)
 
     def decide(self, xid: p.Xid, branches: tuple[p.Branch, ...]) -> None:
         """Sends Decide and waits for DecideOk. First checks, without blocking, that the
@@ -352,58 +286,31 @@ class ServerConnection:
                 self._drop_gone(gone)
                 raise NotSent(f"session {self.session} on {self.endpoint} is gone ({gone}): the Decide was not sent")
             reply = self._exchange(p.Decide(xid, branches))
-        if isinstance(reply, p.DecideOk):
-            return
-        if isinstance(reply, p.Error):
-            raise ServerError(reply.code, reply.message)
-        raise self._violation(f"expected DecideOk, got {type(reply).__name__}")
+        self._decided(reply)
 
     def outcome(self, xid: p.Xid) -> p.Outcome:
         """Asks what became of ``xid`` (version-1 errors 15 and 16 read as unknown and heuristic)."""
-        reply = self._request(p.OutcomeQuery(xid.global_xid()))
-        if isinstance(reply, p.OutcomeIs):
-            return reply.outcome
-        if isinstance(reply, p.Error):
-            if reply.code == p.ErrorCode.OUTCOME_UNKNOWN:
-                return p.Outcome.UNKNOWN
-            if reply.code == p.ErrorCode.OUTCOME_HEURISTIC:
-                return p.Outcome.HEURISTIC
-            raise ServerError(reply.code, reply.message)
-        raise self._violation(f"expected OutcomeIs, got {type(reply).__name__}")
+        return self._outcome_of(self._request(p.OutcomeQuery(xid.global_xid())))
 
     def one_phase(self, xid: p.Xid) -> bool:
         """Version 3: tells the server that ``xid`` is about to commit in one phase
         (OnePhase, written at once with the buffered completions; no reply on success).
         Returns False on an older session, which has no such message: nothing is sent.
         NotSent when the frame could not be written whole: the branch must not commit."""
-        if self.version < p.TRAILER_VERSION:
+        if not self._tells_one_phase:
             return False
         with self.lock:
-            if self._broken is not None or self._sock is None:
-                raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
-            self._send(p.encode_frame(self._take_id(), p.OnePhase(xid.global_xid())))
+            self._send(self._one_phase_frame(xid, self._sock))
         return True
 
     def ping(self) -> None:
-        reply = self._request(p.Ping())
-        if isinstance(reply, p.Error):
-            raise ServerError(reply.code, reply.message)
-        if not isinstance(reply, p.Pong):
-            raise self._violation(f"expected Pong, got {type(reply).__name__}")
+        self._ponged(self._request(p.Ping()))
 
     def complete(self, xid: p.Xid, heuristic: p.Heuristic | None = None) -> None:
-        """Buffers the completion of ``xid`` (no reply on success); a version-1 session
-        sends a plain Complete where version 2 sends CompleteHeuristic."""
-        message: p.Message
-        if heuristic is not None and self.version >= 2:
-            message = p.CompleteHeuristic(xid.global_xid(), heuristic)
-        else:
-            message = p.Complete(xid.global_xid())
+        """Buffers the completion of ``xid`` (no reply on success; a version-1 session
+        sends a plain Complete where version 2 sends CompleteHeuristic)."""
         with self.lock:
-            if self.broken:
-                return  # the server finishes the transaction itself once the session is gone.
-            self._completes.append(p.encode_frame(self._take_id(), message))
-            if len(self._completes) >= COMPLETES_BUFFERED_MAX:
+            if self._buffer_complete(xid, heuristic):
                 try:
                     self._send(b"")
                 except Unavailable as e:
@@ -461,7 +368,7 @@ class ServerConnection:
         if self.broken or not self.lock.acquire(blocking=False):
             return
         try:
-            if time.monotonic() - self.last_sent >= idle_for:
+            if due_for_ping(time.monotonic(), self.last_sent, idle_for):
                 self._exchange(p.Ping())
         except Exception as e:
             log.warning("keep-alive ping of session %d failed: %s", self.session, e)
@@ -470,46 +377,21 @@ class ServerConnection:
 
     # --- frames -----------------------------------------------------------------------------
 
-    def _take_id(self) -> int:
-        rid = self._next_id
-        self._next_id += 1
-        return rid
-
     def _request(self, message: p.Message) -> p.Message:
         with self.lock:
             return self._exchange(message)
 
     def _exchange(self, message: p.Message) -> p.Message:
         """Sends ``message`` (after the buffered completions) and reads its reply; the caller holds ``lock``."""
-        if self._broken is not None or self._sock is None:
-            raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
-        rid = self._take_id()
-        frame = p.encode_frame(rid, message)
-        if len(frame) > self.frame_bytes_max:
-            raise UsageError(f"a {type(message).__name__} of {len(frame)} bytes exceeds the server's frame limit")
+        rid, frame = self._request_frame(message, self._sock)
         self._send(frame)
         while True:
-            got = self._read_frame()
-            if got.request_id == rid:
-                return got.message
-            if isinstance(got.message, p.Error):
-                if got.request_id == 0:
-                    self.close_now(f"error {got.message.code}: {got.message.message}")
-                    raise ServerError(got.message.code, got.message.message)
-                # An answer to a buffered Complete (success has none): never a decision.
-                log.warning(
-                    "session %d: the server refused a completion (request %d): error %d %s",
-                    self.session, got.request_id, got.message.code, got.message.message,
-                )
-                if got.message.code in _CLOSING_CODES:
-                    self.close_now("the server closed the session")
-                    raise ServerError(got.message.code, got.message.message)
-                continue
-            raise self._violation(f"a {type(got.message).__name__} for request {got.request_id}, not {rid}")
+            reply = self._answer(self._read_frame(), rid)
+            if reply is not None:
+                return reply
 
     def _send(self, frame: bytes) -> None:
-        data = b"".join(self._completes) + frame
-        self._completes.clear()
+        data = self._with_completes(frame)
         assert self._sock is not None
         try:
             self._sock.sendall(data)
@@ -524,15 +406,9 @@ class ServerConnection:
             try:
                 frame = self._decoder.next()
             except p.FrameError as e:
-                if self.session == 0 and e.kind in _HEADER_ERRORS:
-                    raise self._not_decree() from e
-                raise self._violation(str(e)) from e
+                raise self._frame_error(e, self._first_bytes) from e
             if frame is not None:
-                unknown = p.unknown_must_understand(frame.trailer)
-                if unknown is not None:
-                    name = type(frame.message).__name__
-                    raise self._violation(f"a {name} with the unknown must-understand field {unknown.tag:#06x}")
-                return frame
+                return self._understood(frame)
             try:
                 data = self._sock.recv(65536)
             except (socket.timeout, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO.
@@ -542,21 +418,8 @@ class ServerConnection:
                 self.close_now(f"read failed: {e}")
                 raise Unavailable(f"connection to {self.endpoint} broke: {e}") from e
             if not data:
-                self.close_now(_CLOSED_BY_SERVER)
+                self.close_now(CLOSED_BY_SERVER)
                 raise Unavailable(f"{self.endpoint} closed the connection")
-            if self.session == 0 and len(self._first_bytes) < _FIRST_BYTES_SHOWN:
-                self._first_bytes += data[: _FIRST_BYTES_SHOWN - len(self._first_bytes)]
+            if self.session == 0:
+                self._first_bytes = first_bytes(self._first_bytes, data)
             self._decoder.feed(data)
-
-    def _not_decree(self) -> ProtocolError:
-        """The first reply's header is not a decree frame: the peer is something else."""
-        head = self._first_bytes
-        self.close_now("not a decree server")
-        return ProtocolError(
-            f"the server at {self.endpoint} did not answer as a decree server{_peer_guess(head)}: its "
-            f"first bytes read as ASCII {repr(head)[1:]}"
-        )
-
-    def _violation(self, why: str) -> ProtocolError:
-        self.close_now(f"protocol violation: {why}")
-        return ProtocolError(f"{self.endpoint}: {why}")

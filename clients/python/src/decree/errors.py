@@ -10,6 +10,7 @@
      ├── ProtocolError       the server's bytes broke the protocol (a bug, or not decree)
      ├── ServerError         the server answered an Error frame (``code``, ``message``)
      ├── Unavailable         the server cannot be reached (nothing was decided)
+     │    └── NotSent        a request was not written whole: the server never got it
      └── UsageError          the API was used wrongly (nothing was sent)
 
 The first four are the answers a transaction can end with; each carries the global
@@ -28,14 +29,12 @@ class DecreeError(Exception):
     """The base of every exception this package raises."""
 
 
-class RolledBack(DecreeError):
-    """The transaction is rolled back: no branch of it is committed.
-
-    ``rm`` and ``branch`` name the branch whose failure caused it (``None`` when the cause
-    was not a branch, e.g. the server refused the decision or answered "rolled back" to
-    ``Outcome``); ``cause`` is the underlying exception, also chained as ``__cause__``.
-    Retrying the work as a new transaction is safe.
-    """
+class _BranchNamed(DecreeError):
+    """The fields :class:`RolledBack` and :class:`BranchEndedByApplication` share: the branch
+    that caused the ending (``rm``, ``branch``; ``None`` when the cause was not a branch), the
+    underlying exception (``cause``) and the rollbacks of the other branches that could not
+    be confirmed (``rollback_errors``). Never raised itself, and neither of the two is a kind
+    of the other, so that ``except RolledBack: retry`` lets BranchEndedByApplication through."""
 
     def __init__(
         self,
@@ -53,6 +52,16 @@ class RolledBack(DecreeError):
         self.branch = branch
         self.cause = cause
         self.rollback_errors = rollback_errors or []
+
+
+class RolledBack(_BranchNamed):
+    """The transaction is rolled back: no branch of it is committed.
+
+    ``rm`` and ``branch`` name the branch whose failure caused it (``None`` when the cause
+    was not a branch, e.g. the server refused the decision or answered "rolled back" to
+    ``Outcome``); ``cause`` is the underlying exception, also chained as ``__cause__``.
+    Retrying the work as a new transaction is safe.
+    """
 
 
 class OutcomeUnknown(DecreeError):
@@ -92,7 +101,7 @@ class HeuristicError(DecreeError):
         self.reports = reports or []
 
 
-class BranchEndedByApplication(DecreeError):
+class BranchEndedByApplication(_BranchNamed):
     """The application committed or rolled back a branch itself (on its connection, inside
     the transaction), and the library cannot know which way it ended.
 
@@ -105,23 +114,6 @@ class BranchEndedByApplication(DecreeError):
     it through. The cause is a bug in the application: a branch's connection must not see
     ``COMMIT``, ``ROLLBACK`` or ``XA`` statements while it is enlisted.
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        xid: Xid | None = None,
-        rm: str | None = None,
-        branch: int | None = None,
-        cause: BaseException | None = None,
-        rollback_errors: list[BaseException] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.xid = xid
-        self.rm = rm
-        self.branch = branch
-        self.cause = cause
-        self.rollback_errors = rollback_errors or []
 
 
 class ProtocolError(DecreeError):
@@ -145,6 +137,11 @@ class ServerError(DecreeError):
 
 class Unavailable(DecreeError):
     """The server cannot be reached, or the connection broke before anything was decided."""
+
+
+class NotSent(Unavailable):
+    """The request was not written whole (its last byte was not taken, or the session was
+    already gone): the server never received it. The connection is closed."""
 
 
 class UsageError(DecreeError):
