@@ -9,13 +9,13 @@
 # Narayana's best durable store and to Atomikos) and keeps the JSON lines in
 # target/jbench/results.jsonl.
 #
-# Knobs: THREADS (default "1 4 16 64"), SECONDS (measured, default 10), WARMUP (default 3),
+# Knobs: THREADS (default "1 4 16 64"), BENCH_SECONDS (measured, default 10), WARMUP (default 3),
 # ROUNDS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 THREADS="${THREADS:-1 4 16 64}"
-SECONDS_RUN="${SECONDS:-10}"
+SECONDS_RUN="${BENCH_SECONDS:-10}"
 WARMUP="${WARMUP:-3}"
 ROUNDS="${ROUNDS:-2}"
 OUT=target/jbench
@@ -86,6 +86,6 @@ for t in threads:
     nb = max((best[(tm, t)]["tps"] for tm in ("narayana-slot", "narayana-journal") if (tm, t) in best), default=None)
     at = best.get(("atomikos", t))
     r1 = f"{d['tps'] / nb:.2f}x" if d and nb else "-"
-    r2 = f"{d['tps'] / at['tps']:.2f}x" if d and at else "-"
+    r2 = f"{d['tps'] / at['tps']:.2f}x" if d and at and at["tps"] else "-"
     print(f"| {t} | " + " | ".join(cells) + f" | {r1} | {r2} |")
 PY
