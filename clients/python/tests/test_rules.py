@@ -198,7 +198,8 @@ def test_a_branch_that_does_not_prepare_rolls_every_branch_back_before_any_decis
         tx.commit()
     assert tx.calls == ["pg-a.prepare", "pg-b.prepare", "pg-a.rollback", "pg-b.rollback", "maria.rollback"]
     assert (raised.value.rm, raised.value.branch, raised.value.cause) == ("pg-b", 1, failed)
-    assert [str(e) for e in raised.value.rollback_errors] == ["reset"] and tx.rollback_errors == raised.value.rollback_errors
+    assert [str(e) for e in raised.value.rollback_errors] == ["reset"]
+    assert tx.rollback_errors == raised.value.rollback_errors
     assert tx._close_session, "an unconfirmed rollback is left to the server's presumed abort"
 
 
@@ -415,7 +416,7 @@ def test_a_transaction_that_is_not_active_refuses_with_its_state_in_words() -> N
 # --- the manager --------------------------------------------------------------------------
 
 
-class Members(r.ManagerRules):
+class Members(r.ManagerRules[Any]):
     """A manager whose ``open`` calls are answered by each endpoint's script."""
 
     def __init__(self, answers: dict[str, list[Any]], preferred: int = 0) -> None:

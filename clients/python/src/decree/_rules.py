@@ -27,30 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import protocol as p
+from ._session import SessionState
 from .branches import BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step
 from .connection import Endpoint, Options, TlsConfig
-from .errors import (
-    BranchEndedByApplication,
-    DecreeError,
-    HeuristicError,
-    HeuristicReport,
-    NotSent,
-    OutcomeUnknown,
-    ProtocolError,
-    RolledBack,
-    ServerError,
-    Unavailable,
-    UsageError,
-)
+from .errors import BranchEndedByApplication, DecreeError, HeuristicError, HeuristicReport, NotSent, OutcomeUnknown
+from .errors import ProtocolError, RolledBack, ServerError, Unavailable, UsageError
 
 log = logging.getLogger("decree")
 
 T = TypeVar("T")
+S = TypeVar("S", bound=SessionState)
 
 REFUSED_BEFORE_WRITING = frozenset(
     {
@@ -102,17 +94,24 @@ Steps = Generator[Call, Any, T]
 """An engine: yields calls, is sent their results, returns its own."""
 
 
-class Driven:
+class Driven(Generic[T]):
     """An engine being carried out: :attr:`call` is what it asks for now, ``None`` once it
     returned :attr:`value`. The runtime makes the call and hands over its result
     (:meth:`answer`) or exception (:meth:`fail`); the engine's own exceptions come out of
     these."""
 
-    def __init__(self, steps: Steps[Any]) -> None:
+    def __init__(self, steps: Steps[T]) -> None:
         self._steps = steps
         self.call: Call | None = None
-        self.value: Any = None
+        self._value: Any = None
         self._go(lambda: next(steps))
+
+    @property
+    def value(self) -> T:
+        """What the engine returned."""
+        assert self.call is None, "the engine has not returned yet"
+        value: T = self._value
+        return value
 
     def answer(self, result: Any) -> None:
         self._go(lambda: self._steps.send(result))
@@ -124,7 +123,7 @@ class Driven:
         try:
             self.call = step()
         except StopIteration as done:
-            self.call, self.value = None, done.value
+            self.call, self._value = None, done.value
 
 
 # --- a transaction ------------------------------------------------------------------------
@@ -497,16 +496,19 @@ def settings(
 ) -> tuple[list[Endpoint], Options]:
     """The endpoints and options of ``decree.connect`` and ``decree.aconnect``'s arguments
     (a comma-separated ``endpoint`` names a pair's two members)."""
-    options = Options(node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls)
+    options = Options(
+        node_expected=node_expected, connect_timeout=connect_timeout, reply_timeout=reply_timeout, tls=tls
+    )
     if client_name is not None:
         options = dataclasses.replace(options, client_name=client_name)
     return [Endpoint.parse(e.strip()) for e in endpoint.split(",")], options
 
 
-class ManagerRules:
-    """What a transaction manager decides about its endpoints, for both APIs: which member
-    of a pair to open a session on. The API's manager sets ``_connection`` (the class whose
-    ``open(endpoint, options)`` opens a session) and runs :meth:`_open_any_steps`."""
+class ManagerRules(Generic[S]):
+    """What a transaction manager decides about its endpoints and sessions, for both APIs:
+    which member of a pair to open a session on, and which sessions go back to the pool.
+    The API's manager sets ``_connection`` (the class whose ``open(endpoint, options)`` opens
+    a session), runs :meth:`_open_any_steps` and keeps the pool."""
 
     _connection: Any
 
@@ -517,6 +519,16 @@ class ManagerRules:
         self._preferred = 0
         self.options = options
         self.outcome_timeout = outcome_timeout
+        self._pool: list[S] = []
+        """Sessions no transaction holds; the last released is taken first."""
+        self._sessions: weakref.WeakSet[S] = weakref.WeakSet()
+        """Every session this manager opened and nobody has dropped, for the keep-alive."""
+        self._closed = False
+
+    def _pools(self, conn: S) -> bool:
+        """Whether a session a transaction let go of goes back to the pool: not when it is
+        broken (the next transaction connects again) or the manager is closed."""
+        return not (conn.broken or self._closed)
 
     @property
     def endpoint(self) -> Endpoint:

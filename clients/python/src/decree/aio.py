@@ -41,7 +41,6 @@ import functools
 import inspect
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -74,8 +73,7 @@ async def _run(steps: Steps[T]) -> T:
             driven.fail(e)
         else:
             driven.answer(result)
-    value: T = driven.value
-    return value
+    return driven.value
 
 
 class _LoopClock:
@@ -126,7 +124,7 @@ async def _run_to_end(work: Coroutine[Any, Any, T], what: str) -> T:
     return task.result()
 
 
-class AsyncTransactionManager(ManagerRules):
+class AsyncTransactionManager(ManagerRules[AsyncServerConnection]):
     """Opens asyncio transactions; keeps a pool of server sessions of one event loop."""
 
     _connection = AsyncServerConnection
@@ -135,10 +133,7 @@ class AsyncTransactionManager(ManagerRules):
         self, endpoint: Endpoint | list[Endpoint], options: Options, *, outcome_timeout: float = 30.0
     ) -> None:
         super().__init__(endpoint, options, outcome_timeout)
-        self._pool: list[AsyncServerConnection] = []
-        self._sessions: weakref.WeakSet[AsyncServerConnection] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
         self._keepalive: asyncio.Task[None] | None = None
 
     # --- opening and closing ----------------------------------------------------------------
@@ -200,7 +195,7 @@ class AsyncTransactionManager(ManagerRules):
         return await self._open()
 
     async def _release(self, conn: AsyncServerConnection) -> None:
-        if conn.broken or self._closed:
+        if not self._pools(conn):
             await conn.aclose()
             return
         self._pool.append(conn)
@@ -236,24 +231,21 @@ class AsyncTransactionManager(ManagerRules):
 
     async def outcome(self, xid: p.Xid) -> p.Outcome:
         """Asks the server what became of ``xid`` (docs/protocol.md, session rule 6)."""
-        conn = await self._acquire()
-        try:
-            return await conn.outcome(xid)
-        finally:
-            await self._release(conn)
+        return await self._using(await self._acquire(), lambda conn: conn.outcome(xid))
 
     async def ping(self) -> None:
-        conn = await self._acquire()
-        try:
-            await conn.ping()
-        finally:
-            await self._release(conn)
+        await self._using(await self._acquire(), AsyncServerConnection.ping)
 
     async def _ask_outcome(self, xid: p.Xid) -> p.Outcome:
         """Outcome on a new session (the engine's question after a lost answer to Decide)."""
-        conn = await self._open()
+        return await self._using(await self._open(), lambda conn: conn.outcome(xid))
+
+    async def _using(
+        self, conn: AsyncServerConnection, request: Callable[[AsyncServerConnection], Awaitable[T]]
+    ) -> T:
+        """``request`` on ``conn``, which goes back to the pool after (or is closed, if broken)."""
         try:
-            return await conn.outcome(xid)
+            return await request(conn)
         finally:
             await self._release(conn)
 

@@ -34,14 +34,7 @@ import time
 from typing import Any
 
 from . import protocol as p
-from ._session import (
-    CLOSED_BY_SERVER,
-    SessionState,
-    due_for_ping,
-    falls_back_to_version_1,
-    first_bytes,
-    gone_because,
-)
+from ._session import CLOSED_BY_SERVER, SessionState, due_for_ping, falls_back_to_version_1, first_bytes, gone_because
 from .connection import Endpoint, Options
 from .errors import NotSent, ServerError, Unavailable, UsageError
 

@@ -29,7 +29,7 @@ import enum
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UsageError
 from .protocol import Heuristic, Xid
@@ -69,9 +69,9 @@ class PhaseTwo:
 DONE = PhaseTwo(Step.DONE)
 
 
-class BranchAdapter(abc.ABC):
-    """One connection's branch; the coordinator calls start, then prepare and commit (or a
-    one-phase commit), or rollback, from the thread that runs the transaction."""
+class _Adapter:
+    """What an adapter is, blocking or asyncio: its connection, the name of the server's
+    ``[[rm]]`` entry for its database (1 to 64 bytes), and the branch's Xid once started."""
 
     def __init__(self, connection: Any, rm: str) -> None:
         if not isinstance(rm, str) or not 1 <= len(rm.encode()) <= 64:
@@ -79,6 +79,16 @@ class BranchAdapter(abc.ABC):
         self.connection = connection
         self.rm = rm
         self.xid: Xid | None = None
+
+    @property
+    def holds_prepared(self) -> bool:
+        """Whether the connection holds a prepared branch no other connection can finish."""
+        return False
+
+
+class BranchAdapter(_Adapter, abc.ABC):
+    """One connection's branch; the coordinator calls start, then prepare and commit (or a
+    one-phase commit), or rollback, from the thread that runs the transaction."""
 
     @abc.abstractmethod
     def start(self, xid: Xid) -> None:
@@ -100,11 +110,6 @@ class BranchAdapter(abc.ABC):
     def rollback(self) -> None:
         """Rolls the branch back in whatever state it is; raises when that cannot be confirmed."""
 
-    @property
-    def holds_prepared(self) -> bool:
-        """Whether the connection holds a prepared branch no other connection can finish."""
-        return False
-
     def abandon(self) -> None:
         """Lets go of anything that would keep the server from finishing the branch
         (nothing by default); called before the branch is left to the server."""
@@ -114,18 +119,27 @@ def _connection_lost_pg(connection: Any) -> bool:
     return bool(getattr(connection, "closed", False) or getattr(connection, "broken", False))
 
 
-class PsycopgBranch(BranchAdapter):
-    """A PostgreSQL branch on a psycopg 3 connection, through the driver's TPC API."""
+class PsycopgRules:
+    """The state of a PostgreSQL branch on a psycopg 3 connection, and what the connection's
+    status and the driver's errors mean: the part of :class:`PsycopgBranch` and
+    :class:`decree.AsyncPsycopgBranch` that does no IO (psycopg keeps the status, ``closed``,
+    ``broken`` and ``autocommit`` on the connection object). The adapters make the driver's
+    calls, blocking or awaited, and ask these methods before and after each."""
+
+    connection: Any
+    rm: str
+    xid: Xid | None
 
     def __init__(self, connection: Any, rm: str) -> None:
-        super().__init__(connection, rm)
+        super().__init__(connection, rm)  # type: ignore[call-arg]  # the adapter's base class (_Adapter).
         self._state = "idle"
         self._begun = False
 
     def _status(self) -> int:
         return int(self.connection.info.transaction_status)
 
-    def start(self, xid: Xid) -> None:
+    def _gid(self, xid: Xid) -> str:
+        """Checks that the connection can start a branch; the gid to begin it with."""
         from psycopg.pq import TransactionStatus
 
         conn = self.connection
@@ -140,62 +154,99 @@ class PsycopgBranch(BranchAdapter):
                 "statement (or commit or roll back first)"
             )
         self.xid = xid
-        conn.tpc_begin(xid.pg_gid())
+        return xid.pg_gid()
+
+    def _started(self) -> None:
+        """After ``tpc_begin``. psycopg sends BEGIN with it: from here on, no open transaction
+        means that the application ended the branch (a driver that began lazily would not be
+        blamed)."""
+        from psycopg.pq import TransactionStatus
+
         self._state = "active"
-        # psycopg sends BEGIN with tpc_begin: from here on, no open transaction means that
-        # the application ended the branch (a driver that began lazily would not be blamed).
         self._begun = self._status() == TransactionStatus.INTRANS
 
-    def _aborted(self) -> bool:
+    def _refused_before(self) -> BranchFailed | None:
+        """Before a prepare or a one-phase commit: BranchEnded when the transaction psycopg
+        began is gone (a ``COMMIT`` or ``ROLLBACK`` the application sent itself, after which
+        PREPARE TRANSACTION would only warn, and a one-phase commit would do nothing); the
+        BranchFailed to raise when an earlier statement failed (PostgreSQL would answer
+        PREPARE TRANSACTION with a silent ROLLBACK); ``None`` to go on."""
         from psycopg.pq import TransactionStatus
 
-        return self._status() == TransactionStatus.INERROR
-
-    def _check_not_ended(self) -> None:
-        """BranchEnded when the transaction psycopg began is gone: a ``COMMIT`` or
-        ``ROLLBACK`` the application sent itself (PREPARE TRANSACTION would then only warn,
-        and a one-phase commit would do nothing)."""
-        from psycopg.pq import TransactionStatus
-
-        if self._begun and self._state == "active" and self._status() == TransactionStatus.IDLE:
+        status = self._status()
+        if self._begun and self._state == "active" and status == TransactionStatus.IDLE:
             raise BranchEnded(
                 f"{self.rm}: the connection has no transaction open although the branch began on it: "
                 "the application committed or rolled it back itself"
             )
+        if status == TransactionStatus.INERROR:
+            return BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
+        return None
+
+    def _failed(self, e: Exception, statement: str, state: str) -> BranchFailed | BranchInDoubt:
+        """What an error of ``statement`` (PREPARE TRANSACTION, COMMIT) means: a lost
+        connection lost the answer (in doubt); anything else failed, leaving ``state``."""
+        if _connection_lost_pg(self.connection):
+            self._state = "in_doubt"
+            return BranchInDoubt(f"{self.rm}: {statement} lost its answer: {e}")
+        self._state = state
+        return BranchFailed(f"{self.rm}: {statement} failed: {e}")
+
+    def _phase_two_failed(self, e: Exception) -> PhaseTwo:
+        """What an error of COMMIT PREPARED means: done when the gid is unknown (committed
+        already), else not done yet (the server finishes it)."""
+        if getattr(e, "sqlstate", None) == "42704":
+            self._state = "idle"
+            return PhaseTwo(Step.DONE, f"{self.rm}: already committed ({e})")
+        return PhaseTwo(Step.PENDING, f"{self.rm}: COMMIT PREPARED failed: {e}")
+
+    def _rollback_from(self) -> str | None:
+        """The state a rollback starts from, or ``None`` when there is nothing to roll back
+        (nothing begun, or PostgreSQL rolled the open transaction back with the session)."""
+        state, self._state = self._state, "idle"
+        if state == "idle" or state == "active" and _connection_lost_pg(self.connection):
+            return None
+        return state
+
+    def _rolled_back_anyway(self, state: str, e: Exception) -> bool:
+        """Whether an error of the rollback from ``state`` still leaves the branch rolled
+        back (never prepared, or already rolled back); if not, the state is kept."""
+        if getattr(e, "sqlstate", None) == "42704" or state == "active" and _connection_lost_pg(self.connection):
+            return True
+        self._state = state
+        return False
+
+
+class PsycopgBranch(PsycopgRules, BranchAdapter):
+    """A PostgreSQL branch on a psycopg 3 connection, through the driver's TPC API."""
+
+    def start(self, xid: Xid) -> None:
+        self.connection.tpc_begin(self._gid(xid))
+        self._started()
 
     def prepare(self) -> None:
-        import psycopg
-
-        self._check_not_ended()
-        if self._aborted():
-            # PostgreSQL would answer PREPARE TRANSACTION with a silent ROLLBACK.
-            raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
-        try:
-            self.connection.tpc_prepare()
-        except psycopg.Error as e:
-            if _connection_lost_pg(self.connection):
-                self._state = "in_doubt"
-                raise BranchInDoubt(f"{self.rm}: PREPARE TRANSACTION lost its answer: {e}") from e
-            self._state = "failed"
-            raise BranchFailed(f"{self.rm}: PREPARE TRANSACTION failed: {e}") from e
+        aborted = self._refused_before()
+        if aborted is not None:
+            raise aborted
+        self._settled(self.connection.tpc_prepare, "PREPARE TRANSACTION", "failed")
         self._state = "prepared"
 
     def commit_one_phase(self) -> None:
+        aborted = self._refused_before()
+        if aborted is not None:
+            self.rollback()
+            raise aborted
+        self._settled(self.connection.tpc_commit, "COMMIT", "idle")
+        self._state = "idle"
+
+    def _settled(self, call: Callable[[], object], statement: str, state: str) -> None:
+        """Makes the driver's ``call`` of ``statement``; its error is what :meth:`_failed` says."""
         import psycopg
 
-        self._check_not_ended()
-        if self._aborted():
-            self.rollback()
-            raise BranchFailed(f"{self.rm}: an earlier statement failed, the transaction is aborted")
         try:
-            self.connection.tpc_commit()
+            call()
         except psycopg.Error as e:
-            if _connection_lost_pg(self.connection):
-                self._state = "in_doubt"
-                raise BranchInDoubt(f"{self.rm}: COMMIT lost its answer: {e}") from e
-            self._state = "idle"
-            raise BranchFailed(f"{self.rm}: COMMIT failed: {e}") from e
-        self._state = "idle"
+            raise self._failed(e, statement, state) from e
 
     def commit_prepared(self) -> PhaseTwo:
         import psycopg
@@ -203,28 +254,21 @@ class PsycopgBranch(BranchAdapter):
         try:
             self.connection.tpc_commit()
         except psycopg.Error as e:
-            if getattr(e, "sqlstate", None) == "42704":
-                self._state = "idle"
-                return PhaseTwo(Step.DONE, f"{self.rm}: already committed ({e})")
-            return PhaseTwo(Step.PENDING, f"{self.rm}: COMMIT PREPARED failed: {e}")
+            return self._phase_two_failed(e)
         self._state = "idle"
         return DONE
 
     def rollback(self) -> None:
         import psycopg
 
-        state, self._state = self._state, "idle"
-        if state == "idle":
+        state = self._rollback_from()
+        if state is None:
             return
-        if state == "active" and _connection_lost_pg(self.connection):
-            return  # PostgreSQL rolled the open transaction back with the session.
         try:
             self.connection.tpc_rollback()  # ROLLBACK, or ROLLBACK PREPARED once prepared.
         except psycopg.Error as e:
-            if getattr(e, "sqlstate", None) == "42704" or state == "active" and _connection_lost_pg(self.connection):
-                return  # never prepared, or already rolled back.
-            self._state = state
-            raise
+            if not self._rolled_back_anyway(state, e):
+                raise
 
 
 _CONNECTION_IDS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()

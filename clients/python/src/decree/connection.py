@@ -30,15 +30,8 @@ from dataclasses import dataclass, field
 
 from . import protocol as p
 from ._session import COMPLETES_BUFFERED_MAX as COMPLETES_BUFFERED_MAX
-from ._session import (
-    CLOSED_BY_SERVER,
-    UNSOLICITED,
-    SessionState,
-    due_for_ping,
-    falls_back_to_version_1,
-    first_bytes,
-    gone_because,
-)
+from ._session import CLOSED_BY_SERVER, UNSOLICITED, SessionState, due_for_ping, first_bytes, gone_because
+from ._session import falls_back_to_version_1
 from .errors import NotSent as NotSent
 from .errors import ServerError, Unavailable, UsageError
 
@@ -354,14 +347,7 @@ class ServerConnection(SessionState):
         another thread of the parent held stays held in the child, so it is made anew."""
         self.lock = threading.Lock()
         self._completes.clear()
-        if self._broken is None:
-            self._broken = "inherited from the parent process by os.fork()"
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        self.close_now("inherited from the parent process by os.fork()")
 
     def ping_if_idle(self, idle_for: float) -> None:
         """Keep-alive: pings when nobody holds the connection and nothing was sent for ``idle_for`` s."""

@@ -62,8 +62,7 @@ def _run(steps: Steps[T]) -> T:
             driven.fail(e)
         else:
             driven.answer(result)
-    value: T = driven.value
-    return value
+    return driven.value
 
 
 def connect(
@@ -99,7 +98,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class TransactionManager(ManagerRules):
+class TransactionManager(ManagerRules[ServerConnection]):
     """Opens transactions; keeps a pool of server sessions, one per running transaction.
 
     A manager created before ``os.fork()`` (a pre-fork web server imports the application
@@ -113,10 +112,7 @@ class TransactionManager(ManagerRules):
         self, endpoint: Endpoint | list[Endpoint], options: Options, *, outcome_timeout: float = 30.0
     ) -> None:
         super().__init__(endpoint, options, outcome_timeout)
-        self._pool: list[ServerConnection] = []
-        self._sessions: weakref.WeakSet[ServerConnection] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._closed = False
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
         self._generation = 0
@@ -149,7 +145,7 @@ class TransactionManager(ManagerRules):
             conn.close()
 
     def _release(self, conn: ServerConnection) -> None:
-        if conn.broken or self._closed:
+        if not self._pools(conn):
             conn.close()
             return
         with self._lock:
@@ -214,24 +210,19 @@ class TransactionManager(ManagerRules):
 
     def outcome(self, xid: p.Xid) -> p.Outcome:
         """Asks the server what became of ``xid`` (docs/protocol.md, session rule 6)."""
-        conn = self._acquire()
-        try:
-            return conn.outcome(xid)
-        finally:
-            self._release(conn)
+        return self._using(self._acquire(), lambda conn: conn.outcome(xid))
 
     def ping(self) -> None:
-        conn = self._acquire()
-        try:
-            conn.ping()
-        finally:
-            self._release(conn)
+        self._using(self._acquire(), ServerConnection.ping)
 
     def _ask_outcome(self, xid: p.Xid) -> p.Outcome:
         """Outcome on a new session (the engine's question after a lost answer to Decide)."""
-        conn = self._open()
+        return self._using(self._open(), lambda conn: conn.outcome(xid))
+
+    def _using(self, conn: ServerConnection, request: Callable[[ServerConnection], T]) -> T:
+        """``request`` on ``conn``, which goes back to the pool after (or is closed, if broken)."""
         try:
-            return conn.outcome(xid)
+            return request(conn)
         finally:
             self._release(conn)
 
