@@ -147,14 +147,6 @@ abstract class DbResource implements DecreeResource {
             state = State.ACTIVE;
         }
 
-        /** Whether the open transaction wrote nothing; SQLException when it is aborted. */
-        private boolean readOnly() throws SQLException {
-            try (Statement s = conn().createStatement(); ResultSet r = s.executeQuery("SELECT txid_current_if_assigned() IS NULL")) {
-                r.next();
-                return r.getBoolean(1);
-            }
-        }
-
         private void toIdle() {
             state = State.IDLE;
             try {
@@ -179,29 +171,16 @@ abstract class DbResource implements DecreeResource {
             if (state != State.ACTIVE) {
                 throw xa(XAException.XAER_PROTO, rm + ": prepare of a branch that is " + state, null);
             }
+            // The check and the PREPARE go in one round trip: an aborted transaction fails the
+            // SELECT, and PostgreSQL then skips the PREPARE (which it would have answered with
+            // a silent ROLLBACK). The SELECT also says whether the branch wrote anything.
             boolean nothingWritten;
-            try {
-                nothingWritten = readOnly();
-            } catch (SQLException e) {
-                if (lost(e)) {
-                    state = State.IDLE; // PREPARE was never sent: PostgreSQL rolls the transaction back with the session.
-                    pooled.discard("lost: " + e.getMessage());
-                    throw xa(XAException.XA_RBCOMMFAIL, rm + ": the connection was lost before PREPARE: " + e.getMessage(), e);
+            try (Statement s = conn().createStatement()) {
+                s.execute("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION '" + xid.pgGid() + "'");
+                try (ResultSet r = s.getResultSet()) {
+                    r.next();
+                    nothingWritten = r.getBoolean(1);
                 }
-                rollbackOpen();
-                throw xa(XAException.XA_RBROLLBACK, rm + ": an earlier statement failed, the transaction is aborted: " + e.getMessage(), e);
-            }
-            if (nothingWritten) {
-                try {
-                    conn().commit();
-                } catch (SQLException e) {
-                    pooled.discard("commit of a read-only branch failed: " + e.getMessage());
-                }
-                toIdle();
-                return XA_RDONLY;
-            }
-            try {
-                run("PREPARE TRANSACTION '" + xid.pgGid() + "'");
             } catch (SQLException e) {
                 if (lost(e)) {
                     state = State.IN_DOUBT;
@@ -209,7 +188,20 @@ abstract class DbResource implements DecreeResource {
                     throw xa(XAException.XAER_RMFAIL, rm + ": PREPARE TRANSACTION lost its answer: " + e.getMessage(), e);
                 }
                 rollbackOpen();
-                throw xa(XAException.XA_RBROLLBACK, rm + ": PREPARE TRANSACTION failed: " + e.getMessage(), e);
+                throw xa(XAException.XA_RBROLLBACK, rm + ": PREPARE TRANSACTION failed (or an earlier statement had aborted the "
+                        + "transaction): " + e.getMessage(), e);
+            }
+            if (nothingWritten) {
+                // A branch that wrote nothing: finish its empty prepared transaction now and vote read-only.
+                state = State.PREPARED;
+                try {
+                    conn().setAutoCommit(true);
+                    run("COMMIT PREPARED '" + xid.pgGid() + "'");
+                    state = State.IDLE;
+                    return XA_RDONLY;
+                } catch (SQLException e) {
+                    return XA_OK; // still prepared: it takes part in the decision like any other.
+                }
             }
             state = State.PREPARED;
             try {
@@ -227,19 +219,10 @@ abstract class DbResource implements DecreeResource {
                 if (state != State.ACTIVE) {
                     throw xa(XAException.XAER_PROTO, rm + ": one-phase commit of a branch that is " + state, null);
                 }
-                try {
-                    readOnly(); // PostgreSQL answers COMMIT of an aborted transaction with a silent ROLLBACK.
-                } catch (SQLException e) {
-                    if (lost(e)) {
-                        state = State.IDLE;
-                        pooled.discard("lost: " + e.getMessage());
-                        throw xa(XAException.XA_RBCOMMFAIL, rm + ": the connection was lost before COMMIT: " + e.getMessage(), e);
-                    }
-                    rollbackOpen();
-                    throw xa(XAException.XA_RBROLLBACK, rm + ": an earlier statement failed, the transaction is aborted: " + e.getMessage(), e);
-                }
-                try {
-                    conn().commit();
+                // One round trip: PostgreSQL answers COMMIT of an aborted transaction with a silent
+                // ROLLBACK, so the SELECT goes first; when it fails, the COMMIT is skipped.
+                try (Statement s = conn().createStatement()) {
+                    s.execute("SELECT txid_current_if_assigned() IS NULL; COMMIT");
                 } catch (SQLException e) {
                     if (lost(e)) {
                         state = State.IDLE;
@@ -247,7 +230,8 @@ abstract class DbResource implements DecreeResource {
                         throw xa(XAException.XAER_RMFAIL, rm + ": COMMIT lost its answer: " + e.getMessage(), e);
                     }
                     rollbackOpen();
-                    throw xa(XAException.XA_RBROLLBACK, rm + ": COMMIT failed: " + e.getMessage(), e);
+                    throw xa(XAException.XA_RBROLLBACK, rm + ": COMMIT failed (or an earlier statement had aborted the transaction): "
+                            + e.getMessage(), e);
                 }
                 toIdle();
                 return;
