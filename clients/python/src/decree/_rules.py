@@ -28,9 +28,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from . import protocol as p
 from ._session import SessionState
@@ -76,11 +76,10 @@ class CommitReport:
     """The answer to ``Decide`` was lost and ``Outcome`` said committed."""
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One thing the runtime does for an engine: ``target.method(*args)``, awaited when it
     returns an awaitable (asyncio). Its result is sent back to the engine, or its exception
-    thrown back in."""
+    thrown back in. (A tuple: several are made per commit, and a tuple is made fastest.)"""
 
     target: Any
     method: str
@@ -100,11 +99,13 @@ class Driven(Generic[T]):
     (:meth:`answer`) or exception (:meth:`fail`); the engine's own exceptions come out of
     these."""
 
+    __slots__ = ("_steps", "call", "_value")
+
     def __init__(self, steps: Steps[T]) -> None:
         self._steps = steps
         self.call: Call | None = None
         self._value: Any = None
-        self._go(lambda: next(steps))
+        self.answer(None)  # a generator's first step takes None.
 
     @property
     def value(self) -> T:
@@ -114,14 +115,14 @@ class Driven(Generic[T]):
         return value
 
     def answer(self, result: Any) -> None:
-        self._go(lambda: self._steps.send(result))
+        try:
+            self.call = self._steps.send(result)
+        except StopIteration as done:
+            self.call, self._value = None, done.value
 
     def fail(self, error: BaseException) -> None:
-        self._go(lambda: self._steps.throw(error))
-
-    def _go(self, step: Callable[[], Call]) -> None:
         try:
-            self.call = step()
+            self.call = self._steps.throw(error)
         except StopIteration as done:
             self.call, self._value = None, done.value
 
@@ -132,15 +133,12 @@ class Driven(Generic[T]):
 @dataclass
 class Enlisted:
     """A branch of the transaction: its adapter (blocking or asyncio; the engine reads its
-    ``rm`` and ``holds_prepared`` only) and number."""
+    ``rm`` and ``holds_prepared`` only), its number and its RM name."""
 
     adapter: Any
     number: int
+    rm: str
     prepared: bool = False
-
-    @property
-    def rm(self) -> str:
-        return str(self.adapter.rm)
 
     def call(self, method: str) -> Call:
         return Call(self.adapter, method)
@@ -214,7 +212,7 @@ class TransactionRules:
     def _add(self, adapter: Any) -> int:
         """Records ``adapter``, started with :meth:`_next_branch_xid`, as the next branch."""
         number = len(self._branches)
-        self._branches.append(Enlisted(adapter, number))
+        self._branches.append(Enlisted(adapter, number, adapter.rm))
         log.debug("%s: branch %d on %s", self.xid, number, adapter.rm)
         return number
 

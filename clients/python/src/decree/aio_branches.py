@@ -6,7 +6,9 @@ and the same :class:`~decree.branches.PhaseTwo` answers, awaited:
 
 - :class:`AsyncPsycopgBranch`, for psycopg 3's ``AsyncConnection``: decree's gid string
   goes to ``await conn.tpc_begin(gid)``, then ``tpc_prepare``, ``tpc_commit`` and
-  ``tpc_rollback`` are awaited. The connection must not be in autocommit mode.
+  ``tpc_rollback`` are awaited. The connection must not be in autocommit mode. What its
+  status and errors mean is :class:`~decree.branches.PsycopgRules`', the same code as
+  :class:`decree.PsycopgBranch`'s; this class only awaits the driver's calls.
 
 Write an :class:`AsyncBranchAdapter` for another asynchronous driver. A connection the
 synchronous API drives (psycopg ``Connection``, PyMySQL) is refused here, by

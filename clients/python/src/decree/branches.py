@@ -20,6 +20,10 @@ its answer was lost and the branch may be prepared or committed (:class:`BranchI
 A branch the application ended itself is reported with :class:`BranchEnded`.
 Phase two returns a :class:`PhaseTwo` instead: done, not done yet (the server finishes
 it), or decided on its own (heuristic).
+
+:class:`PsycopgRules` is the part of a psycopg branch that does no IO (the checks before
+each call and what its errors mean); the blocking :class:`PsycopgBranch` and the asyncio
+:class:`decree.AsyncPsycopgBranch` both make their driver's calls around it.
 """
 
 from __future__ import annotations
