@@ -68,7 +68,7 @@ for rnd in sorted({r["round"] for r in rows}):
     r = get("rust", "2pc") / get("rust", "independent")
     ratios.append(j / r)
     print(f"round {rnd}: decree-jta decree/independent {j:.3f} ({get('java','decree'):.0f}/{get('java','independent'):.0f} tps, "
-          f"native-2pc {get('java','native-2pc'):.0f}), Rust 2pc/independent {r:.3f} ({get('rust','2pc'):.0f}/"
+          f"native-2pc {get('java','native-2pc'):.0f}, sequential branch calls {get('java','decree-sequential'):.0f}), Rust 2pc/independent {r:.3f} ({get('rust','2pc'):.0f}/"
           f"{get('rust','independent'):.0f} tps, native-2pc {get('rust','native-2pc'):.0f}): {j / r:.2f}x")
 print(f"median of {len(ratios)} rounds: {statistics.median(ratios):.2f}x (target: at least 0.9x)")
 PY

@@ -21,7 +21,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * credits one in B: as two independent local transactions ({@code independent}: BEGIN,
  * UPDATE, COMMIT on each, BEGIN waited for as decree bench does), as the databases' own
  * two-phase statements without a coordinator ({@code native-2pc}), or as one decree-jta
- * transaction over two {@link DecreeDataSource}s ({@code decree}); the modes run in the
+ * transaction over two {@link DecreeDataSource}s ({@code decree}, with its default parallel
+ * branch calls, and {@code decree-sequential}, without them); the modes run in the
  * same JVM one after the other, each after a warm-up. Prints one JSON line per mode.
  *
  * <pre>
@@ -104,21 +105,24 @@ public final class DbBench {
                 DecreeDataSource dsA = new DecreeDataSource(tm, "pg-a", urlA, props, threads);
                 DecreeDataSource dsB = new DecreeDataSource(tm, "pg-b", urlB, props, threads)) {
             dev.decree.jta.DecideTimer.install();
-            measure("decree", threads, seconds, warmup, index -> (a, b) -> {
-                tm.begin();
-                try {
-                    try (Connection c = dsA.getConnection()) {
-                        update(c, debit, a);
+            for (String mode : new String[] {"decree-sequential", "decree"}) {
+                tm.setParallelBranchCalls(mode.equals("decree")); // the default: parallel branch calls
+                measure(mode, threads, seconds, warmup, index -> (a, b) -> {
+                    tm.begin();
+                    try {
+                        try (Connection c = dsA.getConnection()) {
+                            update(c, debit, a);
+                        }
+                        try (Connection c = dsB.getConnection()) {
+                            update(c, credit, b);
+                        }
+                    } catch (Exception e) {
+                        tm.rollback();
+                        throw e;
                     }
-                    try (Connection c = dsB.getConnection()) {
-                        update(c, credit, b);
-                    }
-                } catch (Exception e) {
-                    tm.rollback();
-                    throw e;
-                }
-                tm.commit();
-            });
+                    tm.commit();
+                });
+            }
         }
         System.out.println(dev.decree.jta.DecideTimer.summary());
         System.exit(0);

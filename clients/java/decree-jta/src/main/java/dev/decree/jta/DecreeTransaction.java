@@ -607,23 +607,91 @@ public final class DecreeTransaction implements Transaction {
         return e;
     }
 
-    private void twoPhase() throws RollbackException, HeuristicMixedException, HeuristicRollbackException, SystemException {
-        for (Enlisted b : branches) {
-            try {
-                int vote = b.resource.prepare(b.xid);
-                b.state = vote == XAResource.XA_RDONLY ? BranchState.READ_ONLY : BranchState.PREPARED;
-            } catch (XAException e) {
-                b.state = XaCodes.isRollback(e.errorCode) ? BranchState.ROLLED_BACK : BranchState.IN_DOUBT;
-                rollBackAll(false);
-                finish(Status.STATUS_ROLLEDBACK, false);
-                throw rolledBack(xid + ": branch " + b.number + " on " + b.rm + " did not prepare (" + XaCodes.name(e)
-                        + "); every branch is rolled back", e);
-            } catch (RuntimeException e) {
-                b.state = BranchState.IN_DOUBT;
-                rollBackAll(false);
-                finish(Status.STATUS_ROLLEDBACK, false);
-                throw rolledBack(xid + ": branch " + b.number + " on " + b.rm + " did not prepare (" + e + "); every branch is rolled back", e);
+    /** What one branch call did: its vote (prepare) and the exception it threw, if any. */
+    private record CallResult(int vote, Exception error) {}
+
+    interface BranchCall {
+        int call(Enlisted b) throws XAException;
+    }
+
+    /**
+     * Runs {@code call} on every branch of {@code list}: one after the other, or, when the
+     * manager's parallel branch calls are on, the first on this thread and the others at the
+     * same time on the manager's branch threads (each branch is its own connection). Every
+     * call has ended when this returns; one after the other, the calls stop at the first
+     * error when {@code stopAtFirstError} says so (fewer results than branches).
+     */
+    private List<CallResult> callEach(List<Enlisted> list, BranchCall call, boolean stopAtFirstError) {
+        List<CallResult> out = new ArrayList<>();
+        java.util.concurrent.ExecutorService pool = list.size() > 1 ? tm.branchExecutor() : null;
+        if (pool == null) {
+            for (Enlisted b : list) {
+                CallResult r = callOne(b, call);
+                out.add(r);
+                if (r.error() != null && stopAtFirstError) {
+                    break; // the branches after it are not called (and stay unprepared).
+                }
             }
+            return out;
+        }
+        List<java.util.concurrent.Future<CallResult>> futures = new ArrayList<>();
+        for (int i = 1; i < list.size(); i++) {
+            Enlisted b = list.get(i);
+            futures.add(pool.submit(() -> callOne(b, call)));
+        }
+        out.add(callOne(list.get(0), call));
+        for (java.util.concurrent.Future<CallResult> f : futures) {
+            boolean interrupted = false;
+            while (true) {
+                try {
+                    out.add(f.get());
+                    break;
+                } catch (InterruptedException e) {
+                    interrupted = true; // every call must end before the transaction goes on.
+                } catch (java.util.concurrent.ExecutionException e) {
+                    out.add(new CallResult(-1, new IllegalStateException(e.getCause())));
+                    break;
+                }
+            }
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
+        }
+        return out;
+    }
+
+    private static CallResult callOne(Enlisted b, BranchCall call) {
+        try {
+            return new CallResult(call.call(b), null);
+        } catch (XAException | RuntimeException e) {
+            return new CallResult(-1, e);
+        }
+    }
+
+    private void twoPhase() throws RollbackException, HeuristicMixedException, HeuristicRollbackException, SystemException {
+        List<CallResult> votes = callEach(branches, b -> b.resource.prepare(b.xid), true);
+        Enlisted failed = null;
+        Exception why = null;
+        for (int i = 0; i < votes.size(); i++) {
+            Enlisted b = branches.get(i);
+            CallResult r = votes.get(i);
+            if (r.error() == null) {
+                b.state = r.vote() == XAResource.XA_RDONLY ? BranchState.READ_ONLY : BranchState.PREPARED;
+            } else {
+                b.state = r.error() instanceof XAException x && XaCodes.isRollback(x.errorCode) ? BranchState.ROLLED_BACK
+                        : BranchState.IN_DOUBT;
+                if (failed == null) {
+                    failed = b;
+                    why = r.error();
+                }
+            }
+        }
+        if (failed != null) {
+            rollBackAll(false);
+            finish(Status.STATUS_ROLLEDBACK, false);
+            String reason = why instanceof XAException x ? XaCodes.name(x) : why.toString();
+            throw rolledBack(xid + ": branch " + failed.number + " on " + failed.rm + " did not prepare (" + reason
+                    + "); every branch is rolled back", why);
         }
         List<Branch> decision = new ArrayList<>();
         for (Enlisted b : branches) {
@@ -746,19 +814,24 @@ public final class DecreeTransaction implements Transaction {
         boolean anyCommitted = false;
         boolean anyRolledBack = false;
         boolean anyHeuristicCommitted = false;
+        List<Enlisted> prepared = new ArrayList<>();
         for (Enlisted b : branches) {
-            if (b.state == BranchState.READ_ONLY) {
-                continue;
+            if (b.state == BranchState.PREPARED) {
+                prepared.add(b);
             }
-            if (b.state != BranchState.PREPARED) {
-                continue;
-            }
-            try {
-                b.resource.commit(b.xid, false);
+        }
+        List<CallResult> results = callEach(prepared, b -> {
+            b.resource.commit(b.xid, false);
+            return 0;
+        }, false);
+        for (int i = 0; i < prepared.size(); i++) {
+            Enlisted b = prepared.get(i);
+            Exception error = results.get(i).error();
+            if (error == null) {
                 b.state = BranchState.DONE;
                 anyCommitted = true;
                 Hooks.step("phase-two", xid);
-            } catch (XAException e) {
+            } else if (error instanceof XAException e) {
                 int code = e.errorCode;
                 if (code == XAException.XAER_NOTA) {
                     b.state = BranchState.DONE; // already committed (by an earlier attempt, or the server).
@@ -787,8 +860,8 @@ public final class DecreeTransaction implements Transaction {
                         d.abandon();
                     }
                 }
-            } catch (RuntimeException e) {
-                log.warn("{}: phase two of branch {} on {} failed ({}); left to the server", xid, b.number, b.rm, e.toString());
+            } else {
+                log.warn("{}: phase two of branch {} on {} failed ({}); left to the server", xid, b.number, b.rm, error.toString());
                 pending.add(b.rm);
                 if (b.resource instanceof DecreeResource d) {
                     d.abandon();

@@ -60,6 +60,7 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
     private volatile int defaultTimeoutSeconds = 60;
     private volatile long outcomeTimeoutMs = 30_000;
     private volatile boolean keepAliveStarted;
+    private volatile java.util.concurrent.ExecutorService branchExecutor;
     private volatile boolean closed;
 
     public DecreeTransactionManager(List<Endpoint> endpoints, SessionOptions options) {
@@ -73,6 +74,7 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
             t.setDaemon(true);
             return t;
         });
+        setParallelBranchCalls(true);
     }
 
     /**
@@ -106,6 +108,31 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
     /** How long a lost answer to Decide is asked about with Outcome before it is reported unknown (30 s by default). */
     public void setOutcomeTimeoutMillis(long ms) {
         this.outcomeTimeoutMs = ms;
+    }
+
+    /**
+     * Whether the branches of a transaction are prepared, and committed, at the same time
+     * (each branch is its own connection): one database round trip per phase instead of one
+     * per branch, for a thread handoff per extra branch. On by default (the Rust coordinator
+     * does the same); off, the calls of a transaction all run on its own thread, one branch
+     * after the other, and a prepare that fails leaves the later branches unprepared.
+     */
+    public synchronized void setParallelBranchCalls(boolean on) {
+        if (on && branchExecutor == null) {
+            branchExecutor = Executors.newCachedThreadPool(r -> {
+                Thread t = new Thread(r, "decree-jta-branch");
+                t.setDaemon(true);
+                return t;
+            });
+        } else if (!on && branchExecutor != null) {
+            branchExecutor.shutdown();
+            branchExecutor = null;
+        }
+    }
+
+    /** The threads of parallel branch calls, or null when they are off. */
+    java.util.concurrent.ExecutorService branchExecutor() {
+        return branchExecutor;
     }
 
     public TransactionSynchronizationRegistry getSynchronizationRegistry() {
@@ -275,6 +302,7 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
             s.close();
         }
         timer.shutdownNow();
+        setParallelBranchCalls(false);
     }
 
     // --- thread association ------------------------------------------------------------------

@@ -57,18 +57,22 @@ class CrashTest {
         };
     }
 
-    @ParameterizedTest(name = "{1} to {2}, killed at {0}")
+    @ParameterizedTest(name = "{1} to {2}, killed at {0}, parallel branch calls {4}")
     @CsvSource({
-        "prepared, pg-a, pg-b, neither", "decide-sent, pg-a, pg-b, either", "decided, pg-a, pg-b, both", "phase-two, pg-a, pg-b, both",
-        "prepared, pg-a, maria, neither", "decide-sent, pg-a, maria, either", "decided, pg-a, maria, both",
-        "phase-two, pg-a, maria, both", "phase-two, maria, pg-a, both", "prepared, maria, pg-a, neither"})
-    void aKilledJvmsBranchesAreFinishedByTheServer(String step, String fromRm, String toRm, String expected) throws Exception {
+        "prepared, pg-a, pg-b, neither, false", "decide-sent, pg-a, pg-b, either, false", "decided, pg-a, pg-b, both, false",
+        "phase-two, pg-a, pg-b, both, false",
+        "prepared, pg-a, maria, neither, false", "decide-sent, pg-a, maria, either, false", "decided, pg-a, maria, both, false",
+        "phase-two, pg-a, maria, both, false", "phase-two, maria, pg-a, both, false", "prepared, maria, pg-a, neither, false",
+        "prepared, pg-a, maria, neither, true", "decided, pg-a, maria, both, true", "phase-two, pg-a, pg-b, both, true"})
+    void aKilledJvmsBranchesAreFinishedByTheServer(String step, String fromRm, String toRm, String expected, Boolean parallel)
+            throws Exception {
         TestEnv.Db from = db(fromRm);
         TestEnv.Db to = db(toRm);
         long total = Bank.balance(from) + Bank.balance(to);
         String transfer = "crash-" + UUID.randomUUID();
         List<String> cmd = new ArrayList<>(List.of(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp",
-                System.getProperty("java.class.path"), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", CrashWorker.class.getName(),
+                System.getProperty("java.class.path"), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                "-Ddecree.parallel=" + Boolean.TRUE.equals(parallel), CrashWorker.class.getName(),
                 server.endpoint(), step, transfer, from.rm(), from.jdbcUrl(), from.properties().getProperty("user"), to.rm(),
                 to.jdbcUrl(), to.properties().getProperty("user")));
         Process child = new ProcessBuilder(cmd).redirectErrorStream(true).start();

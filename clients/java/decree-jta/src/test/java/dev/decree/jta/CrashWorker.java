@@ -16,6 +16,7 @@ public final class CrashWorker {
         String step = args[1];
         String transfer = args[2];
         DecreeTransactionManager tm = DecreeTransactionManager.connect(endpoint);
+        tm.setParallelBranchCalls(Boolean.getBoolean("decree.parallel"));
         DecreeDataSource from = new DecreeDataSource(tm, args[3], args[4], props(args[5]), 2);
         DecreeDataSource to = new DecreeDataSource(tm, args[6], args[7], props(args[8]), 2);
         Hooks.hook = (name, xid) -> {

@@ -204,6 +204,7 @@ class DatabaseTest {
     void preparedBranchesCarryDecreesNamesInTheDatabases() throws Exception {
         List<String> seen = new ArrayList<>();
         List<Long> mariaIds = new ArrayList<>();
+        tm.setParallelBranchCalls(false); // the third branch prepares after the first two.
         tm.begin();
         DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();
         String id = id();

@@ -59,6 +59,7 @@ class JtaContractTest {
     void connect() throws Exception {
         tm = DecreeTransactionManager.connect(server.endpoint());
         tm.setOutcomeTimeoutMillis(10_000);
+        tm.setParallelBranchCalls(false); // the journals below list the calls in their order (the parallel ones say so).
         journal = FakeResource.journal();
     }
 
@@ -253,6 +254,46 @@ class JtaContractTest {
         tm.getTransaction().enlistResource(res("d1"));
         tm.getTransaction().enlistResource(res("d2"));
         tm.commit();
+    }
+
+    @Test
+    void parallelBranchCallsPrepareAndCommitEveryBranchOnTheirOwnThreads() throws Exception {
+        tm.setParallelBranchCalls(true);
+        List<String> threads = Collections.synchronizedList(new ArrayList<>());
+        tm.begin();
+        DecreeXid xid = current();
+        for (String rm : List.of("d1", "d2", "d3")) {
+            FakeResource r = res(rm);
+            r.onPrepare = () -> threads.add(Thread.currentThread().getName());
+            tm.getTransaction().enlistResource(r);
+        }
+        tm.commit();
+        assertEquals(Outcome.COMMITTED, tm.outcome(xid));
+        List<String> sorted = new ArrayList<>(journal);
+        Collections.sort(sorted);
+        assertEquals(List.of("commit 0", "commit 1", "commit 2", "end 0", "end 1", "end 2", "prepare 0", "prepare 1", "prepare 2",
+                "start 0", "start 1", "start 2"), sorted);
+        assertEquals(Thread.currentThread().getName(), threads.stream().filter(t -> !t.startsWith("decree-jta-branch")).findFirst()
+                .orElse(null), "the first branch on the committing thread");
+        assertEquals(2, threads.stream().filter(t -> t.startsWith("decree-jta-branch")).count(), "the others on branch threads");
+    }
+
+    @Test
+    void aParallelPrepareThatFailsRollsEveryOtherBranchBack() throws Exception {
+        tm.setParallelBranchCalls(true);
+        double commits = server.metric("decree_commits_total");
+        tm.begin();
+        FakeResource bad = res("d2");
+        bad.failPrepare = XAException.XA_RBROLLBACK;
+        tm.getTransaction().enlistResource(res("d1"));
+        tm.getTransaction().enlistResource(bad);
+        tm.getTransaction().enlistResource(res("d3"));
+        RollbackException e = assertThrows(RollbackException.class, tm::commit);
+        assertTrue(e.getMessage().contains("branch 1 on d2 did not prepare"), e.getMessage());
+        assertTrue(journal.containsAll(List.of("rollback 0", "rollback 2")), journal.toString());
+        assertFalse(journal.contains("rollback 1"), "a branch that voted rollback is not rolled back again");
+        assertFalse(journal.stream().anyMatch(x -> x.startsWith("commit")));
+        assertEquals(commits, server.metric("decree_commits_total"));
     }
 
     // --- rollback-only, rollback ---------------------------------------------------------------
@@ -623,6 +664,7 @@ class JtaContractTest {
     void aDecisionTheSessionCouldNotSendRollsBack() throws Exception {
         try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
                 DecreeTransactionManager local = DecreeTransactionManager.connect(own.endpoint())) {
+            local.setParallelBranchCalls(false);
             local.begin();
             FakeResource a = res("d1");
             FakeResource b = res("d2");
@@ -647,6 +689,7 @@ class JtaContractTest {
                 DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
                         SessionOptions.defaults().withReplyTimeoutMs(500))) {
             local.setOutcomeTimeoutMillis(20_000);
+            local.setParallelBranchCalls(false);
             local.begin();
             FakeResource b = res("d2");
             // The server stops (SIGSTOP) before the decision arrives: the Decide waits in its
@@ -680,6 +723,7 @@ class JtaContractTest {
                 DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
                         SessionOptions.defaults().withReplyTimeoutMs(500))) {
             local.setOutcomeTimeoutMillis(15_000);
+            local.setParallelBranchCalls(false);
             local.begin();
             FakeResource b = res("d2");
             // Stopped, then killed with the decision unread, then restarted: a new incarnation

@@ -17,6 +17,7 @@ class KeepAliveTest {
         try (DecreeServer server = new DecreeServer(List.of(new DecreeServer.Rm("d1", "dummy", null),
                 new DecreeServer.Rm("d2", "dummy", null)), "[limits]\nidle_timeout_ms = 300\n").start();
                 DecreeTransactionManager tm = DecreeTransactionManager.connect(server.endpoint())) {
+            tm.setParallelBranchCalls(false);
             List<String> journal = FakeResource.journal();
             tm.begin();
             DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();

@@ -75,6 +75,7 @@ class TlsTest {
     @Test
     void aTwoPhaseCommitOverMutualTls() throws Exception {
         try (DecreeTransactionManager tm = DecreeTransactionManager.connect("tls:127.0.0.1:" + port, as("app-1"))) {
+            tm.setParallelBranchCalls(false);
             List<String> journal = FakeResource.journal();
             tm.begin();
             DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();
