@@ -21,9 +21,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+import decree
+
+if TYPE_CHECKING:
+    from bank import Bank
 
 REPO = Path(__file__).resolve().parents[3]
 CI = os.environ.get("CI", "") in ("true", "1")
@@ -181,9 +186,76 @@ def rm_entries(dsns: dict[str, str]) -> list[tuple[str, str, str]]:
     return [("pg-a", "postgres", dsns["pg-a"]), ("pg-b", "postgres", dsns["pg-b"]), ("maria", "mariadb", dsns["maria"])]
 
 
+def started(server: Server) -> Iterator[Server]:
+    """Starts ``server`` for a fixture, and cleans it up after (``yield from started(...)``)."""
+    server.start()
+    yield server
+    server.cleanup()
+
+
 @pytest.fixture(scope="module")
 def server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns))
-    s.start()
-    yield s
-    s.cleanup()
+    yield from started(Server(rm_entries(dsns)))
+
+
+@pytest.fixture(scope="module")
+def tcp_server(dsns: dict[str, str]) -> Iterator[Server]:
+    """A server that listens on TCP as well as on its Unix socket."""
+    yield from started(Server(rm_entries(dsns), tcp=True))
+
+
+IDLE_MS = 300
+"""The idle bound of :func:`idle_server`'s sessions (``[limits] idle_timeout_ms``)."""
+
+
+@pytest.fixture(scope="module")
+def idle_server(dsns: dict[str, str]) -> Iterator[Server]:
+    """A server that closes a session idle for :data:`IDLE_MS`."""
+    yield from started(Server(rm_entries(dsns), extra=f"[limits]\nidle_timeout_ms = {IDLE_MS}\n"))
+
+
+@pytest.fixture
+def tm(server: Server, request: pytest.FixtureRequest) -> Iterator[decree.TransactionManager]:
+    """A transaction manager on the module's server, named after the test module
+    (``pytest-one-phase``), closed after the test."""
+    name = request.module.__name__.removeprefix("test_").replace("_", "-")
+    manager = decree.connect(server.endpoint, client_name=f"pytest-{name}")
+    yield manager
+    manager.close()
+
+
+BANK_IDS = {"pg-b": "pg-pg", "maria": "pg-mariadb"}
+"""The test id of a bank by its database B."""
+
+
+def made_bank(dsns: dict[str, str], rm_b: str) -> Iterator[Bank]:
+    """tests/bank.py's bank on pg-a and ``rm_b``, its tables dropped after the test."""
+    from bank import Bank  # bank.py takes helpers from this module.
+
+    made = Bank(dsns, rm_b).create()
+    yield made
+    made.drop()
+
+
+def bank_fixture(*rms_b: str) -> Any:
+    """A ``bank`` fixture for a module whose bank is not :func:`bank`'s: on one database B,
+    or on each of several (one test each, with the ids of :data:`BANK_IDS`)."""
+    if len(rms_b) == 1:
+
+        @pytest.fixture(name="bank")
+        def one(dsns: dict[str, str]) -> Iterator[Bank]:
+            yield from made_bank(dsns, rms_b[0])
+
+        return one
+
+    @pytest.fixture(name="bank", params=list(rms_b), ids=[BANK_IDS[rm] for rm in rms_b])
+    def each(request: pytest.FixtureRequest, dsns: dict[str, str]) -> Iterator[Bank]:
+        yield from made_bank(dsns, request.param)
+
+    return each
+
+
+@pytest.fixture
+def bank(dsns: dict[str, str]) -> Iterator[Bank]:
+    """The bank between the two PostgreSQL databases."""
+    yield from made_bank(dsns, "pg-b")

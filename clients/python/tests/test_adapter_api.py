@@ -14,7 +14,7 @@ import pytest
 
 import decree
 from bank import Bank
-from conftest import REPO, Server
+from conftest import REPO, Server, bank_fixture
 
 MARKER = "<!-- guide-adapter:"
 
@@ -39,29 +39,24 @@ def guide_adapter() -> type[decree.BranchAdapter]:
     return adapter  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest-adapter")
-    yield manager
-    manager.close()
+bank = bank_fixture("maria")
 
 
 @pytest.fixture
-def bank(dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, "maria").create()
-    yield b
-    b.drop()
-
-
-def connect_a(bank: Bank) -> psycopg.Connection[Any]:
-    return psycopg.connect(bank.dsns["pg-a"], autocommit=True)
+def pair(bank: Bank) -> Iterator[tuple[Any, Any]]:
+    """The guide adapter's connection to pg-a (autocommit, as its driver has no two-phase
+    API) and a PyMySQL connection to the bank's MariaDB, closed after the test."""
+    a, b = psycopg.connect(bank.dsns["pg-a"], autocommit=True), bank.connect_b()
+    yield a, b
+    a.close()
+    b.close()
 
 
 def test_the_guides_adapter_commits_in_two_phases_and_in_one(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, pair: tuple[Any, Any]
 ) -> None:
     adapter = guide_adapter()
-    a, b = connect_a(bank), bank.connect_b()
+    a, b = pair
     with tm.transaction() as tx:
         assert tx.enlist(adapter(a, "pg-a"), "pg-a") == 0
         tx.enlist(b, "maria")
@@ -74,14 +69,13 @@ def test_the_guides_adapter_commits_in_two_phases_and_in_one(
     snap = bank.snapshot(server.node)
     assert snap.total == bank.total and snap.prepared == []
     assert snap.in_a == {1, 2} and snap.in_b == {1}, "transfer 2 is the one-phase commit's, in A only"
-    a.close(), b.close()
 
 
 def test_the_guides_adapter_votes_no_and_everything_rolls_back(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, pair: tuple[Any, Any]
 ) -> None:
     adapter = guide_adapter()
-    a, b = connect_a(bank), bank.connect_b()
+    a, b = pair
     with pytest.raises(decree.RolledBack) as refused:
         with tm.transaction() as tx:
             tx.enlist(b, "maria")
@@ -93,14 +87,13 @@ def test_the_guides_adapter_votes_no_and_everything_rolls_back(
     assert isinstance(refused.value.cause, decree.BranchFailed)
     snap = bank.snapshot(server.node)
     assert snap.violations(bank.total, set()) == [] and not snap.in_a and not snap.in_b
-    a.close(), b.close()
 
 
 def test_the_guides_adapter_reports_a_branch_the_application_ended(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, pair: tuple[Any, Any]
 ) -> None:
     adapter = guide_adapter()
-    a, b = connect_a(bank), bank.connect_b()
+    a, b = pair
     with pytest.raises(decree.BranchEndedByApplication) as ended:
         with tm.transaction() as tx:
             tx.enlist(adapter(a, "pg-a"), "pg-a")
@@ -110,4 +103,3 @@ def test_the_guides_adapter_reports_a_branch_the_application_ended(
     assert (ended.value.rm, ended.value.branch) == ("pg-a", 0)
     snap = bank.snapshot(server.node)
     assert snap.in_a == {4} and not snap.in_b and snap.prepared == []
-    a.close(), b.close()

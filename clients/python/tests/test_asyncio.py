@@ -10,13 +10,14 @@ loop with ``asyncio.run``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import socket
 import sys
 import time
 import types
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import REPO, Server, mysql_kwargs, need, pg_kwargs, rm_entries
+from conftest import IDLE_MS, REPO, Server, mysql_kwargs, need, pg_kwargs
 from decree import protocol as p
 from decree.aio_connection import AsyncServerConnection
 from decree.branches import BranchInDoubt
@@ -35,7 +36,6 @@ from test_guide import bank_server, schema  # noqa: F401  (fixtures)
 from test_tls import tls_config, tls_server  # noqa: F401  (a fixture)
 
 T = TypeVar("T")
-IDLE_MS = 300
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
@@ -52,24 +52,27 @@ class AppAsyncConnection(psycopg.AsyncConnection[Any]):
 
 
 @pytest.fixture(scope="module")
-def server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), tcp=True)
-    s.start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture
-def bank(dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, "pg-b").create()
-    yield b
-    b.drop()
+def server(tcp_server: Server) -> Server:
+    """The module's server listens on TCP too."""
+    return tcp_server
 
 
 async def connect_pair(
     bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection
 ) -> tuple[Any, Any]:
     return await cls.connect(bank.dsns["pg-a"]), await cls.connect(bank.dsns["pg-b"])
+
+
+@contextlib.asynccontextmanager
+async def pair_on(
+    endpoint: str, bank: Bank, **settings: Any
+) -> AsyncIterator[tuple[decree.AsyncTransactionManager, Any, Any]]:
+    """A manager on ``endpoint`` (``settings`` go to ``decree.aconnect``) and async
+    connections to the bank's two databases, closed at the end of the block before it."""
+    async with decree.aconnect(endpoint, **settings) as tm:
+        a, b = await connect_pair(bank)
+        yield tm, a, b
+        await close_all(a, b)
 
 
 async def work(bank: Bank, a: Any, b: Any, tid: int, amount: int, src: int, dst: int) -> None:
@@ -85,8 +88,7 @@ async def transfer(
     tm: decree.AsyncTransactionManager, bank: Bank, a: Any, b: Any, tid: int, amount: int = 7
 ) -> decree.CommitReport:
     async with tm.atransaction() as tx:
-        await tx.enlist(a, "pg-a")
-        await tx.enlist(b, "pg-b")
+        await tx_enlist_both(tx, a, b)
         await work(bank, a, b, tid, amount, tid % bank.accounts, (tid * 7 + 3) % bank.accounts)
     assert tx.report is not None
     return tx.report
@@ -97,6 +99,12 @@ async def close_all(*conns: Any) -> None:
         await c.close()
 
 
+async def tx_enlist_both(tx: decree.AsyncTransaction, a: Any, b: Any) -> None:
+    """Enlists the bank's two connections, ``a`` on pg-a and ``b`` on pg-b, in that order."""
+    await tx.enlist(a, "pg-a")
+    await tx.enlist(b, "pg-b")
+
+
 # --- the cases of the synchronous API ---------------------------------------------------------
 
 
@@ -104,11 +112,9 @@ def test_a_transfer_commits_in_both_databases_and_tells_the_server(server: Serve
     before = server.metrics()
 
     async def scenario() -> decree.CommitReport:
-        async with decree.aconnect(server.endpoint, client_name="pytest-asyncio") as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank, client_name="pytest-asyncio") as (tm, a, b):
             report = await transfer(tm, bank, a, b, tid=1)
             assert await tm.outcome(report.xid) == decree.Outcome.COMMITTED
-            await close_all(a, b)
         return report  # the manager's close sent the buffered Complete.
 
     report = run(scenario())
@@ -140,12 +146,10 @@ def test_one_branch_commits_in_one_phase_and_sends_nothing(server: Server, bank:
 
 def test_an_exception_in_the_block_rolls_both_back_and_propagates(server: Server, bank: Bank) -> None:
     async def scenario() -> None:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             with pytest.raises(KeyError, match="application"):
                 async with tm.atransaction() as tx:
-                    await tx.enlist(a, "pg-a")
-                    await tx.enlist(b, "pg-b")
+                    await tx_enlist_both(tx, a, b)
                     await work(bank, a, b, 9, 5, 1, 2)
                     raise KeyError("application failure")
             assert tx.state == "rolled_back"
@@ -153,7 +157,6 @@ def test_an_exception_in_the_block_rolls_both_back_and_propagates(server: Server
             assert snap.violations(bank.total, set()) == [] and not snap.in_a and not snap.in_b
             # The connections are usable for the next transaction.
             await transfer(tm, bank, a, b, tid=10)
-            await close_all(a, b)
 
     run(scenario())
     assert bank.snapshot(server.node).violations(bank.total, {10}) == []
@@ -161,8 +164,7 @@ def test_an_exception_in_the_block_rolls_both_back_and_propagates(server: Server
 
 def test_a_branch_that_cannot_prepare_rolls_every_branch_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.RolledBack:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             with pytest.raises(decree.RolledBack) as refused:
                 async with tm.atransaction() as tx:
                     await tx.enlist(b, "pg-b")
@@ -172,8 +174,7 @@ def test_a_branch_that_cannot_prepare_rolls_every_branch_back(server: Server, ba
                         await a.execute(f"INSERT INTO {bank.prefix}_transfers VALUES (11, 5)")  # duplicate key
                     except psycopg.errors.UniqueViolation:
                         pass  # the application goes on; PostgreSQL has aborted branch 1.
-            await close_all(a, b)
-            return refused.value
+        return refused.value
 
     error = run(scenario())
     assert error.rm == "pg-a" and error.branch == 1 and "aborted" in str(error)
@@ -183,15 +184,13 @@ def test_a_branch_that_cannot_prepare_rolls_every_branch_back(server: Server, ba
 
 def test_a_decision_naming_an_unknown_rm_is_refused_and_rolled_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.RolledBack:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             with pytest.raises(decree.RolledBack) as refused:
                 async with tm.atransaction() as tx:
                     await tx.enlist(a, "pg-a")
                     await tx.enlist(b, "not-configured")
                     await work(bank, a, b, 12, 5, 1, 2)
-            await close_all(a, b)
-            return refused.value
+        return refused.value
 
     cause = run(scenario()).cause
     assert isinstance(cause, decree.ServerError) and cause.code == decree.ErrorCode.UNKNOWN_RM
@@ -230,13 +229,11 @@ def test_concurrent_tasks_share_one_manager_and_keep_the_total(server: Server, b
 
 def test_the_decorator_commits_on_return_and_rolls_back_on_raise(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.Outcome:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
 
             @tm.atransactional
             async def move(tx: decree.AsyncTransaction, tid: int, fail: bool) -> decree.Xid | None:
-                await tx.enlist(a, "pg-a")
-                await tx.enlist(b, "pg-b")
+                await tx_enlist_both(tx, a, b)
                 await work(bank, a, b, tid, 3, 4, 5)
                 if fail:
                     raise ValueError("refused by the application")
@@ -247,8 +244,7 @@ def test_the_decorator_commits_on_return_and_rolls_back_on_raise(server: Server,
                 await move(21, fail=True)
             assert xid is not None
             answer = await tm.outcome(xid)
-            await close_all(a, b)
-            return answer
+        return answer
 
     assert run(scenario()) == decree.Outcome.COMMITTED
     snap = bank.snapshot(server.node)
@@ -274,11 +270,9 @@ def test_outcome_answers_rolled_back_for_a_closed_session_that_never_decided(ser
 
 def test_the_transaction_logs_through_logging(server: Server, bank: Bank, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> decree.CommitReport:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             report = await transfer(tm, bank, a, b, tid=30)
-            await close_all(a, b)
-            return report
+        return report
 
     with caplog.at_level(logging.DEBUG, logger="decree"):
         report = run(scenario())
@@ -292,12 +286,10 @@ def test_the_transaction_logs_through_logging(server: Server, bank: Bank, caplog
 
 def test_a_transfer_over_tcp(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.CommitReport:
-        async with decree.aconnect(f"tcp:127.0.0.1:{server.tcp_port}") as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(f"tcp:127.0.0.1:{server.tcp_port}", bank) as (tm, a, b):
             report = await transfer(tm, bank, a, b, tid=40)
             assert await tm.outcome(report.xid) == decree.Outcome.COMMITTED
-            await close_all(a, b)
-            return report
+        return report
 
     assert run(scenario()).kind == "two_phase"
     assert bank.snapshot(server.node).violations(bank.total, {40}) == []
@@ -326,27 +318,16 @@ def test_a_transfer_over_mutual_tls(tls_server: Server, dsns: dict[str, str]) ->
         bank.drop()
 
 
-@pytest.fixture(scope="module")
-def idle_server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), extra=f"[limits]\nidle_timeout_ms = {IDLE_MS}\n")
-    s.start()
-    yield s
-    s.cleanup()
-
-
 def test_sessions_are_kept_alive_through_a_pause_longer_than_the_idle_bound(idle_server: Server, bank: Bank) -> None:
     async def scenario() -> decree.AsyncTransaction:
-        async with decree.aconnect(idle_server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(idle_server.endpoint, bank) as (tm, a, b):
             async with tm.atransaction() as tx:
-                await tx.enlist(a, "pg-a")
-                await tx.enlist(b, "pg-b")
+                await tx_enlist_both(tx, a, b)
                 await work(bank, a, b, 1, 5, 1, 2)
                 await asyncio.sleep(4 * IDLE_MS / 1000)  # the application awaits; its session stays idle.
             await asyncio.sleep(4 * IDLE_MS / 1000)  # the pooled session, idle as well.
             await tm.ping()
             assert tx.xid is not None and await tm.outcome(tx.xid) == decree.Outcome.COMMITTED
-            await close_all(a, b)
         return tx
 
     tx = run(scenario())
@@ -461,8 +442,7 @@ def test_a_decide_whose_answer_is_lost_is_resolved_with_outcome(server: Server, 
     async def scenario() -> decree.CommitReport | decree.DecreeError:
         proxy = DecideProxy(server.socket, server.dir / f"proxy-{hold}.sock", hold)
         listener = await proxy.start()
-        async with decree.aconnect(proxy.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(proxy.endpoint, bank) as (tm, a, b):
             await transfer(tm, bank, a, b, tid=1)
             proxy.armed = True
             try:
@@ -475,7 +455,6 @@ def test_a_decide_whose_answer_is_lost_is_resolved_with_outcome(server: Server, 
             answer = await tm.outcome(xid)
             after = await transfer(tm, bank, a, b, tid=3)
             assert after.kind == "two_phase" and not after.resolved_by_outcome
-            await close_all(a, b)
         listener.close()
         expected = decree.Outcome.COMMITTED if hold == "reply" else decree.Outcome.ROLLED_BACK
         assert answer == expected
@@ -504,12 +483,10 @@ def test_a_decide_is_not_written_on_a_session_the_server_closed(server: Server, 
     async def scenario() -> tuple[decree.RolledBack, decree.Outcome]:
         proxy = DecideProxy(server.socket, server.dir / "proxy-cut.sock")
         listener = await proxy.start()
-        async with decree.aconnect(proxy.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(proxy.endpoint, bank) as (tm, a, b):
             with pytest.raises(decree.RolledBack) as refused:
                 async with tm.atransaction() as tx:
-                    await tx.enlist(a, "pg-a")
-                    await tx.enlist(b, "pg-b")
+                    await tx_enlist_both(tx, a, b)
                     await work(bank, a, b, 7, 5, 1, 2)
                     proxy.cut()
                     await asyncio.sleep(0.2)  # the end of the stream arrives.
@@ -517,7 +494,6 @@ def test_a_decide_is_not_written_on_a_session_the_server_closed(server: Server, 
             deadline = time.monotonic() + 10
             while (answer := await tm.outcome(tx.xid)) == decree.Outcome.IN_PROGRESS and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            await close_all(a, b)
         listener.close()
         return refused.value, answer
 
@@ -544,8 +520,7 @@ class SlowBranch(decree.AsyncPsycopgBranch):
 
 def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.AsyncTransaction:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             started = asyncio.Event()
             tx = tm.atransaction()
 
@@ -562,8 +537,7 @@ def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: B
                 await task
             assert tx.state == "committed", "the commit ran to its end before the cancellation"
             assert tx.xid is not None and await tm.outcome(tx.xid) == decree.Outcome.COMMITTED
-            await close_all(a, b)
-            return tx
+        return tx
 
     tx = run(scenario())
     assert tx.report is not None and tx.report.kind == "two_phase"
@@ -572,15 +546,13 @@ def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: B
 
 def test_a_cancellation_inside_the_block_rolls_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.AsyncTransaction:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             tx = tm.atransaction()
             working = asyncio.Event()
 
             async def body() -> None:
                 async with tx:
-                    await tx.enlist(a, "pg-a")
-                    await tx.enlist(b, "pg-b")
+                    await tx_enlist_both(tx, a, b)
                     await work(bank, a, b, 51, 5, 1, 2)
                     working.set()
                     await asyncio.sleep(30)
@@ -591,8 +563,7 @@ def test_a_cancellation_inside_the_block_rolls_back(server: Server, bank: Bank) 
             with pytest.raises(asyncio.CancelledError):
                 await task
             await transfer(tm, bank, a, b, tid=52)  # the connections and the manager go on.
-            await close_all(a, b)
-            return tx
+        return tx
 
     assert run(scenario()).state == "rolled_back"
     snap = bank.snapshot(server.node)
@@ -1007,18 +978,15 @@ def test_a_branch_ended_by_the_application_is_reported_as_not_safe_to_retry(
     server: Server, bank: Bank, how: str, ended: str
 ) -> None:
     async def scenario() -> tuple[decree.BranchEndedByApplication, decree.AsyncTransaction]:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             with pytest.raises(decree.BranchEndedByApplication) as raised:
                 async with tm.atransaction() as tx:
-                    await tx.enlist(a, "pg-a")
-                    await tx.enlist(b, "pg-b")
+                    await tx_enlist_both(tx, a, b)
                     await insert(bank, a, 1)
                     await insert(bank, b, 1)
                     await (a if ended == "a" else b).execute("COMMIT" if how == "commit" else "ROLLBACK")
             await transfer(tm, bank, a, b, tid=2)  # both connections serve the next transaction.
-            await close_all(a, b)
-            return raised.value, tx
+        return raised.value, tx
 
     e, tx = run(scenario())
     assert not isinstance(e, (decree.RolledBack, decree.OutcomeUnknown)) and tx.state == "failed"
@@ -1051,23 +1019,16 @@ def test_the_only_branch_ended_by_the_application_is_reported_too(server: Server
 
 def test_a_branch_enlisted_with_no_sql_yet_commits_normally(server: Server, bank: Bank) -> None:
     async def scenario() -> tuple[decree.AsyncTransaction, decree.AsyncTransaction]:
-        async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank)
+        async with pair_on(server.endpoint, bank) as (tm, a, b):
             async with tm.atransaction() as two:
                 await tx_enlist_both(two, a, b)
                 await insert(bank, b, 4)
             async with tm.atransaction() as one:  # one branch, no SQL at all
                 await one.enlist(b, "pg-b")
-            await close_all(a, b)
-            return two, one
+        return two, one
 
     two, one = run(scenario())
     assert two.report is not None and two.report.kind == "two_phase"
     assert one.report is not None and one.report.kind == "one_phase"
     snap = bank.snapshot(server.node)
     assert (snap.in_a, snap.in_b, snap.prepared) == (set(), {4}, [])
-
-
-async def tx_enlist_both(tx: decree.AsyncTransaction, a: Any, b: Any) -> None:
-    await tx.enlist(a, "pg-a")
-    await tx.enlist(b, "pg-b")

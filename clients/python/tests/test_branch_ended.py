@@ -6,28 +6,16 @@ SQL yet is not mistaken for one: it commits normally."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import decree
 from bank import Bank
-from conftest import Server
+from conftest import Server, bank_fixture
 
 
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest-branch-ended")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture(params=["pg-b", "maria"], ids=["pg-pg", "pg-mariadb"])
-def bank(request: pytest.FixtureRequest, dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, request.param).create()
-    yield b
-    b.drop()
+bank = bank_fixture("pg-b", "maria")
 
 
 def end_branch(bank: Bank, conn: Any, tx: decree.Transaction, number: int, how: str) -> None:

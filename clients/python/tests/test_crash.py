@@ -15,25 +15,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import decree
 from bank import Bank
-from conftest import Server
+from conftest import Server, bank_fixture
 
 WORKER = Path(__file__).resolve().parent / "crash_worker.py"
 CYCLES = int(os.environ.get("DECREE_PY_KILL_CYCLES", "2"))
 POINTS = ["prepare", "decide_sent", "decide_ok", "phase_two"]
 
 
-@pytest.fixture(params=["pg-b", "maria"], ids=["pg-pg", "pg-mariadb"])
-def bank(request: pytest.FixtureRequest, dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, request.param).create()
-    yield b
-    b.drop()
+bank = bank_fixture("pg-b", "maria")
 
 
 def run_worker(server: Server, bank: Bank, first: int, count: int, acks: Path, *crash: str) -> subprocess.CompletedProcess[str]:

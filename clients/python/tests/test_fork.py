@@ -22,7 +22,7 @@ import pytest
 
 import decree
 from bank import Bank
-from conftest import Server, rm_entries
+from conftest import IDLE_MS, Server
 from decree.connection import Options, ServerConnection
 from test_tls import tls_config, tls_server  # noqa: F401 (a fixture)
 
@@ -109,13 +109,6 @@ def test_the_child_writes_nothing_into_the_parents_session() -> None:
     conn.flush()  # the parent's session is intact and still holds its Complete.
     assert len(theirs.recv(100)) > 0
     conn.close_now("test over"), theirs.close()
-
-
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest-fork")
-    yield manager
-    manager.close()
 
 
 def test_a_transaction_begun_before_the_fork_is_refused_in_the_child(tm: decree.TransactionManager) -> None:
@@ -222,17 +215,6 @@ def test_forks_under_load_mint_unique_xids_and_every_transfer_lands_once(
     finally:
         stop.set()
         bank.drop()
-
-
-IDLE_MS = 300
-
-
-@pytest.fixture(scope="module")
-def idle_server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), extra=f"[limits]\nidle_timeout_ms = {IDLE_MS}\n")
-    s.start()
-    yield s
-    s.cleanup()
 
 
 def test_the_child_keeps_its_own_session_alive(idle_server: Server, dsns: dict[str, str]) -> None:

@@ -6,24 +6,12 @@ two phases, and the server closes no session."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import decree
 from bank import Bank
-from conftest import Server, rm_entries
-
-IDLE_MS = 300
-
-
-@pytest.fixture(scope="module")
-def idle_server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), extra=f"[limits]\nidle_timeout_ms = {IDLE_MS}\n")
-    s.start()
-    yield s
-    s.cleanup()
-
+from conftest import IDLE_MS, Server
 
 def test_sessions_are_kept_alive_through_a_pause_longer_than_the_idle_bound(
     idle_server: Server, dsns: dict[str, str]

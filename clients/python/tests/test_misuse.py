@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -20,14 +19,7 @@ import pymysql
 import pytest
 
 import decree
-from conftest import REPO, Server, mysql_kwargs, pg_kwargs
-
-
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest-misuse")
-    yield manager
-    manager.close()
+from conftest import REPO, mysql_kwargs, pg_kwargs
 
 
 # --- closed connections -----------------------------------------------------------------

@@ -28,14 +28,13 @@ import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import Server, need, rm_entries
+from conftest import Server, need
 from decree import protocol as p
 from decree.branches import BranchInDoubt, PsycopgBranch
 from decree.connection import NotSent, Options, ServerConnection
 from test_tls import tls_config, tls_server  # noqa: F401 (tls_server is a fixture)
 
 WORKER = Path(__file__).resolve().parent / "one_phase_worker.py"
-IDLE_MS = 300
 
 
 def needs_version_3(server: Server) -> None:
@@ -64,21 +63,15 @@ def insert_one_phase(tm: decree.TransactionManager, bank: Bank, a: Any, tid: int
     return tx
 
 
-@pytest.fixture
-def bank(dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, "pg-b").create()
-    yield b
-    b.drop()
-
-
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest")
-    yield manager
-    manager.close()
-
-
 # --- one-phase commits --------------------------------------------------------------------
+
+
+@pytest.fixture
+def a(bank: Bank) -> Iterator[Any]:
+    """A connection to the bank's database A (pg-a), closed after the test."""
+    conn = bank.connect_a()
+    yield conn
+    conn.close()
 
 
 def test_a_client_killed_after_a_one_phase_commit_leaves_it_unknown_not_rolled_back(
@@ -103,12 +96,11 @@ def test_a_client_killed_after_a_one_phase_commit_leaves_it_unknown_not_rolled_b
 
 
 def test_a_one_phase_commit_is_completed_and_remembered_committed(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, a: Any
 ) -> None:
     needs_version_3(server)
     before = server.metrics()
     other = decree.connect(server.endpoint, client_name="one-phase")
-    a = bank.connect_a()
     tx = insert_one_phase(other, bank, a, 1)
     assert tm.outcome(tx.xid) == p.Outcome.IN_PROGRESS, "marked, its Complete still buffered"
     other.ping()  # the same pooled session: the buffered Complete goes first.
@@ -119,7 +111,6 @@ def test_a_one_phase_commit_is_completed_and_remembered_committed(
     assert bank.snapshot(server.node).in_a == {1, 2}
     after = server.metrics()
     assert after["decree_one_phase_completes_total"] == before["decree_one_phase_completes_total"] + 2
-    a.close()
 
 
 class CommitAnswerLost(PsycopgBranch):
@@ -131,10 +122,9 @@ class CommitAnswerLost(PsycopgBranch):
 
 
 def test_a_lost_one_phase_answer_is_unknown_and_the_server_says_so(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, a: Any
 ) -> None:
     needs_version_3(server)
-    a = bank.connect_a()
     with pytest.raises(decree.OutcomeUnknown, match="one-phase: only the database knows;") as unknown:
         with tm.transaction() as tx:
             tx.enlist(CommitAnswerLost(a, "pg-a"), "pg-a")
@@ -143,14 +133,12 @@ def test_a_lost_one_phase_answer_is_unknown_and_the_server_says_so(
     # The session was closed, so the server answers unknown at once, not in progress.
     assert final_outcome(tm, tx.xid, timeout=5) == p.Outcome.UNKNOWN
     assert bank.snapshot(server.node).in_a == {3}
-    a.close()
 
 
-def test_an_older_session_is_not_told_and_the_error_says_so(server: Server, bank: Bank) -> None:
+def test_an_older_session_is_not_told_and_the_error_says_so(server: Server, bank: Bank, a: Any) -> None:
     endpoint = decree.Endpoint.parse(server.endpoint)
     old = decree.TransactionManager(endpoint, Options(versions=(1, 2)))
     before = server.metrics()
-    a = bank.connect_a()
     insert_one_phase(old, bank, a, 4)
     with pytest.raises(decree.OutcomeUnknown) as unknown:
         with old.transaction() as tx:
@@ -161,14 +149,12 @@ def test_an_older_session_is_not_told_and_the_error_says_so(server: Server, bank
     old.close()
     assert bank.snapshot(server.node).in_a == {4, 5}
     assert server.metrics()["decree_commits_total"] == before["decree_commits_total"]
-    a.close()
 
 
 def test_a_one_phase_notice_that_cannot_be_written_rolls_the_branch_back(
-    server: Server, bank: Bank, tm: decree.TransactionManager
+    server: Server, bank: Bank, tm: decree.TransactionManager, a: Any
 ) -> None:
     needs_version_3(server)
-    a = bank.connect_a()
     with pytest.raises(decree.RolledBack, match="OnePhase notice could not be written") as refused:
         with tm.transaction() as tx:
             tx.enlist(a, "pg-a")
@@ -180,18 +166,9 @@ def test_a_one_phase_notice_that_cannot_be_written_rolls_the_branch_back(
     assert bank.snapshot(server.node).in_a == set()
     assert final_outcome(tm, tx.xid) == p.Outcome.ROLLED_BACK, "the server never got OnePhase"
     insert_one_phase(tm, bank, a, 7)  # the connection is usable again.
-    a.close()
 
 
 # --- the idle timeout ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def idle_server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), extra=f"[limits]\nidle_timeout_ms = {IDLE_MS}\n")
-    s.start()
-    yield s
-    s.cleanup()
 
 
 def wait_idle_closes(server: Server, count: float, timeout: float = 10.0) -> None:
@@ -244,14 +221,6 @@ def test_a_one_phase_notice_written_as_the_server_closes_the_session_is_read(idl
 
 
 # --- a Decide on a session the server has closed ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tcp_server(dsns: dict[str, str]) -> Iterator[Server]:
-    s = Server(rm_entries(dsns), tcp=True)
-    s.start()
-    yield s
-    s.cleanup()
 
 
 @pytest.mark.parametrize(

@@ -61,13 +61,6 @@ def members(dsns: dict[str, str]) -> Iterator[tuple[Server, Server]]:
     b.cleanup()
 
 
-@pytest.fixture
-def bank(dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, "pg-b").create()
-    yield b
-    b.drop()
-
-
 def test_the_client_follows_the_pair_through_a_failover(members: tuple[Server, Server], bank: Bank) -> None:
     a, b = members
     assert "leads epoch 1.1" in control(a, "promote", "--force")

@@ -8,28 +8,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import Server
+from conftest import Server, bank_fixture
 
 
-@pytest.fixture(params=["pg-b", "maria"], ids=["pg-pg", "pg-mariadb"])
-def bank(request: pytest.FixtureRequest, dsns: dict[str, str]) -> Iterator[Bank]:
-    b = Bank(dsns, request.param).create()
-    yield b
-    b.drop()
-
-
-@pytest.fixture
-def tm(server: Server) -> Iterator[decree.TransactionManager]:
-    manager = decree.connect(server.endpoint, client_name="pytest")
-    yield manager
-    manager.close()
+bank = bank_fixture("pg-b", "maria")
 
 
 def test_a_transfer_commits_in_both_databases_and_tells_the_server(
