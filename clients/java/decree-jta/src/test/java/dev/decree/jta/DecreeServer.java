@@ -32,8 +32,8 @@ public final class DecreeServer implements AutoCloseable {
     /** A {@code [[rm]]} entry: name, kind (postgres, mariadb, dummy), DSN (null for dummy). */
     public record Rm(String name, String kind, String dsn) {}
 
-    final Path dir;
-    final Path socket;
+    public final Path dir;
+    public final Path socket;
     public final long node;
     final int metricsPort;
     private final Path config;

@@ -3,7 +3,10 @@ package dev.decree.jta;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import jakarta.transaction.RollbackException;
 import java.sql.Connection;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.UUID;
@@ -16,6 +19,89 @@ import org.junit.jupiter.api.Test;
  * transfers run there under the new epoch; both databases agree, nothing left prepared.
  */
 class PairTest {
+    /** Starts a pair of node {@code node} on the two PostgreSQL databases, member 1 promoted and strict. */
+    static DecreeServer[] pair(long node, TestEnv.Db pgA, TestEnv.Db pgB) throws Exception {
+        List<DecreeServer.Rm> rms = List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
+                new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()));
+        int linkA = DecreeServer.freePort();
+        int linkB = DecreeServer.freePort();
+        DecreeServer a = new DecreeServer(rms, "[pair]\nmember = 1\nlink = \"127.0.0.1:" + linkA + "\"\npeer_link = \"127.0.0.1:"
+                + linkB + "\"\n", node);
+        DecreeServer b = new DecreeServer(rms, "[pair]\nmember = 2\nlink = \"127.0.0.1:" + linkB + "\"\npeer_link = \"127.0.0.1:"
+                + linkA + "\"\n", node);
+        a.start();
+        b.start();
+        assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
+        long deadline = System.nanoTime() + 30_000_000_000L;
+        while (!a.control("status", "--format", "json").replace(" ", "").contains("\"strict\":true")) {
+            assertTrue(System.nanoTime() < deadline, "the primary never turned strict");
+            Thread.sleep(50);
+        }
+        return new DecreeServer[] {a, b};
+    }
+
+    /**
+     * A Decide whose answer is lost at the failover: the primary is SIGKILLed while the
+     * client waits, after it answered (its backup holds the decision: committed) or before it
+     * saw the Decide (nobody decided: rolled back or unknown, never committed). The client
+     * resolves it with Outcome on the new primary and the databases agree with the answer.
+     */
+    @org.junit.jupiter.params.ParameterizedTest(name = "lost: the {0}")
+    @org.junit.jupiter.params.provider.ValueSource(strings = {"reply", "decide"})
+    void aDecideWhoseAnswerIsLostAtTheFailoverIsResolvedOnTheNewPrimary(String hold) throws Exception {
+        TestEnv.Db pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
+        TestEnv.Db pgB = TestEnv.pg("pg-b", "DECREE_TEST_PG_B");
+        Bank.setUp(pgA);
+        Bank.setUp(pgB);
+        long node = java.util.concurrent.ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
+        DecreeServer[] members = pair(node, pgA, pgB);
+        DecreeServer a = members[0];
+        DecreeServer b = members[1];
+        try (a; b; DecideProxy proxy = new DecideProxy(a.socket, a.dir.resolve("proxy.sock"), hold.equals("reply"));
+                DecreeTransactionManager tm = DecreeTransactionManager.connect(proxy.endpoint() + "," + b.endpoint());
+                DecreeDataSource da = new DecreeDataSource(tm, "pg-a", pgA.jdbcUrl(), pgA.properties(), 2);
+                DecreeDataSource db = new DecreeDataSource(tm, "pg-b", pgB.jdbcUrl(), pgB.properties(), 2)) {
+            tm.setOutcomeTimeoutMillis(30_000);
+            String id = "pair-lost-" + UUID.randomUUID();
+            long total = Bank.balance(pgA) + Bank.balance(pgB);
+            CompletableFuture<Object> commit = CompletableFuture.supplyAsync(() -> {
+                try {
+                    tm.begin();
+                    try (Connection c = da.getConnection()) {
+                        Bank.leg(c, id, -1);
+                    }
+                    try (Connection c = db.getConnection()) {
+                        Bank.leg(c, id, 1);
+                    }
+                    proxy.armed = true;
+                    tm.commit();
+                    return "committed";
+                } catch (Exception e) {
+                    return e;
+                }
+            });
+            assertTrue(proxy.lost.await(20, TimeUnit.SECONDS), "the Decide went through the proxy");
+            Thread.sleep(hold.equals("reply") ? 300 : 0); // the primary answered (and its backup holds the decision)
+            a.kill();
+            proxy.memberDied();
+            assertTrue(b.control("promote").contains("leads epoch 2.2"));
+            Object result = commit.get(60, TimeUnit.SECONDS);
+            assertEquals(List.of(), Bank.awaitNothingPrepared(node, 30, pgA, pgB), b.logTail());
+            boolean inA = Bank.has(pgA, id);
+            boolean inB = Bank.has(pgB, id);
+            assertEquals(inA, inB, "in both databases or neither");
+            if (hold.equals("reply")) {
+                assertEquals("committed", result, "the new primary holds the decision: " + result);
+                assertTrue(inA);
+            } else {
+                assertTrue(result instanceof RollbackException || result instanceof OutcomeUnknownException,
+                        "never committed: " + result);
+                assertTrue(!inA, "nobody decided: rolled back");
+            }
+            assertEquals(total, Bank.balance(pgA) + Bank.balance(pgB));
+        }
+    }
+
     @Test
     void theTransactionManagerFollowsThePairThroughAFailover() throws Exception {
         TestEnv.Db pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
