@@ -16,11 +16,12 @@ Not for: sockets, database connections, threads, event loops, pools; the engine 
 objects it names in its calls (adapters, the session, the manager, a clock) and never calls
 them itself, except to read ``rm``, ``holds_prepared`` and the session's ``version``.
 
-Invariants: a branch is committed only once ``Decide`` was answered, ``Outcome`` said
-committed, or (one branch) the ``OnePhase`` notice was written or not needed; after a
-``Decide`` that may have been written, nothing is rolled back unless ``Outcome`` said rolled
-back; a branch that phase two left undone is given up and its session closed, so that the
-server finishes it.
+Invariants (asserted where they are cheap): phase two starts only once every branch is
+prepared and ``Decide`` was answered or ``Outcome`` said committed; a lone branch commits in
+one phase only once the ``OnePhase`` notice was written (or the session is older than
+version 3); after a ``Decide`` the server may have made durable, nothing is rolled back
+unless ``Outcome`` said rolled back; a branch that phase two left undone is given up and its
+session closed, so that the server finishes it.
 """
 
 from __future__ import annotations
@@ -244,6 +245,7 @@ class TransactionRules:
         return report
 
     def _one_phase(self, b: Enlisted) -> Steps[CommitReport]:
+        assert self._branches == [b], "one phase is for a lone branch"
         told = yield from self._tell_one_phase(b)
         try:
             yield b.call("commit_one_phase")
@@ -429,6 +431,7 @@ class TransactionRules:
     def _phase_two(self, *, send_complete: bool) -> Steps[CommitReport]:
         """Commits every prepared branch. A branch not done is left to the server, which
         finishes it once this session is closed (rule 7); a heuristic one is reported."""
+        assert all(b.prepared for b in self._branches), "phase two of a branch that is not prepared"
         pending: list[str] = []
         heuristics: list[HeuristicReport] = []
         for b in self._branches:
