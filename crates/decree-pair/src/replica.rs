@@ -84,6 +84,15 @@ impl Replica {
         crate::epoch::Epoch::from_raw(highest.unwrap_or(0))
     }
 
+    /// Makes every outcome this copy remembered durable (the memory's flush), if it keeps
+    /// an outcome memory: shutdown, and the pair's simulator's disk turns.
+    pub fn sync_outcomes(&self) -> Result<(), LogError> {
+        match &self.outcomes {
+            Some(memory) => memory.sync(),
+            None => Ok(()),
+        }
+    }
+
     /// How many transactions this copy holds.
     pub fn live_count(&self) -> usize {
         self.live.len()

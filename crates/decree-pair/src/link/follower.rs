@@ -242,6 +242,11 @@ impl Follower {
         self.replica.lock().live_count()
     }
 
+    /// Makes every outcome the copy remembered durable (its outcome memory's flush).
+    pub fn sync_outcomes(&self) -> Result<(), decree_log::LogError> {
+        self.replica.lock().sync_outcomes()
+    }
+
     /// Accepts links until `stop`; one link at a time is served (a new primary's link
     /// waits for the old one to end, which a newer epoch's refusal of it does). Openings
     /// (the TLS handshakes) run beside the served link, each within [`OPENING_TIMEOUT`] and
