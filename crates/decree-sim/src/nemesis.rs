@@ -241,6 +241,18 @@ impl World {
         if leading.len() > 1 {
             return (Some(8), format!("two members lead and neither learns of the other: {summary}"));
         }
+        let highest = self.members.iter().filter(|m| m.leading()).filter_map(|m| m.seen()).max();
+        let above = self.databases.prepared().into_iter().find(|(xid, _, _)| {
+            let incarnation = xid.origin().map(|o| decree_pair::Epoch::from_raw(o.incarnation));
+            incarnation.zip(highest).is_some_and(|(i, h)| i > h)
+        });
+        if let Some((xid, _, _)) = above {
+            let why = format!(
+                "{xid} stays prepared: its incarnation is above the epoch of the member that leads now (which \
+                 minted a lower one after the newest epoch's disk was lost), so no pass ever rolls it back"
+            );
+            return (Some(14), format!("{why}: {summary}"));
+        }
         if ends.iter().any(|e| e.contains("too far behind")) {
             return (Some(6), format!("the live set does not fit the outbox: {summary}"));
         }

@@ -305,7 +305,8 @@ impl Oracle {
             Actor::Client(_) => None,
         };
         let defect = self.fallback(ack.and_then(|a| self.classify(&a, roller)));
-        if states.contains(&BranchState::Committed) && states.contains(&BranchState::RolledBack) {
+        let forfeited = self.forfeited.contains(&xid);
+        if states.contains(&BranchState::Committed) && states.contains(&BranchState::RolledBack) && !forfeited {
             let detail = format!(
                 "{xid}: {by} moved branch {} on {} to {:?}; its branches are {states:?}",
                 event.branch, event.rm, event.to
