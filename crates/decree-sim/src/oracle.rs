@@ -306,7 +306,8 @@ impl Oracle {
         };
         let defect = self.fallback(ack.and_then(|a| self.classify(&a, roller)));
         let forfeited = self.forfeited.contains(&xid);
-        if states.contains(&BranchState::Committed) && states.contains(&BranchState::RolledBack) && !forfeited {
+        if states.contains(&BranchState::Committed) && states.contains(&BranchState::RolledBack) && !forfeited
+        {
             let detail = format!(
                 "{xid}: {by} moved branch {} on {} to {:?}; its branches are {states:?}",
                 event.branch, event.rm, event.to
