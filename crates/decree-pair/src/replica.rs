@@ -22,7 +22,7 @@ use decree_core::{Decision, KeyAllocator, RecoveredDecisions, Xid};
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{DurableCallback, Log, LogError, TxnKey};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -48,8 +48,10 @@ pub struct Replica {
     outcomes_failed: Arc<Mutex<Option<LogError>>>,
     keys: KeyAllocator,
     /// The keys each live Xid's records are filed under (one, unless an earlier run of the
-    /// log filed them under several): a completion completes them all.
-    live: HashMap<Xid, Vec<TxnKey>>,
+    /// log filed them under several): a completion completes them all. Ordered, so that
+    /// what a catch-up forgets is written in the same order in every run (a seeded
+    /// simulation replays exactly).
+    live: BTreeMap<Xid, Vec<TxnKey>>,
 }
 
 impl Replica {
@@ -57,7 +59,7 @@ impl Replica {
     pub fn open(log: Arc<dyn Log>) -> Replica {
         let recovered = RecoveredDecisions::from_records(log.take_recovered());
         let keys = KeyAllocator::new(recovered.all_keys());
-        let live = recovered.keys.clone();
+        let live = recovered.keys.clone().into_iter().collect();
         for (key, error) in &recovered.undecodable {
             tracing::error!(key, %error, "undecodable record in the backup's log; left as is");
         }
@@ -80,6 +82,15 @@ impl Replica {
     pub fn highest_incarnation(&self) -> crate::epoch::Epoch {
         let highest = self.live.keys().filter_map(|x| x.origin()).map(|o| o.incarnation).max();
         crate::epoch::Epoch::from_raw(highest.unwrap_or(0))
+    }
+
+    /// Makes every outcome this copy remembered durable (the memory's flush), if it keeps
+    /// an outcome memory: shutdown, and the pair's simulator's disk turns.
+    pub fn sync_outcomes(&self) -> Result<(), LogError> {
+        match &self.outcomes {
+            Some(memory) => memory.sync(),
+            None => Ok(()),
+        }
     }
 
     /// How many transactions this copy holds.

@@ -342,88 +342,26 @@ impl Conn {
     }
 
     async fn decide(&mut self, id: u64, session: u64, txns: Arc<SessionTxns>, decision: Decision) -> Next {
-        let origin = decision.xid.origin();
-        let state = &self.state;
-        let Some(origin) = origin
-            .filter(|o| o.node == state.node && o.incarnation == state.incarnation && o.session == session)
-        else {
-            let why = format!(
-                "decision for {} does not belong to session {session} of node {} incarnation {}",
-                decision.xid, state.node, state.incarnation
-            );
-            return self.reply(id, Message::Error { code: ErrorCode::WrongSession, message: why }).await;
+        let sequence = match check_decide(&self.state, session, &decision) {
+            Ok(sequence) => sequence,
+            Err(refusal) => return self.reply(id, *refusal).await,
         };
-        let known = |rm: &str| state.factories.iter().any(|f| f.name() == rm);
-        if let Err((code, why)) = rules::check_decision(&decision, known) {
-            state.metrics.decides_refused.fetch_add(1, Ordering::Relaxed);
-            return self.reply(id, Message::Error { code, message: why }).await;
-        }
+        let state = &self.state;
         let Some(connection_permit) = self.permit().await else { return Next::Close };
         let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
-        let payload = decision.encode();
-        // A pair's strict primary ships the decision while it writes it locally.
-        let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
-        let shipped = state.pair().filter(|_| early.is_none()).map(|_| payload.clone());
-        let key = state.key_for(&txns, origin.sequence);
         let responses = self.responses.clone();
-        let state = state.clone();
-        let started = Instant::now();
-        let log_state = state.clone();
-        log_state.log.append_with(
-            key,
-            &payload,
-            Box::new(move |result| {
-                let send = move |message: Message| {
-                    let response = Response {
-                        request_id: id,
-                        message,
-                        close: false,
-                        _connection_permit: connection_permit,
-                        _total_permit: Some(total_permit),
-                    };
-                    // Never full: every queued response holds one of the channel's permits.
-                    let _ = responses.try_send(response);
-                };
-                match result {
-                    Ok(()) => {
-                        let xid = decision.xid;
-                        let accepting = state.clone();
-                        let accept = move || {
-                            // Visible as decided before the client can see DecideOk.
-                            accepting.decided_or_orphan(&txns, origin.sequence, decision, key);
-                            accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
-                            accepting.metrics.observe_decide(started.elapsed());
-                            crash_points::pass(CrashPoint::DecideConfirmed, &xid);
-                            send(Message::DecideOk)
-                        };
-                        match (state.pair(), early, shipped) {
-                            // Shipped beside the write: the answer waits for the backup too.
-                            (Some(link), Some(ticket), _) => link.written(&state, ticket, Box::new(accept)),
-                            // Alone when the decide came: decided, then shipped (or pending if
-                            // the primary turned strict meanwhile).
-                            (Some(link), None, Some(payload)) => {
-                                link.after_local_write(&state, xid, payload, Box::new(accept))
-                            }
-                            _ => accept(),
-                        }
-                    }
-                    Err(e) => {
-                        // The record may have reached the disk (or the backup's): in doubt
-                        // until a restart reads the log, never rolled back meanwhile.
-                        state.doubt(&decision.xid);
-                        if let (Some(link), Some(ticket)) = (state.pair(), early) {
-                            link.write_failed(ticket);
-                        }
-                        state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
-                        let message = format!(
-                            "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"
-                        );
-                        send(Message::Error { code: ErrorCode::LogFailed, message })
-                    }
-                }
-            }),
-        );
+        let send = Box::new(move |message: Message| {
+            let response = Response {
+                request_id: id,
+                message,
+                close: false,
+                _connection_permit: connection_permit,
+                _total_permit: Some(total_permit),
+            };
+            // Never full: every queued response holds one of the channel's permits.
+            let _ = responses.try_send(response);
+        });
+        commit_decision(state, txns, sequence, decision, send);
         Next::Continue
     }
 
@@ -552,4 +490,91 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut writer: W, why: String) {
     let _ = writer.write_all(&buf).await;
     let _ = writer.flush().await;
     let _ = writer.shutdown().await;
+}
+
+/// Checks a `Decide` of `session` before anything is written: its Xid was minted by that
+/// session of this run, and the decision passes the rules. Returns the transaction's
+/// sequence in the session, or the refusal to answer (boxed: a `Message` is large).
+pub(crate) fn check_decide(state: &State, session: u64, decision: &Decision) -> Result<u64, Box<Message>> {
+    let origin = decision.xid.origin();
+    let Some(origin) =
+        origin.filter(|o| o.node == state.node && o.incarnation == state.incarnation && o.session == session)
+    else {
+        let why = format!(
+            "decision for {} does not belong to session {session} of node {} incarnation {}",
+            decision.xid, state.node, state.incarnation
+        );
+        return Err(Box::new(Message::Error { code: ErrorCode::WrongSession, message: why }));
+    };
+    let known = |rm: &str| state.factories.iter().any(|f| f.name() == rm);
+    if let Err((code, why)) = rules::check_decision(decision, known) {
+        state.metrics.decides_refused.fetch_add(1, Ordering::Relaxed);
+        return Err(Box::new(Message::Error { code, message: why }));
+    }
+    Ok(origin.sequence)
+}
+
+/// The commit path of a checked `Decide` of a session's transaction `sequence`, sans-IO:
+/// writes the decision and, once it is durable here (and, for a pair's strict primary,
+/// confirmed by the backup: `pair.rs`), makes it visible as decided and answers
+/// `DecideOk` through `send`; a failed write is answered `LogFailed` and leaves the
+/// decision in doubt. The connection calls it with its reply channel, the pair's
+/// simulator (`decree-sim`) with its own.
+pub(crate) fn commit_decision(
+    state: &Arc<State>,
+    txns: Arc<SessionTxns>,
+    sequence: u64,
+    decision: Decision,
+    send: Box<dyn FnOnce(Message) + Send>,
+) {
+    let payload = decision.encode();
+    // A pair's strict primary ships the decision while it writes it locally.
+    let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
+    let shipped = state.pair().filter(|_| early.is_none()).map(|_| payload.clone());
+    let key = state.key_for(&txns, sequence);
+    let state = state.clone();
+    let started = Instant::now();
+    let log_state = state.clone();
+    log_state.log.append_with(
+        key,
+        &payload,
+        Box::new(move |result| match result {
+            Ok(()) => {
+                let xid = decision.xid;
+                let accepting = state.clone();
+                let accept = move || {
+                    // Visible as decided before the client can see DecideOk.
+                    accepting.decided_or_orphan(&txns, sequence, decision, key);
+                    accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
+                    accepting.metrics.observe_decide(started.elapsed());
+                    crash_points::pass(CrashPoint::DecideConfirmed, &xid);
+                    send(Message::DecideOk)
+                };
+                match (state.pair(), early, shipped) {
+                    // Shipped beside the write: the answer waits for the backup too.
+                    (Some(link), Some(ticket), _) => link.written(&state, ticket, Box::new(accept)),
+                    // Alone when the decide came: decided, then shipped (or pending if
+                    // the primary turned strict meanwhile).
+                    (Some(link), None, Some(payload)) => {
+                        link.after_local_write(&state, xid, payload, Box::new(accept))
+                    }
+                    _ => accept(),
+                }
+            }
+            Err(e) => {
+                // The record may have reached the disk (or the backup's): in doubt
+                // until a restart reads the log, never rolled back meanwhile.
+                state.doubt(&decision.xid);
+                if let (Some(link), Some(ticket)) = (state.pair(), early) {
+                    link.write_failed(ticket);
+                }
+                state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
+                let message = format!(
+                    "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"
+                );
+                send(Message::Error { code: ErrorCode::LogFailed, message })
+            }
+        }),
+    );
 }

@@ -22,6 +22,8 @@ mod pair;
 mod recheck;
 mod recovery;
 mod rules;
+#[cfg(feature = "sim")]
+pub mod sim_api;
 mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -245,12 +247,25 @@ fn open_state(
     };
     let capacity = config.limits.outcomes_remembered_max;
     let outcomes = open_outcomes(log_config, storage, capacity, OUTCOME_FLUSH_DELAY)?;
+    Ok(state_over(config, log, outcomes, factories, incarnation))
+}
+
+/// The state of a run over `log` (just opened: its recovered decisions become orphans)
+/// and `outcomes`, minting Xids of `incarnation` (the log's own when `None`). The pair's
+/// simulator (`decree-sim`) opens a member's state here too.
+pub(crate) fn state_over(
+    config: &ServerConfig,
+    log: Arc<dyn decree_log::Log>,
+    outcomes: OutcomeMemory,
+    factories: Vec<Arc<dyn RmFactory>>,
+    incarnation: Option<u64>,
+) -> State {
     let recovered = RecoveredDecisions::from_records(log.take_recovered());
     for (key, e) in &recovered.undecodable {
         tracing::error!(key, error = %e, "undecodable record in the log; left as is");
     }
     let incarnation = incarnation.unwrap_or_else(|| log.incarnation());
-    Ok(State::new(log, outcomes, config, factories, recovered, incarnation))
+    State::new(log, outcomes, config, factories, recovered, incarnation)
 }
 
 /// The outcome memory beside the log of `log_config`: in its directory, on `storage` (the

@@ -87,6 +87,9 @@ impl LiveSet for LinkShared {
                 }
             }
         }
+        // In one order in every run (the sets above are hash maps): what goes on the wire
+        // does not depend on a hasher's seed, so that a simulation's seed replays exactly.
+        records.sort_by_key(|r| (r.kind as u8, r.xid));
         records
     }
 
@@ -130,6 +133,11 @@ pub(crate) struct PrimaryLink {
 }
 
 impl PrimaryLink {
+    /// The leader of this member's link.
+    pub(crate) fn leader(&self) -> &Arc<Leader> {
+        &self.leader
+    }
+
     /// A decision of `xid` (its record `payload`) is durable here: in strict mode it waits
     /// for the backup (`accept` runs on confirmation); alone, `accept` runs now and the
     /// record follows to whichever backup catches up.
@@ -330,8 +338,13 @@ pub(crate) async fn run(
     let (pair_state, backup_link) = (follower.pair_state(), follower.link_report());
     drop(follower);
     let state = Arc::new(crate::open_state(&config, &log_config, factories, None, Some(epoch.raw()))?);
-    let on_deposed = deposition(stop.clone(), config.log_dir.clone(), pair_state);
-    let primary = start_link(&state, node, config.node, transport, on_deposed, &backup_link);
+    let deposed = Deposed {
+        stop: stop.clone(),
+        storage: Arc::new(StdStorage),
+        dir: config.log_dir.clone(),
+        pair_state,
+    };
+    let primary = lead(&state, node, config.node, transport, deposed, &backup_link, OutboxLimits::default());
     let leader = primary.leader.clone();
     let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
     *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
@@ -354,6 +367,33 @@ pub(crate) async fn run(
     }
 }
 
+/// What a deposition does: record the newer epoch in `PAIR` of `dir` on `storage` (over
+/// `pair_state`, the member's last record), then stop the server through `stop`.
+pub(crate) struct Deposed {
+    pub(crate) stop: Arc<watch::Sender<bool>>,
+    pub(crate) storage: Arc<dyn decree_log::io::Storage>,
+    pub(crate) dir: PathBuf,
+    pub(crate) pair_state: decree_pair::PairState,
+}
+
+/// The primary phase of a member whose promotion made `node` lead, over `state` (opened
+/// with the new epoch as its incarnation): the leader, with its outbox bounded by
+/// `limits`, and the commit path's link to it; a deposition does what `deposed` says. Its
+/// link counts go on from `backup_link` (this member's as a backup). `decree serve` and
+/// the pair's simulator (`decree-sim`) both start a primary here.
+pub(crate) fn lead(
+    state: &Arc<State>,
+    node: decree_pair::rules::Node,
+    node_id: u32,
+    transport: Arc<dyn Transport>,
+    deposed: Deposed,
+    backup_link: &decree_pair::link::LinkReport,
+    limits: OutboxLimits,
+) -> Arc<PrimaryLink> {
+    let on_deposed = deposition(deposed);
+    start_link(state, node, node_id, transport, on_deposed, backup_link, limits)
+}
+
 /// The leader of the epoch `node` leads and the commit path's link to it, for `state`; its
 /// link counts go on from `backup_link` (this member's as a backup).
 fn start_link(
@@ -363,6 +403,7 @@ fn start_link(
     transport: Arc<dyn Transport>,
     on_deposed: Box<dyn Fn(Epoch) + Send + Sync>,
     backup_link: &decree_pair::link::LinkReport,
+    limits: OutboxLimits,
 ) -> Arc<PrimaryLink> {
     let shared = Arc::new(LinkShared {
         state: Arc::downgrade(state),
@@ -372,7 +413,7 @@ fn start_link(
         deposed: Mutex::new(None),
         on_deposed,
     });
-    let leader = Leader::new(node, node_id, OutboxLimits::default(), shared.clone())
+    let leader = Leader::new(node, node_id, limits, shared.clone())
         .with_transport(transport)
         .with_link_totals(backup_link);
     let leader = Arc::new(leader);
@@ -485,42 +526,47 @@ fn open_follower(
     pair: &PairConfig,
     transport: Arc<dyn Transport>,
 ) -> Result<Arc<Follower>, ServerError> {
-    let member_id = MemberId::new(pair.member).expect("validated");
     let log = decree_log::open(log_config)?;
     // The backup keeps the outcomes the primary remembers, in the file its own state opens
     // once promoted.
     let capacity = config.limits.outcomes_remembered_max;
     let outcomes = crate::open_outcomes(log_config, None, capacity, crate::OUTCOME_FLUSH_DELAY)?;
-    let follower = Follower::open(
-        member_id,
-        config.node,
-        Replica::open(Arc::from(log)).with_outcomes(outcomes),
-        Arc::new(StdStorage),
-        config.log_dir.clone(),
-    )
-    .map_err(|e| ServerError::Io(format!("pair state: {e}")))?
-    .with_ack_mode(match pair.ack {
+    let follower = follow(config, pair, Arc::from(log), outcomes, Arc::new(StdStorage))?
+        .with_transport(transport)
+        .with_busy_poll(std::time::Duration::from_micros(pair.busy_poll_us));
+    Ok(Arc::new(follower))
+}
+
+/// The backup's side of member `pair.member` over `log` and `outcomes` (its copy), with
+/// its `PAIR` in the log directory on `storage`, acknowledging as `pair.ack` says.
+/// `decree serve` and the pair's simulator (`decree-sim`) both open a backup here.
+pub(crate) fn follow(
+    config: &ServerConfig,
+    pair: &PairConfig,
+    log: Arc<dyn decree_log::Log>,
+    outcomes: decree_log::outcomes::OutcomeMemory,
+    storage: Arc<dyn decree_log::io::Storage>,
+) -> Result<Follower, ServerError> {
+    let member_id = MemberId::new(pair.member).expect("validated");
+    let replica = Replica::open(log).with_outcomes(outcomes);
+    let follower = Follower::open(member_id, config.node, replica, storage, config.log_dir.clone())
+        .map_err(|e| ServerError::Io(format!("pair state: {e}")))?;
+    Ok(follower.with_ack_mode(match pair.ack {
         PairAck::Durable => AckMode::Durable,
         PairAck::Received => AckMode::Received,
-    })
-    .with_transport(transport)
-    .with_busy_poll(std::time::Duration::from_micros(pair.busy_poll_us));
-    Ok(Arc::new(follower))
+    }))
 }
 
 /// What a leader does when a newer epoch deposes it: record that epoch in `PAIR` (so that
 /// after a restart it is refused at once), then stop the server.
-fn deposition(
-    stop: Arc<watch::Sender<bool>>,
-    dir: PathBuf,
-    state: decree_pair::PairState,
-) -> Box<dyn Fn(Epoch) + Send + Sync> {
-    let state = Mutex::new(state);
+fn deposition(deposed: Deposed) -> Box<dyn Fn(Epoch) + Send + Sync> {
+    let Deposed { stop, storage, dir, pair_state } = deposed;
+    let state = Mutex::new(pair_state);
     Box::new(move |seen| {
         let mut current = state.lock();
         if seen > current.seen {
             let next = decree_pair::PairState { seen, ..*current };
-            match decree_pair::state_file::store(&StdStorage, &dir, Some(&current), &next) {
+            match decree_pair::state_file::store(storage.as_ref(), &dir, Some(&current), &next) {
                 Ok(()) => *current = next,
                 Err(e) => tracing::error!(error = %e, "cannot record the newer epoch"),
             }

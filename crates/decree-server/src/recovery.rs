@@ -45,14 +45,11 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        if !state.may_call_rms() {
+        let Some(clean) = leading_pass(&state, &stop) else {
             // Deposed by a newer epoch: the server is stopping; touch nothing.
             next_pass = Instant::now() + periodic;
             continue;
-        }
-        let started = Instant::now();
-        let clean = pass(&state, &stop);
-        state.pass_ended(started);
+        };
         if clean {
             backoff = None;
             next_pass = Instant::now() + periodic;
@@ -62,6 +59,19 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
             next_pass = Instant::now() + delay;
         }
     }
+}
+
+/// One pass, if this server may call resource managers (not once a newer epoch deposed
+/// it: `None` then), marked as ended; whether it was clean. The worker runs it, and so
+/// does the pair's simulator (`decree-sim`) on its own schedule.
+pub(crate) fn leading_pass(state: &State, stop: &AtomicBool) -> Option<bool> {
+    if !state.may_call_rms() {
+        return None;
+    }
+    let started = Instant::now();
+    let clean = pass(state, stop);
+    state.pass_ended(started);
+    Some(clean)
 }
 
 /// One pass: finish the orphans, then roll back abandoned prepared branches. Returns

@@ -421,9 +421,12 @@ impl State {
         doubtful.xids.contains(&xid.global()) || (doubtful.overflowed && of_this_run)
     }
 
-    /// A snapshot of the orphans (the recovery worker finishes them one by one).
+    /// A snapshot of the orphans (the recovery worker finishes them one by one), in Xid
+    /// order: the same in every run, whatever the hasher (a simulation's seed replays).
     pub(crate) fn orphans(&self) -> Vec<LiveDecision> {
-        self.orphans.lock().values().cloned().collect()
+        let mut orphans: Vec<LiveDecision> = self.orphans.lock().values().cloned().collect();
+        orphans.sort_by_key(|o| o.decision.xid);
+        orphans
     }
 
     /// Notes a heuristic outcome seen while finishing orphan `xid`, and remembers it at

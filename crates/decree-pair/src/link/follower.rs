@@ -8,7 +8,7 @@
 //! command runs. `CaughtUp` is handed to the rules only once the batches up to its `up_to`
 //! are durable and every live Xid the primary did not send since its `Hello` is forgotten.
 
-use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
+use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStream, Plaintext, Transport};
 use crate::epoch::{Epoch, MemberId};
 use crate::replica::{Replica, ReplicaError};
 use crate::rules::{Command, Event, Node, PeerMessage};
@@ -85,6 +85,28 @@ const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections being opened (in their TLS handshake) at once, at most.
 const OPENINGS_MAX: usize = 8;
+
+/// Where a backup's log reports each applied batch's durability (its sequence, and the
+/// log's error if it failed): the runtime hands each report back to
+/// [`Follower::on_durable`]. Called from the log's threads: it must never block.
+pub type DurableSink = Arc<dyn Fn(u64, Result<(), String>) + Send + Sync>;
+
+/// One primary's link on the backup's side, sans-IO: made by [`Follower::open_link`],
+/// stepped by [`Follower::on_frame`] and [`Follower::on_durable`].
+pub struct FollowerLink {
+    stream: Stream,
+    /// A `CaughtUp` that waits for its batches' durability: no frame is read meanwhile.
+    deferred: Option<LinkMessage>,
+    durable: DurableSink,
+}
+
+impl FollowerLink {
+    /// Whether the runtime should read the next frame: not while a catch-up waits for its
+    /// batches to be durable (only durability reports are taken then).
+    pub fn wants_frames(&self) -> bool {
+        self.deferred.is_none()
+    }
+}
 
 /// What one link has received since the primary's `Hello`, for the end of the catch-up.
 struct Stream {
@@ -220,6 +242,11 @@ impl Follower {
         self.replica.lock().live_count()
     }
 
+    /// Makes every outcome the copy remembered durable (its outcome memory's flush).
+    pub fn sync_outcomes(&self) -> Result<(), decree_log::LogError> {
+        self.replica.lock().sync_outcomes()
+    }
+
     /// Accepts links until `stop`; one link at a time is served (a new primary's link
     /// waits for the old one to end, which a newer epoch's refusal of it does). Openings
     /// (the TLS handshakes) run beside the served link, each within [`OPENING_TIMEOUT`] and
@@ -233,7 +260,7 @@ impl Follower {
                 _ = stop.wait_for(|s| *s) => return,
                 accepted = listener.accept() => {
                     if let Ok((stream, from)) = accepted {
-                        self.clone().open_link(stream, from, &openings, &opened_tx);
+                        self.clone().open_connection(stream, from, &openings, &opened_tx);
                     }
                     continue;
                 }
@@ -288,7 +315,7 @@ impl Follower {
 
     /// Opens an accepted connection through the transport in its own task; what passes
     /// goes to `opened`, what does not is logged with the reason and closed.
-    fn open_link(
+    fn open_connection(
         self: Arc<Self>,
         stream: tokio::net::TcpStream,
         from: SocketAddr,
@@ -319,6 +346,64 @@ impl Follower {
     async fn serve_link(self: Arc<Self>, stream: LinkStream) -> LinkEnd {
         let (mut reader, writer) = tokio::io::split(stream);
         let out = spawn_writer(writer);
+        // Unbounded because the log's callbacks must never block; it holds at most one
+        // report per batch applied and not yet seen by the loop below, which reads reports
+        // and frames alike. The link holds the sender, so the channel never closes.
+        let (durable_tx, mut durable_rx) = mpsc::unbounded_channel::<(u64, Result<(), String>)>();
+        let sink: DurableSink = Arc::new(move |sequence, result| {
+            let _ = durable_tx.send((sequence, result));
+        });
+        let (mut link, hello) = self.open_link(sink);
+        if out.send(hello).await.is_err() {
+            return LinkEnd::Closed("the writer stopped".into());
+        }
+        let mut buf = Vec::new();
+        // Until when the reader stays awake for the next frame (busy polling).
+        let mut awake_until: Option<Instant> = None;
+        loop {
+            let awake = awake_until.is_some_and(|until| Instant::now() < until);
+            // While a catch-up waits for its batches' durability, no frame is read.
+            let reading = link.wants_frames();
+            // A turn that wins drops the read, which loses nothing: `read_message` keeps
+            // every byte it took in `buf` before it awaits again.
+            let message = tokio::select! {
+                message = read_message(&mut reader, &mut buf, self.transport.as_ref()), if reading => {
+                    match message {
+                        Ok(message) => message,
+                        Err(end) => return end,
+                    }
+                }
+                _ = self.busy_poll_turn(), if awake && reading => continue,
+                Some((sequence, result)) = durable_rx.recv() => {
+                    if let Some(end) = send_step(self.on_durable(&mut link, sequence, result), &out).await {
+                        return end;
+                    }
+                    continue;
+                }
+            };
+            if !self.busy_poll.is_zero() {
+                awake_until = Some(Instant::now() + self.busy_poll);
+            }
+            if let Some(seen) = self.newer_epoch(&message) {
+                // Durable before the rules act on it, without a runtime thread waiting on
+                // the sync: `on_frame` then finds it recorded.
+                let me = self.clone();
+                match tokio::task::spawn_blocking(move || me.persist_seen(seen)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(end)) => return end,
+                    Err(e) => return LinkEnd::Storage(e.to_string()),
+                }
+            }
+            if let Some(end) = send_step(self.on_frame(&mut link, message), &out).await {
+                return end;
+            }
+        }
+    }
+
+    /// A primary's link just opened (sans-IO: the runtime, or a simulation, carries the
+    /// frames): its state, and the `Hello` to send first. `durable` is where the log
+    /// reports each applied batch's durability, for [`Follower::on_durable`].
+    pub fn open_link(&self, durable: DurableSink) -> (FollowerLink, LinkMessage) {
         let hello = {
             let node = self.node.lock();
             LinkMessage::Hello {
@@ -328,134 +413,159 @@ impl Follower {
                 next_sequence: node.next_sequence,
             }
         };
-        if out.send(hello).await.is_err() {
-            return LinkEnd::Closed("the writer stopped".into());
-        }
-        // Unbounded because the log's callbacks must never block; it holds at most one
-        // report per batch applied and not yet seen by the loop below, which reads reports
-        // and frames alike.
-        let (durable_tx, mut durable_rx) = mpsc::unbounded_channel::<(u64, Result<(), String>)>();
-        let mut stream = Stream {
+        let stream = Stream {
             epoch: Epoch::NONE,
             received: HashSet::new(),
             joining: false,
             acked_up_to: 0,
             acked_above: BTreeSet::new(),
         };
-        let mut buf = Vec::new();
-        // Until when the reader stays awake for the next frame (busy polling).
-        let mut awake_until: Option<Instant> = None;
-        loop {
-            let awake = awake_until.is_some_and(|until| Instant::now() < until);
-            // A turn that wins drops the read, which loses nothing: `read_message` keeps
-            // every byte it took in `buf` before it awaits again.
-            let message = tokio::select! {
-                message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => match message {
-                    Ok(message) => message,
-                    Err(end) => return end,
-                },
-                _ = self.busy_poll_turn(), if awake => continue,
-                Some((sequence, result)) = durable_rx.recv() => {
-                    if let Err(end) = self.batch_acked(&mut stream, sequence, result, &out).await {
-                        return end;
-                    }
-                    continue;
-                }
-            };
-            if !self.busy_poll.is_zero() {
-                awake_until = Some(Instant::now() + self.busy_poll);
-            }
-            if let Err(end) = self.receive(message, &mut stream, &durable_tx, &mut durable_rx, &out).await {
-                return end;
-            }
-        }
+        (FollowerLink { stream, deferred: None, durable }, hello)
     }
 
-    /// Steps the rules with one frame and carries out their commands.
-    async fn receive(
-        &self,
-        message: LinkMessage,
-        stream: &mut Stream,
-        durable_tx: &mpsc::UnboundedSender<(u64, Result<(), String>)>,
-        durable_rx: &mut mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
-        out: &mpsc::Sender<LinkMessage>,
-    ) -> Result<(), LinkEnd> {
+    /// The newer epoch `message` carries, if it carries one: the runtime may make it
+    /// durable ([`Follower::persist_seen`]) before [`Follower::on_frame`], which then finds
+    /// it recorded.
+    pub fn newer_epoch(&self, message: &LinkMessage) -> Option<Epoch> {
+        let (epoch, _) = message.rule_view();
+        (crate::rules::fence(self.node.lock().seen, epoch) == crate::rules::Fence::Newer).then_some(epoch)
+    }
+
+    /// Steps the rules with one frame and carries out their commands: the frames to send
+    /// in answer, and the link's end if it ends. A `CaughtUp` whose batches are not all
+    /// durable yet waits (the link then wants no frame: [`FollowerLink::wants_frames`])
+    /// until [`Follower::on_durable`] has seen them.
+    pub fn on_frame(&self, link: &mut FollowerLink, message: LinkMessage) -> LinkStep {
         let (epoch, view) = message.rule_view();
+        let mut step = LinkStep::default();
         if let PeerMessage::CaughtUp { up_to } = view {
-            if self.node.lock().seen == epoch {
-                self.finish_catch_up(stream, up_to, durable_rx, out).await?;
+            let (seen, next_sequence) = {
+                let node = self.node.lock();
+                (node.seen, node.next_sequence)
+            };
+            // A CaughtUp past a gap goes to the rules, which ask for the link to be dialled again.
+            if seen == epoch && up_to < next_sequence {
+                if link.stream.acked_up_to < up_to {
+                    link.deferred = Some(message);
+                    return step;
+                }
+                if let Err(end) = self.finish_catch_up(&mut link.stream, up_to, &mut step.send) {
+                    return step.ends(end);
+                }
             }
         }
+        self.apply_rules(link, message, step)
+    }
+
+    /// A batch's durability report (from the [`DurableSink`]): acknowledges every batch
+    /// durable without a gap, and ends a waiting catch-up once its batches are.
+    pub fn on_durable(&self, link: &mut FollowerLink, sequence: u64, result: Result<(), String>) -> LinkStep {
+        let mut step = LinkStep::default();
+        if let Err(end) = self.batch_acked(&mut link.stream, sequence, result, &mut step.send) {
+            return step.ends(end);
+        }
+        let ready = match &link.deferred {
+            Some(LinkMessage::CaughtUp { up_to, .. }) => link.stream.acked_up_to >= *up_to,
+            _ => false,
+        };
+        if !ready {
+            return step;
+        }
+        let message = link.deferred.take().expect("checked");
+        let (_, PeerMessage::CaughtUp { up_to }) = message.rule_view() else {
+            unreachable!("a deferred CaughtUp")
+        };
+        if let Err(end) = self.finish_catch_up(&mut link.stream, up_to, &mut step.send) {
+            return step.ends(end);
+        }
+        self.apply_rules(link, message, step)
+    }
+
+    /// Steps the rules with `message` and carries out their commands into `step`.
+    fn apply_rules(&self, link: &mut FollowerLink, message: LinkMessage, mut step: LinkStep) -> LinkStep {
+        let (epoch, view) = message.rule_view();
         let commands =
             self.node.lock().step(Event::Peer { epoch, message: view }).expect("only promotions are refused");
         for command in commands {
-            match command {
-                Command::PersistSeen(seen) => self.persist_seen(seen).await?,
-                Command::Rejoin(_) | Command::StepDown => {}
+            let done = match command {
+                Command::PersistSeen(seen) => self.persist_seen(seen),
+                Command::Rejoin(_) | Command::StepDown => Ok(()),
                 Command::Join { epoch, .. } => {
-                    *stream = Stream {
+                    link.stream = Stream {
                         epoch,
                         received: HashSet::new(),
                         joining: true,
-                        acked_up_to: 0,
+                        acked_up_to: self.node.lock().next_sequence - 1,
                         acked_above: BTreeSet::new(),
                     };
-                    stream.acked_up_to = self.node.lock().next_sequence - 1;
+                    Ok(())
                 }
                 Command::AppendThenAck { sequence, .. } => {
                     let LinkMessage::Batch { records, .. } = &message else {
                         unreachable!("only batches append")
                     };
-                    if stream.joining {
-                        let decisions = records.iter().filter(|r| r.kind == RecordKind::Decision);
-                        stream.received.extend(decisions.map(|r| r.xid));
-                    }
-                    let tx = durable_tx.clone();
-                    let received = self.ack == AckMode::Received;
-                    let done = Box::new(move |result: Result<(), decree_log::LogError>| {
-                        // Under `Received` the batch was acknowledged already: only a
-                        // failure is reported, and it stops the backup.
-                        if !received || result.is_err() {
-                            let _ = tx.send((sequence, result.map_err(|e| e.to_string())));
-                        }
-                    });
-                    let checked = self.replica.lock().check(records).map_err(replica_end)?;
-                    if received {
-                        // Checked and in memory: acknowledged before the log's work (its
-                        // writer's wake-up) delays the answer the primary waits for.
-                        self.batch_acked(stream, sequence, Ok(()), out).await?;
-                    }
-                    self.replica.lock().apply_checked(records, checked, done).map_err(replica_end)?;
+                    self.append_then_ack(link, sequence, records, &mut step.send)
                 }
-                Command::AckAgain { sequence, .. } if sequence <= stream.acked_up_to => {
-                    let _ = out
-                        .send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to })
-                        .await;
+                Command::AckAgain { sequence, .. } if sequence <= link.stream.acked_up_to => {
+                    let stream = &link.stream;
+                    step.send.push(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to });
+                    Ok(())
                 }
-                Command::AckAgain { .. } => {} // Its first acknowledgement is still coming.
+                Command::AckAgain { .. } => Ok(()), // Its first acknowledgement is still coming.
                 Command::Refuse { seen } => {
-                    let _ = out.send(LinkMessage::Refuse { seen }).await;
+                    step.send.push(LinkMessage::Refuse { seen });
+                    Ok(())
                 }
                 Command::Resend { from, .. } => {
-                    return Err(LinkEnd::Protocol(format!(
-                        "batch {from} is missing; the primary must dial again"
-                    )))
+                    Err(LinkEnd::Protocol(format!("batch {from} is missing; the primary must dial again")))
                 }
-                other => {
-                    return Err(LinkEnd::Protocol(format!("{other:?} cannot happen on a backup's link")))
-                }
+                other => Err(LinkEnd::Protocol(format!("{other:?} cannot happen on a backup's link"))),
+            };
+            if let Err(end) = done {
+                return step.ends(end);
             }
         }
-        Ok(())
+        step
+    }
+
+    /// Checks a batch, applies it through the replica, and acknowledges it now (received)
+    /// or when the log reports it durable.
+    fn append_then_ack(
+        &self,
+        link: &mut FollowerLink,
+        sequence: u64,
+        records: &[crate::wire::LinkRecord],
+        send: &mut Vec<LinkMessage>,
+    ) -> Result<(), LinkEnd> {
+        if link.stream.joining {
+            let decisions = records.iter().filter(|r| r.kind == RecordKind::Decision);
+            link.stream.received.extend(decisions.map(|r| r.xid));
+        }
+        let sink = link.durable.clone();
+        let received = self.ack == AckMode::Received;
+        let done = Box::new(move |result: Result<(), decree_log::LogError>| {
+            // Under `Received` the batch was acknowledged already: only a failure is
+            // reported, and it stops the backup.
+            if !received || result.is_err() {
+                sink(sequence, result.map_err(|e| e.to_string()));
+            }
+        });
+        let checked = self.replica.lock().check(records).map_err(replica_end)?;
+        if received {
+            // Checked and in memory: acknowledged before the log's work (its writer's
+            // wake-up) delays the answer the primary waits for.
+            self.batch_acked(&mut link.stream, sequence, Ok(()), send)?;
+        }
+        self.replica.lock().apply_checked(records, checked, done).map_err(replica_end)
     }
 
     /// Records a batch's durability and acknowledges every batch durable without a gap.
-    async fn batch_acked(
+    fn batch_acked(
         &self,
         stream: &mut Stream,
         sequence: u64,
         result: Result<(), String>,
-        out: &mpsc::Sender<LinkMessage>,
+        send: &mut Vec<LinkMessage>,
     ) -> Result<(), LinkEnd> {
         if let Err(e) = result {
             return Err(LinkEnd::Storage(format!("the backup's log failed: {e}")));
@@ -466,29 +576,20 @@ impl Follower {
             stream.acked_up_to += 1;
         }
         if stream.acked_up_to > before {
-            let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to }).await;
+            send.push(LinkMessage::Ack { epoch: stream.epoch, sequence: stream.acked_up_to });
         }
         Ok(())
     }
 
-    /// Waits until the batches up to `up_to` are durable, then forgets what the primary did
-    /// not send since its `Hello`.
-    async fn finish_catch_up(
+    /// The batches up to `up_to` are durable: forgets what the primary did not send since
+    /// its `Hello`, and acknowledges `up_to`.
+    fn finish_catch_up(
         &self,
         stream: &mut Stream,
         up_to: u64,
-        durable_rx: &mut mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
-        out: &mpsc::Sender<LinkMessage>,
+        send: &mut Vec<LinkMessage>,
     ) -> Result<(), LinkEnd> {
-        if up_to >= self.node.lock().next_sequence {
-            return Ok(()); // A gap: the rules ask for the link to be dialled again.
-        }
-        while stream.acked_up_to < up_to {
-            match durable_rx.recv().await {
-                Some((sequence, result)) => self.batch_acked(stream, sequence, result, out).await?,
-                None => return Err(LinkEnd::Closed("durability reports stopped".into())),
-            }
-        }
+        assert!(stream.acked_up_to >= up_to, "a catch-up ends once its batches are durable");
         if !stream.joining {
             return Ok(()); // A second CaughtUp on one link: nothing more to forget.
         }
@@ -499,24 +600,31 @@ impl Follower {
         tracing::info!(up_to, dropped, "caught up with the primary");
         // Said even when no batch carried the live set (an empty one), so that the primary
         // learns the catch-up ended.
-        let _ = out.send(LinkMessage::Ack { epoch: stream.epoch, sequence: up_to }).await;
+        send.push(LinkMessage::Ack { epoch: stream.epoch, sequence: up_to });
         Ok(())
     }
 
-    /// Makes `seen` the highest epoch in `PAIR`, durably, before anything else happens.
-    async fn persist_seen(&self, seen: Epoch) -> Result<(), LinkEnd> {
+    /// Makes `seen` the highest epoch in `PAIR`, durably, before anything else happens
+    /// (nothing to do when it is recorded already). Blocks on the state file's syncs.
+    pub fn persist_seen(&self, seen: Epoch) -> Result<(), LinkEnd> {
         let (previous, next) = {
             let state = self.state.lock();
+            if state.seen >= seen {
+                return Ok(());
+            }
             (*state, PairState { seen, ..*state })
         };
-        let (storage, dir) = (self.storage.clone(), self.dir.clone());
-        tokio::task::spawn_blocking(move || {
-            state_file::store(storage.as_ref(), &dir, Some(&previous), &next)
-        })
-        .await
-        .map_err(|e| LinkEnd::Storage(e.to_string()))?
-        .map_err(|e| LinkEnd::Storage(e.to_string()))?;
+        state_file::store(self.storage.as_ref(), &self.dir, Some(&previous), &next)
+            .map_err(|e| LinkEnd::Storage(e.to_string()))?;
         *self.state.lock() = next;
         Ok(())
     }
+}
+
+/// Sends a step's frames, in order; returns the link's end if the step ends it.
+async fn send_step(step: LinkStep, out: &mpsc::Sender<LinkMessage>) -> Option<LinkEnd> {
+    for frame in step.send {
+        let _ = out.send(frame).await;
+    }
+    step.end
 }

@@ -17,7 +17,7 @@
 //! instead of leaving one wake-up at a time, each send costing the primary's CPU (figures
 //! in docs/measurements.md, "The link's group commit").
 
-use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStream, Plaintext, Transport};
+use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStream, Plaintext, Transport};
 use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
 use crate::rules::{Command, Event, Node, Role};
 use crate::wire::{LinkMessage, LinkRecord};
@@ -41,7 +41,7 @@ pub trait LiveSet: Send + Sync {
 }
 
 /// Delay between two dials of an unreachable backup.
-const REDIAL_DELAY: Duration = Duration::from_millis(100);
+pub const REDIAL_DELAY: Duration = Duration::from_millis(100);
 
 /// A primary member's link to its backup.
 pub struct Leader {
@@ -182,22 +182,12 @@ impl Leader {
     async fn serve_link(self: Arc<Self>, stream: LinkStream) -> LinkEnd {
         let (mut reader, writer) = tokio::io::split(stream);
         let out = spawn_writer(writer);
-        let (epoch, member) = {
-            let node = self.node.lock();
-            (node.seen, node.member)
-        };
-        let next_sequence = self.outbox.lock().next_sequence();
-        let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence };
+        let (mut link, hello) = self.open_link();
         if out.send(hello).await.is_err() {
             return LinkEnd::Closed("the writer stopped".into());
         }
         let mut buf = Vec::new();
-        let mut link = LinkState {
-            sent_up_to: next_sequence - 1,
-            acknowledged_up_to: next_sequence - 1,
-            caught_up_to_send: None,
-            caught_up_at: None,
-        };
+        let closed = |_| LinkEnd::Closed("the writer stopped".into());
         loop {
             tokio::select! {
                 message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => {
@@ -205,53 +195,64 @@ impl Leader {
                         Ok(message) => message,
                         Err(end) => return end,
                     };
-                    if let Err(end) = self.receive(message, &mut link, &out).await {
+                    let step = self.on_frame(&mut link, message);
+                    for frame in step.send {
+                        let _ = out.send(frame).await;
+                    }
+                    if let Some(end) = step.end {
                         return end;
                     }
                 }
                 _ = self.wake.notified() => {}
             }
-            if let Err(end) = self.send_batches(epoch, &mut link, &out).await {
-                return end;
+            for frame in self.poll_send(&mut link) {
+                if let Err(end) = out.send(frame).await.map_err(closed) {
+                    return end;
+                }
             }
         }
     }
 
-    /// Steps the rules with one frame of the backup and carries out their commands.
-    async fn receive(
-        &self,
-        message: LinkMessage,
-        link: &mut LinkState,
-        out: &tokio::sync::mpsc::Sender<LinkMessage>,
-    ) -> Result<(), LinkEnd> {
+    /// A link to the backup just opened (sans-IO: the runtime, or a simulation, carries
+    /// the frames): its state, and the `Hello` to send first.
+    pub fn open_link(&self) -> (LeaderLink, LinkMessage) {
+        let (epoch, member) = {
+            let node = self.node.lock();
+            (node.seen, node.member)
+        };
+        let next_sequence = self.outbox.lock().next_sequence();
+        let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence };
+        let link = LeaderLink {
+            epoch,
+            sent_up_to: next_sequence - 1,
+            acknowledged_up_to: next_sequence - 1,
+            caught_up_to_send: None,
+            caught_up_at: None,
+        };
+        (link, hello)
+    }
+
+    /// Steps the rules with one frame of the backup and carries out their commands: the
+    /// frames to send in answer, and the link's end if it ends. The caller sends what
+    /// [`Leader::poll_send`] returns next, unless the link ended.
+    pub fn on_frame(&self, link: &mut LeaderLink, message: LinkMessage) -> LinkStep {
         let (epoch, view) = message.rule_view();
         let commands =
             self.node.lock().step(Event::Peer { epoch, message: view }).expect("only promotions are refused");
+        let mut step = LinkStep::default();
         for command in commands {
             match command {
-                Command::SendLiveSet => {
-                    let up_to = self.push_live_set()?;
-                    link.caught_up_to_send = Some(up_to);
-                    link.caught_up_at = Some(up_to);
-                }
-                Command::ConfirmUpTo(sequence) => {
-                    link.acknowledged_up_to = link.acknowledged_up_to.max(sequence);
-                    let tickets = self.outbox.lock().acknowledge(sequence);
-                    if !tickets.is_empty() {
-                        self.server.confirmed(tickets);
+                Command::SendLiveSet => match self.push_live_set() {
+                    Ok(up_to) => {
+                        link.caught_up_to_send = Some(up_to);
+                        link.caught_up_at = Some(up_to);
                     }
-                    if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none()
-                    {
-                        link.caught_up_at = None;
-                        let strict = self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
-                        if strict.contains(&Command::BecomeStrict) {
-                            tracing::info!("the backup caught up: acknowledging with it from now on");
-                        }
-                    }
-                }
+                    Err(end) => return step.ends(end),
+                },
+                Command::ConfirmUpTo(sequence) => self.confirm_up_to(link, sequence),
                 Command::Refuse { seen } => {
-                    let _ = out.send(LinkMessage::Refuse { seen }).await;
-                    return Err(LinkEnd::Protocol("the backup spoke for an older epoch".into()));
+                    step.send.push(LinkMessage::Refuse { seen });
+                    return step.ends(LinkEnd::Protocol("the backup spoke for an older epoch".into()));
                 }
                 Command::PersistSeen(seen) => {
                     // The server records it durably when it handles the deposition.
@@ -259,14 +260,32 @@ impl Leader {
                 }
                 Command::StepDown | Command::Rejoin(_) | Command::Join { .. } => {}
                 other => {
-                    return Err(LinkEnd::Protocol(format!("{other:?} cannot happen on a primary's link")))
+                    return step
+                        .ends(LinkEnd::Protocol(format!("{other:?} cannot happen on a primary's link")))
                 }
             }
         }
         if self.node.lock().role == Role::Backup {
-            return Err(LinkEnd::Stopped("deposed by a newer epoch".into()));
+            return step.ends(LinkEnd::Stopped("deposed by a newer epoch".into()));
         }
-        Ok(())
+        step
+    }
+
+    /// The backup acknowledged every batch up to `sequence`: confirms their tickets, and
+    /// ends the catch-up when the live set's last batch is among them.
+    fn confirm_up_to(&self, link: &mut LeaderLink, sequence: u64) {
+        link.acknowledged_up_to = link.acknowledged_up_to.max(sequence);
+        let tickets = self.outbox.lock().acknowledge(sequence);
+        if !tickets.is_empty() {
+            self.server.confirmed(tickets);
+        }
+        if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none() {
+            link.caught_up_at = None;
+            let strict = self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
+            if strict.contains(&Command::BecomeStrict) {
+                tracing::info!("the backup caught up: acknowledging with it from now on");
+            }
+        }
     }
 
     /// Pushes the live set behind what the outbox holds; returns the sequence whose
@@ -288,16 +307,14 @@ impl Leader {
         Ok(up_to)
     }
 
-    /// Sends every batch cut since the last one sent (cutting one from the records queued
-    /// only when nothing this link sent awaits an acknowledgement: the link's group
-    /// commit), then `CaughtUp` once the live set's last batch has gone.
-    async fn send_batches(
-        &self,
-        epoch: crate::epoch::Epoch,
-        link: &mut LinkState,
-        out: &tokio::sync::mpsc::Sender<LinkMessage>,
-    ) -> Result<(), LinkEnd> {
-        let batches: Vec<LinkMessage> = {
+    /// The frames to send now: every batch cut since the last one sent (cutting one from
+    /// the records queued only when nothing this link sent awaits an acknowledgement: the
+    /// link's group commit), then `CaughtUp` once the live set's last batch has gone. The
+    /// runtime calls it after each frame it received and each time a shipped record woke
+    /// the link.
+    pub fn poll_send(&self, link: &mut LeaderLink) -> Vec<LinkMessage> {
+        let epoch = link.epoch;
+        let mut frames: Vec<LinkMessage> = {
             let mut outbox = self.outbox.lock();
             if link.in_flight() == 0 {
                 outbox.cut();
@@ -307,23 +324,23 @@ impl Leader {
                 .map(|b| LinkMessage::Batch { epoch, sequence: b.sequence, records: b.records.clone() })
                 .collect()
         };
-        let closed = |_| LinkEnd::Closed("the writer stopped".into());
-        for batch in batches {
-            if let LinkMessage::Batch { sequence, .. } = &batch {
-                link.sent_up_to = *sequence;
-            }
-            out.send(batch).await.map_err(closed)?;
+        if let Some(LinkMessage::Batch { sequence, .. }) = frames.last() {
+            link.sent_up_to = *sequence;
         }
         if let Some(up_to) = link.caught_up_to_send.filter(|&up_to| up_to <= link.sent_up_to) {
             link.caught_up_to_send = None;
-            out.send(LinkMessage::CaughtUp { epoch, up_to }).await.map_err(closed)?;
+            frames.push(LinkMessage::CaughtUp { epoch, up_to });
         }
-        Ok(())
+        frames
     }
 }
 
-/// What one link has sent, and where its catch-up stands.
-struct LinkState {
+/// What one link has sent, and where its catch-up stands (the primary's side, sans-IO:
+/// made by [`Leader::open_link`], stepped by [`Leader::on_frame`] and [`Leader::poll_send`]).
+#[derive(Debug)]
+pub struct LeaderLink {
+    /// The epoch this link leads (every frame it sends carries it).
+    epoch: crate::epoch::Epoch,
     /// The last batch sent on this link.
     sent_up_to: u64,
     /// The last batch the backup acknowledged on this link (at its opening: the last
@@ -335,7 +352,7 @@ struct LinkState {
     caught_up_at: Option<u64>,
 }
 
-impl LinkState {
+impl LeaderLink {
     /// Batches this link sent that await the backup's acknowledgement.
     fn in_flight(&self) -> u64 {
         self.sent_up_to.saturating_sub(self.acknowledged_up_to)
@@ -344,15 +361,21 @@ impl LinkState {
 
 #[cfg(test)]
 mod tests {
-    use super::LinkState;
+    use super::LeaderLink;
+    use crate::epoch::Epoch;
 
     /// The link's group commit rests on this count: the bug it guards against is a link
     /// that waits for an acknowledgement that will never come (of a batch cut before the
     /// link opened, which is not resent) and so never sends again.
     #[test]
     fn only_batches_this_link_sent_and_the_backup_did_not_acknowledge_are_in_flight() {
-        let mut link =
-            LinkState { sent_up_to: 7, acknowledged_up_to: 7, caught_up_to_send: None, caught_up_at: None };
+        let mut link = LeaderLink {
+            epoch: Epoch::NONE,
+            sent_up_to: 7,
+            acknowledged_up_to: 7,
+            caught_up_to_send: None,
+            caught_up_at: None,
+        };
         assert_eq!(link.in_flight(), 0, "batches cut before the link opened are not awaited");
         link.sent_up_to = 10;
         assert_eq!(link.in_flight(), 3);

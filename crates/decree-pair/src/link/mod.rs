@@ -8,6 +8,11 @@
 //! loopback), so this crate holds no cryptography. Both sides read frames with
 //! [`read_message`], which holds at most one frame of [`crate::wire::LINK_FRAME_BYTES_MAX`]
 //! bytes, and write them through one writer task fed by a bounded channel.
+//!
+//! What each end does with a frame is sans-IO ([`LinkStep`]): [`leader::Leader::on_frame`]
+//! and [`follower::Follower::on_frame`] take a frame and return the frames to send, and
+//! the tokio loops here only move bytes and wake-ups, so that a simulation on one thread
+//! runs the same steps with a virtual network and clock.
 
 pub mod follower;
 pub mod leader;
@@ -143,6 +148,25 @@ pub enum LinkEnd {
     /// The member was deposed by a newer epoch (a leader) or told to stop.
     #[error("{0}")]
     Stopped(String),
+}
+
+/// What one sans-IO step of either end asks its runtime to do: send these frames, in
+/// order, then end the link if `end` says so. The tokio runtime of this module and the
+/// simulator (`decree-sim`) carry out the same steps.
+#[derive(Debug, Default)]
+pub struct LinkStep {
+    /// Frames to send, in order.
+    pub send: Vec<LinkMessage>,
+    /// The link ends, after `send` is sent.
+    pub end: Option<LinkEnd>,
+}
+
+impl LinkStep {
+    /// This step's frames, then the end of the link.
+    pub(crate) fn ends(mut self, end: LinkEnd) -> LinkStep {
+        self.end = Some(end);
+        self
+    }
 }
 
 impl From<LinkError> for LinkEnd {

@@ -1,0 +1,289 @@
+//! The faults and the operator (a model of a person following docs/replication.md).
+//!
+//! During the safety phase a fault comes every so often: a member killed or its machine
+//! powered off (with what was unsynced lost, kept, or torn), a member restarted, a
+//! promotion, a partition of the link, a member paused (SIGSTOP) and continued, a failed
+//! sync of a member's log, a client's death. The operator promotes only when no running
+//! member leads: the caught-up backup without `--force`, else the member that led last
+//! with `--force` (it holds what it acknowledged). Two mistakes come in some seeds
+//! (`Scenario::mistakes`): promoting while the primary still runs (paused or cut off),
+//! and losing a member's disk, after which the other is promoted with `--force`; decisions
+//! the promoted member lacks then are forfeited (`Oracle::forfeit`), later ones are not.
+//! In `received` mode at most one member is down at a time (what that mode promises).
+//!
+//! In the liveness phase the faults stop, the network heals, paused members continue, the
+//! clients start no new transaction, and the operator restarts what is down and promotes
+//! as above until the pair is back to strict.
+
+use crate::member::Proc;
+use crate::world::{Event, Phase, World, MS};
+use decree_log::testing::fault::{CrashMode, FaultStorage};
+use decree_pair::link::follower::AckMode;
+
+impl World {
+    /// The next fault (safety phase) or operator's move (liveness phase).
+    pub fn nemesis(&mut self) {
+        match self.phase {
+            Phase::Safety => {
+                self.fault();
+                let gap = self.scenario.fault_gap;
+                let next = self.rng.range(gap / 4, gap * 2);
+                self.after(next, Event::Nemesis);
+            }
+            Phase::Liveness => {
+                self.operator(false);
+                self.after(100 * MS, Event::Nemesis);
+            }
+        }
+    }
+
+    fn fault(&mut self) {
+        let roll = self.rng.range(0, 99);
+        let member = self.rng.range(0, 1) as usize;
+        match roll {
+            0..=17 => self.crash_member(member),
+            18..=34 => self.restart(member),
+            35..=49 => self.operator(true),
+            50..=59 => {
+                let duration = self.rng.range(10, 3000) * MS;
+                self.partition(duration);
+            }
+            60..=67 => {
+                let duration = self.rng.range(10, 3000) * MS;
+                self.pause(member, duration);
+            }
+            68..=72 => {
+                if let Some(log) = self.members[member].log() {
+                    log.fail_next_sync();
+                    self.note(|| format!("member {}: its log's next sync will fail", member + 1));
+                }
+            }
+            73..=81 => {
+                let client = self.rng.range(0, self.clients.len() as u64 - 1) as usize;
+                self.client_crash(client);
+            }
+            82..=89 if self.scenario.mistakes => self.mistaken_promotion(member),
+            90..=93 if self.scenario.mistakes => self.disk_lost(member),
+            _ => {}
+        }
+    }
+
+    /// Kills member `index` or cuts its power (in `received` mode only while the other
+    /// member runs).
+    fn crash_member(&mut self, index: usize) {
+        let other_down = matches!(self.members[1 - index].proc, Proc::Down);
+        if self.scenario.ack == AckMode::Received && other_down {
+            return;
+        }
+        let power_loss = self.rng.chance(500).then(|| {
+            *self.rng.pick(&[
+                CrashMode::DropUnsynced,
+                CrashMode::KeepRandomUnsynced,
+                CrashMode::TearLastWrite,
+                CrashMode::ZeroLastWrite,
+            ])
+        });
+        self.crash(index, power_loss);
+    }
+
+    /// Restarts member `index` if it is down: it comes back as a backup.
+    fn restart(&mut self, index: usize) {
+        if matches!(self.members[index].proc, Proc::Down) {
+            self.start_backup(index);
+        }
+    }
+
+    /// The operator's rule: when no running member leads, promote the caught-up backup, or
+    /// else the member that led last (forced: it holds what it acknowledged). In the
+    /// liveness phase (`!faults`) it first restarts what is down.
+    pub fn operator(&mut self, faults: bool) {
+        for index in 0..self.members.len() {
+            // A member whose log failed (fail-stop) answers every decide `LogFailed`: the
+            // operator restarts it.
+            if self.members[index].log().is_some_and(|log| log.failed()) {
+                self.crash(index, None);
+            }
+        }
+        if !faults {
+            for index in 0..self.members.len() {
+                self.restart(index);
+            }
+        }
+        if self.members.iter().any(|m| m.leading() || matches!(&m.proc, Proc::Primary(p) if !p.exiting)) {
+            return;
+        }
+        if let Some(index) = (0..self.members.len()).find(|&i| self.members[i].caught_up()) {
+            self.promote(index, false, "no member leads; this backup caught up");
+            return;
+        }
+        let last = (0..self.members.len())
+            .filter(|&i| self.members[i].led_at.is_some())
+            .max_by_key(|&i| self.members[i].led_at);
+        match last {
+            Some(index) if matches!(self.members[index].proc, Proc::Backup(_)) => {
+                self.promote(index, true, "no member leads; this one led last");
+            }
+            Some(_) => {}
+            None => {
+                // The member that led last lost its disk: the one that saw the newest epoch
+                // is all there is (a blank one would mint an epoch used before).
+                let backups =
+                    (0..self.members.len()).filter(|&i| matches!(self.members[i].proc, Proc::Backup(_)));
+                let newest = backups.max_by_key(|&i| self.members[i].seen());
+                if let Some(index) =
+                    newest.filter(|&i| self.members[i].seen() != Some(decree_pair::Epoch::NONE))
+                {
+                    self.forfeit_for(index);
+                    self.promote(index, true, "no member leads, and the one that led last lost its disk");
+                }
+            }
+        }
+    }
+
+    /// The mistake: member `index` is promoted while the other still leads (paused, cut
+    /// off, or simply running): forced unless it caught up.
+    fn mistaken_promotion(&mut self, index: usize) {
+        if !matches!(self.members[index].proc, Proc::Backup(_)) || !self.members[1 - index].leading() {
+            return;
+        }
+        let forced = !self.members[index].caught_up();
+        if forced {
+            self.forfeit_for(index);
+        }
+        self.promote(index, forced, "the operator believes the primary is down (it is not)");
+    }
+
+    /// Member `index`'s disk is lost: it comes back empty (a new backup), and if no one
+    /// leads, the other member is promoted with `--force`.
+    fn disk_lost(&mut self, index: usize) {
+        let other = &self.members[1 - index];
+        // Only a disk whose data lives on in the other member (which runs, and has seen an
+        // epoch) is lost: losing both is starting over, which this simulation does not.
+        let other_holds =
+            !matches!(other.proc, Proc::Down) && other.seen().is_some_and(|e| e != decree_pair::Epoch::NONE);
+        if !matches!(self.members[index].proc, Proc::Down)
+            || self.scenario.ack == AckMode::Received
+            || !other_holds
+        {
+            return;
+        }
+        let seed = self.rng.fork();
+        self.members[index].disk = FaultStorage::new(seed);
+        self.members[index].led_at = None;
+        self.note(|| format!("member {}'s disk is lost", index + 1));
+        let other = 1 - index;
+        if matches!(self.members[other].proc, Proc::Backup(_)) {
+            let forced = !self.members[other].caught_up();
+            if forced {
+                self.forfeit_for(other);
+            }
+            self.promote(other, forced, "the other member's disk is lost");
+        }
+    }
+
+    /// A forced promotion of `index` is about to happen on purpose: what it lacks of the
+    /// acknowledged decisions is given up.
+    fn forfeit_for(&mut self, index: usize) {
+        let Some(log) = self.members[index].log().cloned() else { return };
+        let now = self.now;
+        self.oracle.forfeit(now, |xid| log.holds(xid));
+    }
+
+    /// The liveness phase begins: faults stop, the network heals, members continue.
+    pub fn begin_liveness(&mut self) {
+        self.phase = Phase::Liveness;
+        self.net.partitioned_until = None;
+        for index in 0..self.members.len() {
+            self.members[index].paused_until = None;
+        }
+        self.note(|| "liveness phase: no more faults, no new transactions".to_string());
+        self.operator(false);
+    }
+
+    /// Why the pair did not return to strict in the liveness phase, and the defect that
+    /// shows, as far as the state tells.
+    pub fn diagnose_liveness(&self) -> (Option<u8>, String) {
+        let leading: Vec<usize> = (0..self.members.len()).filter(|&i| self.members[i].leading()).collect();
+        let ends: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("member {}: {}", m.index + 1, m.last_end.clone().unwrap_or_default()))
+            .collect();
+        let state: Vec<String> =
+            self.members.iter().map(|m| format!("member {}: {}", m.index + 1, m.describe())).collect();
+        let waiting = self.clients.iter().filter(|c| !c.quiet()).count();
+        let prepared = self.databases.prepared().len();
+        let summary = format!(
+            "not back to strict: {}; last link ends: {}; {waiting} clients wait; {prepared} branches prepared",
+            state.join(", "),
+            ends.join(", ")
+        );
+        let stuck_overflow = self.members.iter().any(|m| match &m.proc {
+            Proc::Primary(p) => p.server.waiting() > 0 && p.leader.lag().records == 0 && p.link.is_some(),
+            _ => false,
+        });
+        if stuck_overflow {
+            let why =
+                "decides wait for the backup but none of their records is in the outbox: the overflow is \
+                       drained only when an acknowledgement confirms a ticket";
+            return (Some(13), format!("{why}: {summary}"));
+        }
+        let newest = leading.iter().filter_map(|&i| self.members[i].seen()).max();
+        let stale = leading.iter().copied().find(|&i| self.members[i].seen() < newest);
+        let swallowed = stale.is_some_and(|i| {
+            self.clients
+                .iter()
+                .any(|c| c.txn.is_some() && c.conn.as_ref().is_some_and(|conn| conn.member == i))
+        });
+        if swallowed {
+            return (Some(10), format!("an old primary keeps a client's decide unanswered: {summary}"));
+        }
+        if leading.len() > 1 {
+            return (Some(8), format!("two members lead and neither learns of the other: {summary}"));
+        }
+        let highest = self.members.iter().filter(|m| m.leading()).filter_map(|m| m.seen()).max();
+        let above = self.databases.prepared().into_iter().find(|(xid, _, _)| {
+            let incarnation = xid.origin().map(|o| decree_pair::Epoch::from_raw(o.incarnation));
+            incarnation.zip(highest).is_some_and(|(i, h)| i > h)
+        });
+        if let Some((xid, _, _)) = above {
+            let why = format!(
+                "{xid} stays prepared: its incarnation is above the epoch of the member that leads now (which \
+                 minted a lower one after the newest epoch's disk was lost), so no pass ever rolls it back"
+            );
+            return (Some(14), format!("{why}: {summary}"));
+        }
+        if ends.iter().any(|e| e.contains("too far behind")) {
+            return (Some(6), format!("the live set does not fit the outbox: {summary}"));
+        }
+        if self.half_open() {
+            return (
+                Some(6),
+                format!("a half-open link (its other end lost power) holds a member: {summary}"),
+            );
+        }
+        if self.net.dropped > 0 {
+            let dropped = self.net.dropped;
+            return (
+                Some(6),
+                format!(
+                    "chaos dropped {dropped} frames and the link never recovers (no heartbeat): {summary}"
+                ),
+            );
+        }
+        (None, summary)
+    }
+
+    /// Whether a member's link (the one its leader holds or its follower serves) lost its
+    /// other end without a word.
+    fn half_open(&self) -> bool {
+        self.members.iter().any(|m| {
+            let conn = match &m.proc {
+                Proc::Backup(b) => b.served.as_ref().map(|s| s.conn),
+                Proc::Primary(p) => p.link.as_ref().map(|(c, _)| *c),
+                Proc::Down => None,
+            };
+            conn.and_then(|c| self.net.conns.get(&c)).is_some_and(|c| c.dead[1 - c.end_of(m.index)])
+        })
+    }
+}

@@ -1,0 +1,409 @@
+//! The invariants, checked as the run goes (every acknowledgement, every branch's
+//! transition, every `Outcome` answer) and after every step (who holds what), and the
+//! guess of which of issue 32's defects a violation shows.
+//!
+//! The books: every `DecideOk` a member gave (with its role and mode at that moment), the
+//! branches' transitions (from the databases), the `Outcome` answers, the promotions. A
+//! forced promotion forfeits the acknowledged decisions the promoted member lacks at that
+//! moment (the operator said the other member's disk is gone, or was wrong: that loss is
+//! `--force`'s documented risk); every later acknowledgement is checked in full.
+//!
+//! The defect a violation is attributed to is a heuristic over the context (the role and
+//! mode of the acknowledging member, whether a newer epoch existed, whether a log had
+//! failed, whether the decision was shipped before the current link opened); the seeds
+//! in docs/simulation.md were each read in their trace.
+
+use crate::disk::SimLog;
+use crate::member::{Member, Proc};
+use crate::rm::{Actor, BranchState, Databases, RmEvent};
+use crate::world::{Time, MS};
+use decree_core::{Outcome, Xid};
+use decree_pair::link::follower::AckMode;
+use decree_pair::{Epoch, Role};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What was violated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invariant {
+    /// An acknowledged decision with a branch still prepared is held by every member that
+    /// says it holds everything (a caught-up backup, a primary) of its epoch or later.
+    HeldByCaughtUp,
+    /// A decision acknowledged in strict mode is durable (or, in `received` mode,
+    /// received) on the backup at that moment.
+    StrictAckOnBackup,
+    /// Only a member that leads acknowledges (`rules::may_acknowledge`).
+    AckOnlyWhileLeading,
+    /// No Xid has a branch committed and another rolled back.
+    Atomicity,
+    /// No `DecideOk` for an Xid with a rolled-back branch, and no rollback of a branch of
+    /// an acknowledged decision.
+    AckedNeverRolledBack,
+    /// Every `Outcome` answer agrees with what was acknowledged and done.
+    OutcomeAgrees,
+    /// After the faults stop, the pair returns to strict with every branch finished and
+    /// every decide answered.
+    Liveness,
+    /// A member starts over its own disk (no refused log or state file).
+    Start,
+    /// No two sessions are handed the same Xid (an epoch is never minted twice).
+    XidUnique,
+}
+
+/// A violated invariant.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// When.
+    pub at: Time,
+    /// Which.
+    pub invariant: Invariant,
+    /// Issue 32's defect it shows, as far as the context tells.
+    pub defect: Option<u8>,
+    /// What happened.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let defect = self.defect.map_or("unclassified".to_string(), |d| format!("defect {d}"));
+        write!(
+            f,
+            "at {}.{:03} ms: {:?} ({defect}): {}",
+            self.at / MS,
+            self.at % MS,
+            self.invariant,
+            self.detail
+        )
+    }
+}
+
+/// One `DecideOk`.
+#[derive(Debug, Clone, Copy)]
+pub struct Ack {
+    /// The member that gave it.
+    pub member: usize,
+    /// The epoch it led.
+    pub epoch: Epoch,
+    /// Its role in its rules at that moment.
+    pub role: Role,
+    /// When.
+    pub at: Time,
+    /// When its decide reached the member.
+    pub decided_at: Time,
+    /// When the member's current link opened.
+    pub link_opened_at: Time,
+}
+
+/// One promotion.
+#[derive(Debug, Clone, Copy)]
+struct Promotion {
+    at: Time,
+    epoch: Epoch,
+}
+
+/// The invariants' books.
+pub struct Oracle {
+    ack_mode: AckMode,
+    acks: BTreeMap<Xid, Ack>,
+    /// Acknowledged, not forfeited, with a branch still prepared.
+    open: BTreeSet<Xid>,
+    forfeited: BTreeSet<Xid>,
+    answered_rolled_back: BTreeSet<Xid>,
+    decided_at: BTreeMap<Xid, Time>,
+    promotions: Vec<Promotion>,
+    /// Members whose log failed in their current life (index, life).
+    failed_logs: BTreeSet<(usize, u64)>,
+    /// A member was promoted while the other still led (the operator's mistake): from
+    /// then on two members may act as primaries, and nothing tells the old one.
+    split_brain: bool,
+    /// The violations found (the run stops at the first).
+    pub violations: Vec<Violation>,
+}
+
+/// What a member that must hold a decision holds: a backup's log, a primary's state.
+fn holds(member: &Member, xid: &Xid) -> bool {
+    match &member.proc {
+        Proc::Down => true,
+        Proc::Backup(b) => b.log.holds(xid),
+        Proc::Primary(p) => p.server.holds(xid) || p.log.holds(xid),
+    }
+}
+
+impl Oracle {
+    /// Empty books for a pair acknowledging as `ack_mode` says.
+    pub fn new(ack_mode: AckMode) -> Oracle {
+        Oracle {
+            ack_mode,
+            acks: BTreeMap::new(),
+            open: BTreeSet::new(),
+            forfeited: BTreeSet::new(),
+            answered_rolled_back: BTreeSet::new(),
+            decided_at: BTreeMap::new(),
+            promotions: Vec::new(),
+            failed_logs: BTreeSet::new(),
+            split_brain: false,
+            violations: Vec::new(),
+        }
+    }
+
+    /// Decisions acknowledged so far.
+    pub fn acknowledged(&self) -> usize {
+        self.acks.len()
+    }
+
+    /// Records a violation.
+    pub fn violate(&mut self, at: Time, invariant: Invariant, defect: Option<u8>, detail: String) {
+        self.violations.push(Violation { at, invariant, defect, detail });
+    }
+
+    /// A decide reached a member.
+    pub fn decide_received(&mut self, at: Time, xid: Xid) {
+        self.decided_at.insert(xid, at);
+    }
+
+    /// Member `index` was promoted to lead `epoch`; `other_leads` when the other member
+    /// still led.
+    pub fn promoted(&mut self, at: Time, epoch: Epoch, other_leads: bool) {
+        self.promotions.push(Promotion { at, epoch });
+        self.split_brain |= other_leads;
+    }
+
+    /// The defect a violation without a better clue shows: two primaries at once, the old
+    /// one never told (defect 8), if the run had them.
+    fn fallback(&self, found: Option<u8>) -> Option<u8> {
+        found.or(self.split_brain.then_some(8))
+    }
+
+    /// A member's log failed.
+    pub fn log_failed(&mut self, index: usize, life: u64) {
+        self.failed_logs.insert((index, life));
+    }
+
+    /// A forced promotion: the acknowledged decisions with a branch prepared that the
+    /// promoted member does not hold are given up (`--force`'s documented risk).
+    pub fn forfeit(&mut self, _at: Time, holds: impl Fn(&Xid) -> bool) {
+        let lost: Vec<Xid> = self.open.iter().filter(|x| !holds(x)).copied().collect();
+        for xid in lost {
+            self.open.remove(&xid);
+            self.forfeited.insert(xid);
+        }
+    }
+
+    /// Whether `ack` was given while a newer epoch than the acknowledging member's existed.
+    fn superseded(&self, ack: &Ack) -> bool {
+        self.promotions.iter().any(|p| p.epoch > ack.epoch && p.at <= ack.at)
+    }
+
+    /// The defect that an acknowledged decision missing at member `at_member` (or rolled
+    /// back by it) shows, as far as the context tells.
+    fn classify(&self, ack: &Ack, at_member: Option<(usize, u64)>) -> Option<u8> {
+        if at_member.is_some_and(|m| self.failed_logs.contains(&m)) {
+            return Some(5);
+        }
+        if !matches!(ack.role, Role::Primary { .. }) {
+            return Some(3);
+        }
+        if self.superseded(ack) {
+            return Some(if ack.role == (Role::Primary { alone: true }) { 9 } else { 8 });
+        }
+        if ack.role == (Role::Primary { alone: true }) {
+            return Some(1);
+        }
+        if ack.decided_at < ack.link_opened_at {
+            // Confirmed by an acknowledgement on a link that opened after it was shipped.
+            return Some(4);
+        }
+        None
+    }
+
+    /// A member answered a decide with `DecideOk` (`role` is its rules' role at that
+    /// moment): checks who may acknowledge, what the backup holds, and what the branches
+    /// and earlier answers say.
+    pub fn acknowledged_by(
+        &mut self,
+        at: Time,
+        xid: Xid,
+        ack: Ack,
+        members: &[Member],
+        databases: &Databases,
+    ) {
+        let who = format!("member {} (epoch {}, {:?})", ack.member + 1, ack.epoch, ack.role);
+        if !matches!(ack.role, Role::Primary { .. }) {
+            self.violate(at, Invariant::AckOnlyWhileLeading, Some(3), format!("{who} acknowledged {xid}"));
+        }
+        let states = databases.states(&xid);
+        if states.contains(&BranchState::RolledBack) {
+            let defect = self.classify(&ack, None);
+            self.violate(
+                at,
+                Invariant::AckedNeverRolledBack,
+                defect,
+                format!("{who} acknowledged {xid}, a branch of which was rolled back"),
+            );
+        }
+        if self.answered_rolled_back.contains(&xid) {
+            self.violate(
+                at,
+                Invariant::OutcomeAgrees,
+                self.classify(&ack, None),
+                format!("{who} acknowledged {xid}, answered rolled back before"),
+            );
+        }
+        if ack.role == (Role::Primary { alone: false }) {
+            self.check_backup_holds(at, &xid, &ack, &members[1 - ack.member]);
+        }
+        let ack = Ack { decided_at: self.decided_at.get(&xid).copied().unwrap_or(at), ..ack };
+        self.acks.insert(xid, ack);
+        if states.contains(&BranchState::Prepared) {
+            self.open.insert(xid);
+        }
+    }
+
+    /// A strict acknowledgement: the backup holds the decision durably (received, in
+    /// `received` mode) at this moment.
+    fn check_backup_holds(&mut self, at: Time, xid: &Xid, ack: &Ack, peer: &Member) {
+        let durable = self.ack_mode == AckMode::Durable;
+        let held = match &peer.proc {
+            Proc::Backup(b) if durable => b.log.durably_holds(xid),
+            Proc::Backup(b) => b.log.holds(xid),
+            Proc::Primary(p) => p.server.holds(xid) || p.log.holds(xid),
+            // In `received` mode a crashed backup may have lost it: one member down at a time.
+            Proc::Down if !durable => return,
+            Proc::Down => {
+                let storage: std::sync::Arc<dyn decree_log::io::Storage> =
+                    std::sync::Arc::new(peer.disk.clone());
+                match SimLog::open(&storage, &peer.dir()) {
+                    Ok(log) => log.durably_holds(xid),
+                    Err(_) => false,
+                }
+            }
+        };
+        if !held {
+            let decided_at = self.decided_at.get(xid).copied().unwrap_or(at);
+            let ack = Ack { decided_at, ..*ack };
+            let defect = self.classify(&ack, Some((peer.index, peer.life)));
+            let detail = format!(
+                "member {} acknowledged {xid} in strict mode; member {} does not hold it{}",
+                ack.member + 1,
+                peer.index + 1,
+                if durable { " durably" } else { "" }
+            );
+            self.violate(at, Invariant::StrictAckOnBackup, defect, detail);
+        }
+    }
+
+    /// A branch moved: atomicity, acknowledged decisions, earlier answers.
+    pub fn rm_event(&mut self, at: Time, event: &RmEvent, databases: &Databases, members: &[Member]) {
+        let xid = event.global;
+        let states = databases.states(&xid);
+        let by = match event.by {
+            Actor::Client(c) => format!("client {c}"),
+            Actor::Member(m) => format!("member {m}"),
+        };
+        let ack = self.acks.get(&xid).copied();
+        let roller = match event.by {
+            Actor::Member(m) => Some((m as usize - 1, members[m as usize - 1].life)),
+            Actor::Client(_) => None,
+        };
+        let defect = self.fallback(ack.and_then(|a| self.classify(&a, roller)));
+        let forfeited = self.forfeited.contains(&xid);
+        if states.contains(&BranchState::Committed) && states.contains(&BranchState::RolledBack) && !forfeited
+        {
+            let detail = format!(
+                "{xid}: {by} moved branch {} on {} to {:?}; its branches are {states:?}",
+                event.branch, event.rm, event.to
+            );
+            self.violate(at, Invariant::Atomicity, defect, detail);
+        }
+        if let Some(a) = ack.filter(|_| event.to == BranchState::RolledBack && !self.forfeited.contains(&xid))
+        {
+            let detail = format!(
+                "{by} rolled back branch {} of {xid}, acknowledged by member {} (epoch {}, {:?})",
+                event.branch,
+                a.member + 1,
+                a.epoch,
+                a.role
+            );
+            self.violate(at, Invariant::AckedNeverRolledBack, defect, detail);
+        }
+        if event.to == BranchState::Committed && self.answered_rolled_back.contains(&xid) {
+            self.violate(
+                at,
+                Invariant::OutcomeAgrees,
+                defect,
+                format!("{by} committed a branch of {xid}, answered rolled back before"),
+            );
+        }
+        if !states.contains(&BranchState::Prepared) {
+            self.open.remove(&xid);
+        }
+    }
+
+    /// Member `index` answered `Outcome` for `xid`.
+    pub fn outcome_answer(
+        &mut self,
+        at: Time,
+        member: &Member,
+        xid: Xid,
+        answer: Outcome,
+        databases: &Databases,
+    ) {
+        let index = member.index;
+        let states = databases.states(&xid);
+        let ack = self.acks.get(&xid).copied();
+        let defect = self.fallback(ack.and_then(|a| self.classify(&a, Some((index, member.life)))));
+        let given = !self.forfeited.contains(&xid);
+        match answer {
+            Outcome::RolledBack => {
+                if given && (ack.is_some() || states.contains(&BranchState::Committed)) {
+                    let detail = format!(
+                        "member {} answered {xid} rolled back: acknowledged {}, branches {states:?}",
+                        index + 1,
+                        ack.is_some()
+                    );
+                    self.violate(at, Invariant::OutcomeAgrees, defect, detail);
+                }
+                self.answered_rolled_back.insert(xid);
+            }
+            Outcome::Committed if given && states.contains(&BranchState::RolledBack) => {
+                let detail = format!("member {} answered {xid} committed: branches {states:?}", index + 1);
+                self.violate(at, Invariant::OutcomeAgrees, defect, detail);
+            }
+            _ => {}
+        }
+    }
+
+    /// After every step: each acknowledged decision with a branch still prepared is held
+    /// by each running member that says it holds everything of the decision's epoch.
+    pub fn check_holders(&mut self, at: Time, members: &[Member]) {
+        let mut missing = Vec::new();
+        for xid in &self.open {
+            let ack = self.acks[xid];
+            for member in members {
+                let epoch = match &member.proc {
+                    Proc::Backup(b) if b.follower.node().caught_up => b.follower.node().seen,
+                    Proc::Primary(p) if !p.stopping => p.epoch,
+                    _ => continue,
+                };
+                if ack.epoch <= epoch && !holds(member, xid) {
+                    missing.push((*xid, ack, member.index, member.life));
+                }
+            }
+        }
+        if let Some((xid, ack, index, life)) = missing.into_iter().next() {
+            let defect = self.classify(&ack, Some((index, life)));
+            let role = match &members[index].proc {
+                Proc::Backup(_) => "a caught-up backup",
+                _ => "a primary",
+            };
+            let detail = format!(
+                "member {} ({role}) lacks {xid}, acknowledged by member {} (epoch {}, {:?}) at {} ms",
+                index + 1,
+                ack.member + 1,
+                ack.epoch,
+                ack.role,
+                ack.at / MS
+            );
+            self.violate(at, Invariant::HeldByCaughtUp, defect, detail);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The pair's simulator as a test: seeds for a time budget, or the seeds asked for.
+//!
+//! - `cargo test --release -p decree-sim --test sim` runs seeds for `DECREE_SIM_SECONDS`
+//!   (default 5), starting at `DECREE_SIM_FIRST_SEED` (default: from the clock, so that
+//!   each run explores new seeds; the first one is printed).
+//! - `DECREE_SIM_SEEDS=N` runs N seeds from the first seed (0 unless given) instead.
+//! - `DECREE_SIM_SEED=S` replays seed S alone; `DECREE_SIM_TRACE=1` prints its trace.
+//! - A violation of an invariant fails the test and prints the command that replays its
+//!   seed, unless it shows one of issue 32's defects that today's code still has
+//!   (`KNOWN_DEFECTS`): those are counted and listed, seed by seed, and fail only with
+//!   `DECREE_SIM_STRICT=1`.
+
+use decree_sim::{run, Report};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Issue 32's defects the simulator finds on today's code, and two it found besides (13:
+/// a decision in `PrimaryLink`'s overflow waits forever when the acknowledgements that
+/// come confirm no ticket; 14: after the disk of the member that led the newest epoch is
+/// lost, the survivor mints a lower epoch and the lost epoch's prepared branches are never
+/// rolled back): reported, not failed, until each is fixed and taken off this list.
+const KNOWN_DEFECTS: &[u8] = &[1, 3, 4, 5, 6, 8, 9, 10, 13, 14];
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn replay_command(seed: u64) -> String {
+    format!("DECREE_SIM_SEED={seed} DECREE_SIM_TRACE=1 cargo test --release -p decree-sim --test sim -- --nocapture")
+}
+
+/// Whether a report fails the test.
+fn fails(report: &Report, strict: bool) -> bool {
+    report.violations.iter().any(|v| strict || v.defect.is_none_or(|d| !KNOWN_DEFECTS.contains(&d)))
+}
+
+#[test]
+fn the_pair_keeps_its_invariants_under_faults_seed_after_seed() {
+    let strict = env("DECREE_SIM_STRICT").is_some_and(|v| v != 0);
+    let trace = env("DECREE_SIM_TRACE").is_some_and(|v| v != 0);
+    if let Some(seed) = env("DECREE_SIM_SEED") {
+        let report = run(seed, trace);
+        for line in &report.trace {
+            println!("{line}");
+        }
+        println!("seed {seed}: {:?}", report.scenario);
+        println!(
+            "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, ended at {} ms",
+            report.steps,
+            report.acknowledged,
+            report.promotions,
+            report.crashes,
+            report.end / 1000
+        );
+        for v in &report.violations {
+            println!("seed {seed}: {v}");
+        }
+        assert!(
+            !fails(&report, strict),
+            "seed {seed} violates an invariant; replay: {}",
+            replay_command(seed)
+        );
+        return;
+    }
+    let count = env("DECREE_SIM_SEEDS");
+    let budget = Duration::from_secs(env("DECREE_SIM_SECONDS").unwrap_or(5));
+    let first = env("DECREE_SIM_FIRST_SEED").unwrap_or_else(|| {
+        if count.is_some() {
+            0
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() * 1000)
+        }
+    });
+    println!("simulating from seed {first}");
+    let started = Instant::now();
+    // Per defect: the seeds that show it, with whether the seed had chaos on (frames dropped,
+    // duplicated or reordered within a connection, which TCP never does) and when.
+    let mut found: BTreeMap<String, Vec<(u64, bool, u64)>> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let mut acknowledged = 0;
+    for seed in first.. {
+        let done = match count {
+            Some(n) => seed - first >= n,
+            None => started.elapsed() >= budget,
+        };
+        if done {
+            break;
+        }
+        let report = run(seed, false);
+        runs += 1;
+        acknowledged += report.acknowledged;
+        for v in &report.violations {
+            let key = v.defect.map_or("unclassified".to_string(), |d| format!("defect {d}"));
+            let seeds = found.entry(key).or_default();
+            if seeds.last().is_none_or(|(s, _, _)| *s != seed) {
+                seeds.push((seed, report.scenario.chaos, v.at / 1000));
+            }
+            println!("seed {seed}: {v}");
+        }
+        if fails(&report, strict) {
+            failures.push(seed);
+        }
+    }
+    println!(
+        "{runs} seeds in {:.1} s, {acknowledged} decisions acknowledged",
+        started.elapsed().as_secs_f64()
+    );
+    for (defect, seeds) in &found {
+        let plain: Vec<String> = seeds
+            .iter()
+            .filter(|(_, chaos, _)| !chaos)
+            .take(12)
+            .map(|(s, _, at)| format!("{s} ({at} ms)"))
+            .collect();
+        let chaos = seeds.iter().filter(|(_, chaos, _)| *chaos).count();
+        println!(
+            "{defect}: {} seeds, {chaos} of them with chaos; without chaos: {}",
+            seeds.len(),
+            plain.join(", ")
+        );
+    }
+    let commands: Vec<String> = failures.iter().map(|&s| replay_command(s)).collect();
+    assert!(
+        failures.is_empty(),
+        "{} seeds violate an invariant; replay with:\n{}",
+        failures.len(),
+        commands.join("\n")
+    );
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    for seed in [1, 7, 12] {
+        let (first, second) = (run(seed, true), run(seed, true));
+        assert_eq!(first.trace, second.trace, "seed {seed} ran two ways");
+        assert_eq!(first.steps, second.steps);
+    }
+}
