@@ -143,7 +143,7 @@ public final class DecreeTransaction implements Transaction {
             status = Status.STATUS_ROLLING_BACK;
         }
         rollBackAll(false);
-        finish(Status.STATUS_ROLLEDBACK, false);
+        finish(Status.STATUS_ROLLEDBACK);
     }
 
     private boolean pastDeadline() {
@@ -414,7 +414,7 @@ public final class DecreeTransaction implements Transaction {
         }
         endAll(XAResource.TMFAIL);
         rollBackAll(false);
-        finish(Status.STATUS_ROLLEDBACK, false);
+        finish(Status.STATUS_ROLLEDBACK);
     }
 
     @Override
@@ -446,7 +446,7 @@ public final class DecreeTransaction implements Transaction {
                 status = Status.STATUS_ROLLING_BACK;
                 endAll(XAResource.TMFAIL);
                 rollBackAll(false);
-                finish(Status.STATUS_ROLLEDBACK, false);
+                finish(Status.STATUS_ROLLEDBACK);
                 RollbackException e = late || (timedOut && cause == null) ? timedOutException()
                         : new RollbackException(xid + ": marked for rollback" + (cause != null ? ": " + cause : "") + "; rolled back");
                 if (cause != null) {
@@ -458,7 +458,7 @@ public final class DecreeTransaction implements Transaction {
         }
         if (!endAll(XAResource.TMSUCCESS)) {
             rollBackAll(false);
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             RollbackException e = new RollbackException(xid + ": a branch failed to end; every branch is rolled back");
             e.initCause(rollbackCause);
             throw e;
@@ -466,7 +466,7 @@ public final class DecreeTransaction implements Transaction {
         try {
             int n = branches.size();
             if (n == 0) {
-                finish(Status.STATUS_COMMITTED, false);
+                finish(Status.STATUS_COMMITTED);
             } else if (n == 1) {
                 onePhase(branches.get(0));
             } else {
@@ -477,7 +477,7 @@ public final class DecreeTransaction implements Transaction {
                 log.error("{}: unexpected failure during commit; the outcome is unknown", xid, e);
                 abandonPrepared();
                 closeSession = true;
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 throw new OutcomeUnknownException(xid + ": unexpected failure during commit: " + e, xid, e);
             }
             throw e;
@@ -505,7 +505,7 @@ public final class DecreeTransaction implements Transaction {
     }
 
     /** Ends the transaction: status, afterCompletion (interposed first), the session back or closed, the thread free. */
-    private void finish(int outcome, boolean unused) {
+    private void finish(int outcome) {
         synchronized (lock) {
             if (ended) {
                 return;
@@ -548,7 +548,7 @@ public final class DecreeTransaction implements Transaction {
         } catch (NotSent e) {
             closeSession = true;
             rollBackAll(false);
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             throw rolledBack(xid + ": the OnePhase notice could not be written (" + e.getMessage() + "); the branch on " + b.rm
                     + " is rolled back", e);
         }
@@ -561,20 +561,20 @@ public final class DecreeTransaction implements Transaction {
             int code = e.errorCode;
             if (XaCodes.isRollback(code)) {
                 b.state = BranchState.ROLLED_BACK;
-                finish(Status.STATUS_ROLLEDBACK, false);
+                finish(Status.STATUS_ROLLEDBACK);
                 throw rolledBack(xid + ": the one-phase commit on " + b.rm + " failed (" + XaCodes.name(e) + "); it is rolled back", e);
             }
             if (code == XAException.XA_HEURCOM) {
                 b.state = BranchState.DONE;
             } else if (code == XAException.XA_HEURRB) {
                 forget(b);
-                finish(Status.STATUS_ROLLEDBACK, false);
+                finish(Status.STATUS_ROLLEDBACK);
                 HeuristicRollbackException h = new HeuristicRollbackException(xid + ": " + b.rm + " rolled the branch back on its own");
                 h.initCause(e);
                 throw h;
             } else if (code == XAException.XA_HEURMIX) {
                 forget(b);
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 HeuristicMixedException h = new HeuristicMixedException(xid + ": " + b.rm + " completed the branch in part on its own");
                 h.initCause(e);
                 throw h;
@@ -586,7 +586,7 @@ public final class DecreeTransaction implements Transaction {
                         : "one-phase: only the database knows (the server speaks protocol version " + session.version
                                 + " and was not told of this transaction)";
                 closeSession = closeSession || told;
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 throw new OutcomeUnknownException(xid + ": " + why + "; the commit on " + b.rm + " lost its answer ("
                         + XaCodes.name(e) + ")", xid, e);
             }
@@ -596,7 +596,7 @@ public final class DecreeTransaction implements Transaction {
             session.complete(xid, null); // the server now remembers it committed (rule 8).
         }
         log.debug("{}: committed in one phase on {}", xid, b.rm);
-        finish(Status.STATUS_COMMITTED, false);
+        finish(Status.STATUS_COMMITTED);
     }
 
     private RollbackException rolledBack(String message, Throwable cause) {
@@ -688,7 +688,7 @@ public final class DecreeTransaction implements Transaction {
         }
         if (failed != null) {
             rollBackAll(false);
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             String reason = why instanceof XAException x ? XaCodes.name(x) : why.toString();
             throw rolledBack(xid + ": branch " + failed.number + " on " + failed.rm + " did not prepare (" + reason
                     + "); every branch is rolled back", why);
@@ -701,12 +701,12 @@ public final class DecreeTransaction implements Transaction {
         }
         if (decision.isEmpty()) {
             log.debug("{}: every branch voted read-only; nothing to decide", xid);
-            finish(Status.STATUS_COMMITTED, false);
+            finish(Status.STATUS_COMMITTED);
             return;
         }
         if (pastDeadline()) {
             rollBackAll(false);
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             throw timedOutException();
         }
         synchronized (lock) {
@@ -719,19 +719,19 @@ public final class DecreeTransaction implements Transaction {
             // Never sent again elsewhere: the session is closed, so nothing decides it.
             closeSession = true;
             rollBackAll(false);
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             throw rolledBack(xid + ": the decision was not sent (" + e.getMessage() + "); every branch is rolled back", e);
         } catch (ServerError e) {
             if (e.code() == ErrorCodes.LOG_FAILED) {
                 closeSession = true;
                 abandonPrepared();
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 throw new OutcomeUnknownException(xid + ": the server's log failed while writing the decision; it may or may not "
                         + "be durable, and no branch is touched until the server restarts: " + e.serverMessage(), xid, e);
             }
             if (ErrorCodes.refusedBeforeWriting(e.code())) {
                 rollBackAll(false);
-                finish(Status.STATUS_ROLLEDBACK, false);
+                finish(Status.STATUS_ROLLEDBACK);
                 throw rolledBack(xid + ": the server refused the decision, every branch is rolled back: " + e.getMessage(), e);
             }
             afterLostReply(e);
@@ -767,7 +767,7 @@ public final class DecreeTransaction implements Transaction {
             });
         } catch (OutcomeUnknownException e) {
             abandonPrepared();
-            finish(Status.STATUS_UNKNOWN, false);
+            finish(Status.STATUS_UNKNOWN);
             throw e;
         }
         switch (answer) {
@@ -779,13 +779,13 @@ public final class DecreeTransaction implements Transaction {
             }
             case ROLLED_BACK -> {
                 rollBackAll(true);
-                finish(Status.STATUS_ROLLEDBACK, false);
+                finish(Status.STATUS_ROLLEDBACK);
                 throw rolledBack(xid + ": the answer to Decide was lost (" + cause.getMessage()
                         + "); the server says the transaction is rolled back", cause);
             }
             case HEURISTIC -> {
                 abandonPrepared();
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 HeuristicMixedException h = new HeuristicMixedException(xid + ": the answer to Decide was lost ("
                         + cause.getMessage() + "); the server says a branch decided on its own: check the branches");
                 h.initCause(cause);
@@ -793,7 +793,7 @@ public final class DecreeTransaction implements Transaction {
             }
             default -> {
                 abandonPrepared();
-                finish(Status.STATUS_UNKNOWN, false);
+                finish(Status.STATUS_UNKNOWN);
                 throw new OutcomeUnknownException(xid + ": the answer to Decide was lost (" + cause.getMessage()
                         + ") and the server cannot prove the outcome; its branches are left to the server (or to `decree recover`)",
                         xid, cause);
@@ -879,18 +879,18 @@ public final class DecreeTransaction implements Transaction {
             session.complete(xid, combined);
         }
         if (combined == Heuristic.ROLLED_BACK) {
-            finish(Status.STATUS_ROLLEDBACK, false);
+            finish(Status.STATUS_ROLLEDBACK);
             throw new HeuristicRollbackException(xid + ": decided to commit, but every branch rolled back on its own: "
                     + String.join("; ", heuristics));
         }
         if (combined == Heuristic.MIXED) {
-            finish(Status.STATUS_UNKNOWN, false);
+            finish(Status.STATUS_UNKNOWN);
             throw new HeuristicMixedException(xid + ": committed, but branches decided on their own: " + String.join("; ", heuristics));
         }
         if (anyHeuristicCommitted) {
             log.info("{}: committed; branches committed on their own: {}", xid, heuristics);
         }
-        finish(Status.STATUS_COMMITTED, false);
+        finish(Status.STATUS_COMMITTED);
     }
 
     private void forget(Enlisted b) {

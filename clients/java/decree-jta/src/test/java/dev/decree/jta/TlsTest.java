@@ -22,35 +22,11 @@ class TlsTest {
     static DecreeServer server;
     static int port;
 
-    static void openssl(Path dir, String... args) throws Exception {
-        List<String> cmd = new java.util.ArrayList<>(List.of("openssl"));
-        cmd.addAll(List.of(args));
-        Process p = new ProcessBuilder(cmd).directory(dir.toFile()).redirectErrorStream(true).start();
-        String out = new String(p.getInputStream().readAllBytes());
-        assertEquals(0, p.waitFor(), "openssl " + String.join(" ", args) + ": " + out);
-    }
-
     @BeforeAll
     static void setUp() throws Exception {
-        try {
-            new ProcessBuilder("openssl", "version").start().waitFor();
-        } catch (java.io.IOException e) {
-            TestEnv.need("the openssl command", "install openssl to make the test certificates");
-        }
-        pki = Files.createTempDirectory(Files.createDirectories(TestEnv.repo().resolve("target")), "decree-java-pki-");
-        openssl(pki, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "ca.key",
-                "-out", "ca.pem", "-days", "2", "-subj", "/CN=decree-test-ca");
-        for (String[] c : new String[][] {{"server", "subjectAltName=IP:127.0.0.1,DNS:localhost"}, {"app-1", "subjectAltName=DNS:app-1"},
-                {"app-2", "subjectAltName=DNS:app-2"}}) {
-            openssl(pki, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", c[0] + ".key", "-out",
-                    c[0] + ".csr", "-subj", "/CN=" + c[0]);
-            Files.writeString(pki.resolve(c[0] + ".ext"), c[1] + "\n");
-            openssl(pki, "x509", "-req", "-in", c[0] + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-                    c[0] + ".pem", "-days", "2", "-extfile", c[0] + ".ext");
-        }
+        pki = TestPki.make();
         port = DecreeServer.freePort();
-        String extra = "tcp = \"127.0.0.1:" + port + "\"\n[tls]\ncert = \"" + pki.resolve("server.pem") + "\"\nkey = \""
-                + pki.resolve("server.key") + "\"\nclient_ca = \"" + pki.resolve("ca.pem") + "\"\nclients_allowed = [\"app-1\"]\n";
+        String extra = TestPki.serverConfig(pki, port);
         server = new DecreeServer(List.of(new DecreeServer.Rm("d1", "dummy", null), new DecreeServer.Rm("d2", "dummy", null)), extra)
                 .start();
     }
@@ -61,9 +37,7 @@ class TlsTest {
             server.close();
         }
         if (pki != null) {
-            try (var files = Files.walk(pki)) {
-                files.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
-            }
+            TestPki.delete(pki);
         }
     }
 
