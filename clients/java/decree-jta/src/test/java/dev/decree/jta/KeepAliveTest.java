@@ -15,7 +15,7 @@ class KeepAliveTest {
     @Test
     void aSuspendedTransactionsSessionIsKeptAliveAndItsDecisionTaken() throws Exception {
         try (DecreeServer server = new DecreeServer(List.of(new DecreeServer.Rm("d1", "dummy", null),
-                new DecreeServer.Rm("d2", "dummy", null)), "[limits]\nidle_timeout_ms = 300\n").start();
+                new DecreeServer.Rm("d2", "dummy", null)), "[limits]\nidle_timeout_ms = 1000\n").start();
                 DecreeTransactionManager tm = DecreeTransactionManager.connect(server.endpoint())) {
             tm.setParallelBranchCalls(false);
             List<String> journal = FakeResource.journal();
@@ -24,12 +24,12 @@ class KeepAliveTest {
             tm.getTransaction().enlistResource(new FakeResource("d1", journal));
             tm.getTransaction().enlistResource(new FakeResource("d2", journal));
             Transaction tx = tm.suspend();
-            Thread.sleep(1500); // five idle bounds
+            Thread.sleep(3500); // three and a half idle bounds
             tm.resume(tx);
             tm.commit();
             assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
             assertEquals(Outcome.COMMITTED, tm.outcome(xid));
-            Thread.sleep(1000); // the pooled session idles too
+            Thread.sleep(2500); // the pooled session idles too
             tm.begin();
             tm.getTransaction().enlistResource(new FakeResource("d1", journal));
             tm.getTransaction().enlistResource(new FakeResource("d2", journal));
