@@ -637,7 +637,11 @@ public final class DecreeTransaction implements Transaction {
         List<java.util.concurrent.Future<CallResult>> futures = new ArrayList<>();
         for (int i = 1; i < list.size(); i++) {
             Enlisted b = list.get(i);
-            futures.add(pool.submit(() -> callOne(b, call)));
+            try {
+                futures.add(pool.submit(() -> callOne(b, call)));
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                futures.add(java.util.concurrent.CompletableFuture.completedFuture(callOne(b, call))); // the manager is closing
+            }
         }
         out.add(callOne(list.get(0), call));
         for (java.util.concurrent.Future<CallResult> f : futures) {
