@@ -131,6 +131,35 @@ impl SimLog {
         Ok(SimLog { path, inner: Mutex::new(inner) })
     }
 
+    /// The decisions live in the log of `dir` on `storage` as a reopen would find them,
+    /// read without changing anything (for the invariants, on a member that is down).
+    pub fn read_decisions(storage: &dyn Storage, dir: &Path) -> BTreeSet<Xid> {
+        let path = dir.join(LOG_FILE);
+        let Ok(file) = storage.open(&path, false) else { return BTreeSet::new() };
+        let len = file.len().unwrap_or(0) as usize;
+        let mut buf = vec![0u8; len];
+        if file.read_exact_at(&mut buf, 0).is_err() {
+            return BTreeSet::new();
+        }
+        let mut live: BTreeMap<TxnKey, Xid> = BTreeMap::new();
+        let mut at = 0;
+        while let Decoded::Frame(frame, used) = record::decode(&buf[at..], PAYLOAD_BYTES_MAX + 64) {
+            match frame.kind {
+                RecordKind::Data => {
+                    if let Some(xid) = xid_of(frame.payload) {
+                        live.insert(frame.txn, xid);
+                    }
+                }
+                RecordKind::Completion => {
+                    live.remove(&frame.txn);
+                }
+                RecordKind::Padding => {}
+            }
+            at += used;
+        }
+        live.into_values().collect()
+    }
+
     /// The disk's turn: writes everything queued, syncs once, then calls the appends'
     /// callbacks (outside the lock: they may complete records). Returns whether anything
     /// was queued.

@@ -248,7 +248,9 @@ impl Oracle {
                 format!("{who} acknowledged {xid}, answered rolled back before"),
             );
         }
-        if ack.role == (Role::Primary { alone: false }) {
+        // A decision whose branches are all finished needs no copy any more (the other
+        // member may have finished and forgotten it, once promoted).
+        if ack.role == (Role::Primary { alone: false }) && states.contains(&BranchState::Prepared) {
             self.check_backup_holds(at, &xid, &ack, &members[1 - ack.member]);
         }
         let ack = Ack { decided_at: self.decided_at.get(&xid).copied().unwrap_or(at), ..ack };
@@ -268,24 +270,18 @@ impl Oracle {
             Proc::Primary(p) => p.server.holds(xid) || p.log.holds(xid),
             // In `received` mode a crashed backup may have lost it: one member down at a time.
             Proc::Down if !durable => return,
-            Proc::Down => {
-                let storage: std::sync::Arc<dyn decree_log::io::Storage> =
-                    std::sync::Arc::new(peer.disk.clone());
-                match SimLog::open(&storage, &peer.dir()) {
-                    Ok(log) => log.durably_holds(xid),
-                    Err(_) => false,
-                }
-            }
+            Proc::Down => SimLog::read_decisions(&peer.disk, &peer.dir()).contains(xid),
         };
         if !held {
             let decided_at = self.decided_at.get(xid).copied().unwrap_or(at);
             let ack = Ack { decided_at, ..*ack };
             let defect = self.classify(&ack, Some((peer.index, peer.life)));
             let detail = format!(
-                "member {} acknowledged {xid} in strict mode; member {} does not hold it{}",
+                "member {} acknowledged {xid} in strict mode; member {} does not hold it{} ({})",
                 ack.member + 1,
                 peer.index + 1,
-                if durable { " durably" } else { "" }
+                if durable { " durably" } else { "" },
+                peer.describe()
             );
             self.violate(at, Invariant::StrictAckOnBackup, defect, detail);
         }

@@ -128,7 +128,7 @@ pub struct Report {
     pub steps: u64,
     /// Decisions acknowledged to clients.
     pub acknowledged: usize,
-    /// Promotions, crashes and partitions the run went through.
+    /// Promotions the run went through.
     pub promotions: u64,
     /// Member crashes (kills and power losses).
     pub crashes: u64,

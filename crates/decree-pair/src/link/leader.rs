@@ -34,7 +34,8 @@ pub trait LiveSet: Send + Sync {
     /// The records of every live decision (and remembered outcome), taken while no new
     /// record can be pushed, so that the stream and the snapshot miss nothing between them.
     fn live_records(&self) -> Vec<LinkRecord>;
-    /// These decisions are durable on the backup.
+    /// These decisions are durable on the backup; called on every acknowledgement, with no
+    /// ticket too, since each frees room in the outbox.
     fn confirmed(&self, tickets: Vec<Ticket>);
     /// The leader stepped down: a newer epoch exists.
     fn deposed(&self, seen: crate::epoch::Epoch);
@@ -276,9 +277,9 @@ impl Leader {
     fn confirm_up_to(&self, link: &mut LeaderLink, sequence: u64) {
         link.acknowledged_up_to = link.acknowledged_up_to.max(sequence);
         let tickets = self.outbox.lock().acknowledge(sequence);
-        if !tickets.is_empty() {
-            self.server.confirmed(tickets);
-        }
+        // Even with no ticket: the outbox has room again, and what waits for room (the
+        // server's overflow) must go now, not at some later decision's confirmation.
+        self.server.confirmed(tickets);
         if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none() {
             link.caught_up_at = None;
             let strict = self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
@@ -361,8 +362,47 @@ impl LeaderLink {
 
 #[cfg(test)]
 mod tests {
-    use super::LeaderLink;
-    use crate::epoch::Epoch;
+    use super::{Leader, LeaderLink, LiveSet};
+    use crate::epoch::{Epoch, MemberId};
+    use crate::outbox::{OutboxLimits, Ticket};
+    use crate::rules::{Event, Node};
+    use crate::wire::{LinkMessage, LinkRecord, RecordKind};
+    use decree_core::{Origin, Xid};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+
+    /// A server that counts the acknowledgements it is told of.
+    #[derive(Default)]
+    struct Counting(Mutex<Vec<Vec<Ticket>>>);
+
+    impl LiveSet for Counting {
+        fn live_records(&self) -> Vec<LinkRecord> {
+            Vec::new()
+        }
+        fn confirmed(&self, tickets: Vec<Ticket>) {
+            self.0.lock().push(tickets);
+        }
+        fn deposed(&self, _seen: Epoch) {}
+    }
+
+    /// The bug this guards against (found by the simulator, seed 363): the server's
+    /// overflow, decisions a full outbox refused, is drained in `confirmed`, which was
+    /// called only when an acknowledgement confirmed a ticket; acknowledgements of batches
+    /// of completions alone left those decisions waiting beside an idle link.
+    #[test]
+    fn an_acknowledgement_that_confirms_no_ticket_still_reaches_the_server() {
+        let server = Arc::new(Counting::default());
+        let mut node = Node::start(MemberId::new(1).unwrap(), Epoch::NONE);
+        node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+        let leader = Leader::new(node, 7, OutboxLimits::default(), server.clone());
+        let (mut link, _hello) = leader.open_link();
+        let xid = Xid::decree(Origin { node: 7, incarnation: node.seen.raw(), session: 1, sequence: 1 });
+        leader.ship_lazy(LinkRecord { kind: RecordKind::Completion, xid, payload: Vec::new() }).unwrap();
+        assert_eq!(leader.poll_send(&mut link).len(), 1, "the completion's batch goes");
+        let step = leader.on_frame(&mut link, LinkMessage::Ack { epoch: node.seen, sequence: 1 });
+        assert!(step.end.is_none() && step.send.is_empty());
+        assert_eq!(*server.0.lock(), vec![Vec::<Ticket>::new()]);
+    }
 
     /// The link's group commit rests on this count: the bug it guards against is a link
     /// that waits for an acknowledgement that will never come (of a batch cut before the
