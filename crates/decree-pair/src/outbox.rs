@@ -9,6 +9,13 @@
 //! stops taking decisions: a strict primary acknowledges nothing its backup has not
 //! confirmed, so a backup that stopped answering must stop the primary, not fill its
 //! memory.
+//!
+//! A new link starts with a **catch-up** ([`Outbox::begin_catch_up`]): what the outbox held
+//! before the live set's snapshot is dropped (the live set holds what of it still matters;
+//! its tickets wait for the catch-up's last batch, so that no acknowledgement confirms a
+//! decision the backup may not hold), and the live set goes first, from a queue of its own
+//! cut into batches as the backup acknowledges them: a live set larger than the outbox's
+//! bounds is streamed, never refused.
 
 use crate::wire::{LinkRecord, BATCH_RECORDS_MAX};
 use std::collections::VecDeque;
@@ -68,6 +75,22 @@ pub struct Outbox {
     /// The sequence the next batch cut gets.
     next_sequence: u64,
     unacked: VecDeque<Batch>,
+    /// Records pushed since the outbox was made: a catch-up drops those pushed before its
+    /// snapshot's mark.
+    pushed: u64,
+    catch_up: CatchUp,
+}
+
+/// The live set of the link being opened, and the tickets that wait for it.
+#[derive(Debug, Default)]
+struct CatchUp {
+    /// Live-set records not cut into a batch yet; they go before anything pushed.
+    queue: VecDeque<LinkRecord>,
+    /// Decisions of earlier links (their records dropped: the live set holds them),
+    /// confirmed only when the catch-up's last batch is acknowledged.
+    held: Vec<Ticket>,
+    /// The catch-up's last batch, once cut (the sequence before its first when empty).
+    last: Option<u64>,
 }
 
 impl Outbox {
@@ -83,12 +106,61 @@ impl Outbox {
             current_since: None,
             next_sequence: 1,
             unacked: VecDeque::new(),
+            pushed: 0,
+            catch_up: CatchUp { last: Some(0), ..CatchUp::default() },
         }
+    }
+
+    /// A mark for [`Outbox::begin_catch_up`]: records pushed from now on are kept.
+    pub fn mark(&self) -> u64 {
+        self.pushed
+    }
+
+    /// A link opened expecting batch `first_sequence` next (nothing was sent on it yet), and
+    /// `live` is the primary's live set, snapshotted after `mark` was taken: drops every
+    /// record pushed before the mark (the live set holds what of them matters), moves
+    /// every ticket waiting now to the catch-up's last batch, queues the live set ahead of
+    /// everything else, and keeps the records pushed since the mark behind it.
+    pub fn begin_catch_up(&mut self, mark: u64, first_sequence: u64, live: Vec<LinkRecord>) {
+        assert!(mark <= self.pushed, "a mark of this outbox");
+        let mut held = std::mem::take(&mut self.catch_up.held);
+        let mut earlier: Vec<LinkRecord> = Vec::new();
+        for batch in self.unacked.drain(..) {
+            held.extend(batch.tickets);
+            earlier.extend(batch.records.iter().cloned());
+        }
+        held.append(&mut self.current_tickets);
+        earlier.append(&mut self.current);
+        // Records pushed since the mark are the last `pushed - mark` of those held.
+        let kept = ((self.pushed - mark) as usize).min(earlier.len());
+        let kept: Vec<LinkRecord> = earlier.split_off(earlier.len() - kept);
+        self.current_bytes = 0;
+        self.current_since = None;
+        self.next_sequence = first_sequence.max(1);
+        let empty = live.is_empty();
+        self.catch_up = CatchUp { queue: live.into(), held, last: empty.then_some(self.next_sequence - 1) };
+        for record in kept {
+            self.current_bytes += record.payload.len();
+            self.current_since.get_or_insert_with(Instant::now);
+            self.current.push(record);
+        }
+        self.check();
+    }
+
+    /// The catch-up's last batch, once it is cut: `CaughtUp` names it.
+    pub fn catch_up_last(&self) -> Option<u64> {
+        self.catch_up.last
     }
 
     /// Whether a record of `bytes` would be refused now.
     pub fn is_full(&self, bytes: usize) -> bool {
-        self.unacked.len() >= self.limits.unacked_batches_max && self.needs_cut_for(bytes)
+        !self.may_cut_current() && self.needs_cut_for(bytes)
+    }
+
+    /// Whether the records pushed may become a batch now: not while the live set waits
+    /// to be cut (it goes first), nor past the unacknowledged bound.
+    fn may_cut_current(&self) -> bool {
+        self.catch_up.queue.is_empty() && self.unacked.len() < self.limits.unacked_batches_max
     }
 
     /// Whether a record of `bytes` must go to the next batch: the current one has records
@@ -103,11 +175,12 @@ impl Outbox {
     /// waits for the backup. Cuts the current batch first when it is full.
     pub fn push(&mut self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {
         if self.needs_cut_for(record.payload.len()) {
-            if self.unacked.len() >= self.limits.unacked_batches_max {
+            if !self.may_cut_current() {
                 return Err(OutboxFull::Unacknowledged(self.unacked.len()));
             }
             self.cut();
         }
+        self.pushed += 1;
         self.current_bytes += record.payload.len();
         self.current_since.get_or_insert_with(Instant::now);
         self.current.push(record);
@@ -118,7 +191,10 @@ impl Outbox {
     /// Makes the records pushed so far a batch, kept until acknowledged, and returns it
     /// for sending; `None` when nothing waits or the unacknowledged bound is reached.
     pub fn cut(&mut self) -> Option<&Batch> {
-        if self.current.is_empty() || self.unacked.len() >= self.limits.unacked_batches_max {
+        if !self.catch_up.queue.is_empty() {
+            return self.cut_catch_up();
+        }
+        if self.current.is_empty() || !self.may_cut_current() {
             return None;
         }
         let batch = Batch {
@@ -128,6 +204,40 @@ impl Outbox {
             since: self.current_since.take().expect("a batch with records has its first push's time"),
         };
         self.current_bytes = 0;
+        self.next_sequence += 1;
+        self.unacked.push_back(batch);
+        self.check();
+        self.unacked.back()
+    }
+
+    /// Cuts the next batch of the live set, within the batch bounds, when the
+    /// unacknowledged bound leaves room; its last batch carries the held tickets.
+    fn cut_catch_up(&mut self) -> Option<&Batch> {
+        if self.unacked.len() >= self.limits.unacked_batches_max {
+            return None;
+        }
+        let (mut records, mut bytes) = (Vec::new(), 0usize);
+        while let Some(next) = self.catch_up.queue.front() {
+            let size = next.payload.len();
+            if !records.is_empty()
+                && (records.len() >= self.limits.batch_records_max
+                    || bytes + size > self.limits.batch_bytes_max)
+            {
+                break;
+            }
+            bytes += size;
+            records.push(self.catch_up.queue.pop_front().expect("front exists"));
+        }
+        let last = self.catch_up.queue.is_empty();
+        let batch = Batch {
+            sequence: self.next_sequence,
+            records: records.into(),
+            tickets: if last { std::mem::take(&mut self.catch_up.held) } else { Vec::new() },
+            since: Instant::now(),
+        };
+        if last {
+            self.catch_up.last = Some(batch.sequence);
+        }
         self.next_sequence += 1;
         self.unacked.push_back(batch);
         self.check();
@@ -146,6 +256,10 @@ impl Outbox {
             let batch = self.unacked.pop_front().expect("front exists");
             confirmed.extend(batch.tickets);
         }
+        // An empty live set: the earlier links' tickets go with the `CaughtUp`'s answer.
+        if self.catch_up.last.is_some_and(|last| sequence >= last) {
+            confirmed.append(&mut self.catch_up.held);
+        }
         self.check();
         confirmed
     }
@@ -158,12 +272,16 @@ impl Outbox {
 
     /// Records not acknowledged yet, sent or not.
     pub fn unacked_records(&self) -> usize {
-        self.current.len() + self.unacked.iter().map(|b| b.records.len()).sum::<usize>()
+        self.current.len()
+            + self.catch_up.queue.len()
+            + self.unacked.iter().map(|b| b.records.len()).sum::<usize>()
     }
 
     /// Decisions waiting for the backup's acknowledgement.
     pub fn unacked_tickets(&self) -> usize {
-        self.current_tickets.len() + self.unacked.iter().map(|b| b.tickets.len()).sum::<usize>()
+        self.current_tickets.len()
+            + self.catch_up.held.len()
+            + self.unacked.iter().map(|b| b.tickets.len()).sum::<usize>()
     }
 
     /// When the oldest record not acknowledged yet was pushed.
@@ -190,6 +308,10 @@ impl Outbox {
         if let Some(last) = self.unacked.back() {
             assert_eq!(last.sequence + 1, self.next_sequence);
         }
+        assert!(
+            self.catch_up.queue.is_empty() || self.catch_up.last.is_none(),
+            "the catch-up's last batch is known only once the live set is cut"
+        );
     }
 }
 
@@ -265,5 +387,77 @@ mod tests {
         assert_eq!(outbox.resend_from(3).map(|b| b.sequence).collect::<Vec<_>>(), [3]);
         assert_eq!(outbox.acknowledge(3), vec![2, 3]);
         assert_eq!(outbox.cut().map(|b| (b.sequence, b.tickets.clone())), Some((4, vec![4])));
+    }
+
+    /// Defect 6 of issue 32: a live set larger than the outbox's bounds was refused on
+    /// every link ("too far behind"), and records shipped while no backup answered filled
+    /// the outbox for good. The catch-up drops what came before its mark and streams the
+    /// live set under the bounds.
+    #[test]
+    fn a_live_set_larger_than_the_outbox_streams_and_what_came_before_the_mark_is_dropped() {
+        let mut outbox = Outbox::new(limits(2, 1 << 20, 2));
+        for i in 0..6 {
+            outbox.push(record(i, 1), Some(i)).unwrap(); // a link that never answers
+        }
+        assert!(outbox.is_full(1));
+        let mark = outbox.mark();
+        outbox.push(record(100, 1), None).unwrap_err(); // refused: full, and not pushed
+        let live: Vec<LinkRecord> = (200..209).map(|i| record(i, 1)).collect();
+        outbox.begin_catch_up(mark, 7, live);
+        assert_eq!(outbox.catch_up_last(), None, "nothing cut yet");
+        outbox.push(record(300, 1), Some(300)).unwrap(); // after the snapshot: behind the live set
+        let mut sent = Vec::new();
+        let mut confirmed: Vec<(u64, Vec<Ticket>)> = Vec::new();
+        let mut next_ack = 7;
+        while outbox.unacked_records() > 0 {
+            while let Some(batch) = outbox.cut() {
+                sent.push((batch.sequence, batch.records.iter().map(|r| r.xid).collect::<Vec<_>>()));
+            }
+            // One batch acknowledged at a time.
+            confirmed.push((next_ack, outbox.acknowledge(next_ack)));
+            next_ack += 1;
+        }
+        let sequences: Vec<u64> = sent.iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            sequences,
+            (7..7 + sequences.len() as u64).collect::<Vec<_>>(),
+            "from the hello's sequence"
+        );
+        let order: Vec<Xid> = sent.iter().flat_map(|(_, xids)| xids.clone()).collect();
+        let expected: Vec<Xid> = (200..209).chain([300]).map(|i| record(i, 1).xid).collect();
+        assert_eq!(
+            order, expected,
+            "the live set first, then what was pushed after the mark; before it: dropped"
+        );
+        let last_live = sent.iter().rfind(|(_, xids)| xids.contains(&record(208, 1).xid)).unwrap().0;
+        assert_eq!(outbox.catch_up_last(), Some(last_live));
+        for (acked, tickets) in &confirmed {
+            let earlier = tickets.iter().filter(|&&t| t < 6).count();
+            assert_eq!(earlier, if *acked == last_live { 6 } else { 0 }, "batch {acked}: {tickets:?}");
+        }
+        let all: Vec<Ticket> = confirmed.into_iter().flat_map(|(_, t)| t).collect();
+        assert!(all.contains(&300));
+    }
+
+    /// Defect 4 of issue 32: an acknowledgement on a new link released the tickets of
+    /// batches cut on the previous one while the live set carrying them was on its way.
+    #[test]
+    fn tickets_of_an_earlier_link_wait_for_the_live_sets_last_batch() {
+        let mut outbox = Outbox::new(limits(1, 1 << 20, 8));
+        outbox.push(record(1, 1), Some(1)).unwrap();
+        outbox.cut();
+        let mark = outbox.mark();
+        outbox.begin_catch_up(mark, 2, vec![record(1, 1), record(2, 1)]);
+        assert_eq!(outbox.cut().map(|b| (b.sequence, b.tickets.clone())), Some((2, vec![])));
+        assert_eq!(outbox.acknowledge(2), Vec::<Ticket>::new(), "the live set is not all there");
+        assert_eq!(outbox.cut().map(|b| (b.sequence, b.tickets.clone())), Some((3, vec![1])));
+        assert_eq!(outbox.catch_up_last(), Some(3));
+        assert_eq!(outbox.acknowledge(3), vec![1]);
+        // An empty live set: held tickets go with the answer to `CaughtUp`.
+        outbox.push(record(4, 1), Some(4)).unwrap();
+        let mark = outbox.mark();
+        outbox.begin_catch_up(mark, 9, Vec::new());
+        assert_eq!(outbox.catch_up_last(), Some(8));
+        assert_eq!(outbox.acknowledge(8), vec![4]);
     }
 }

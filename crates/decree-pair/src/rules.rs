@@ -18,7 +18,7 @@ pub enum Role {
     /// calls no resource manager, runs no recovery. Every member starts here.
     Backup,
     /// Leads its epoch. `alone`: it acknowledges on its own write, as it does after a
-    /// promotion until a backup has caught up; otherwise it waits for its backup too.
+    /// promotion until a backup says hello; otherwise it waits for its backup too.
     Primary { alone: bool },
 }
 
@@ -75,6 +75,9 @@ pub enum Event {
     Peer { epoch: Epoch, message: PeerMessage },
     /// The primary's backup has confirmed the live set and the stream: strict again.
     BackupCaughtUp,
+    /// The member's log failed (a write or a sync): a backup no longer holds for sure what
+    /// it acknowledged, so it is not caught up (not promotable without `--force`).
+    LogFailed,
 }
 
 /// What the runtime must do, in the order given.
@@ -109,7 +112,8 @@ pub enum Command {
     SendLiveSet,
     /// Decisions in batches up to `sequence` are confirmed by the backup.
     ConfirmUpTo(u64),
-    /// Acknowledge with the backup as well as the local write from now on.
+    /// Acknowledge with the backup as well as the local write from now on: a primary
+    /// running alone turns strict when a backup says hello, as the live set is taken.
     BecomeStrict,
     /// Answer the sender with this member's epoch and drop its message.
     Refuse { seen: Epoch },
@@ -183,6 +187,10 @@ impl Node {
                 Role::Primary { alone: false } => Vec::new(),
                 Role::Backup => vec![Command::ProtocolError],
             },
+            Event::LogFailed => {
+                self.caught_up = false;
+                Vec::new()
+            }
         };
         self.check();
         Ok(commands)
@@ -216,7 +224,7 @@ impl Node {
             // A backup says hello before it has read the primary's, which tells it of the
             // newer epoch: the live set follows that hello, so it is sent, not refused.
             Fence::Stale if self.leads().is_some() && matches!(message, PeerMessage::Hello { .. }) => {
-                return vec![Command::SendLiveSet]
+                return self.receive_current(message)
             }
             Fence::Stale => return vec![Command::Refuse { seen: self.seen }],
             Fence::Current => {}
@@ -246,7 +254,16 @@ impl Node {
                 self.caught_up = false;
                 vec![Command::Join { epoch, next_sequence: self.next_sequence }]
             }
-            (Role::Primary { .. }, PeerMessage::Hello { .. }) => vec![Command::SendLiveSet],
+            (Role::Primary { alone }, PeerMessage::Hello { .. }) => {
+                // Strict from the live set's snapshot on (issue 32, defect 1): a decision
+                // acknowledged alone after it would ride behind the batch `CaughtUp`
+                // names, and the backup would call itself caught up without it.
+                self.role = Role::Primary { alone: false };
+                match alone {
+                    true => vec![Command::BecomeStrict, Command::SendLiveSet],
+                    false => vec![Command::SendLiveSet],
+                }
+            }
             (Role::Backup, PeerMessage::Batch { sequence }) if sequence == self.next_sequence => {
                 self.next_sequence += 1;
                 vec![Command::AppendThenAck { epoch, sequence }]

@@ -27,10 +27,10 @@ use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
 use decree_log::io::StdStorage;
 use decree_pair::link::follower::{AckMode, Follower};
-use decree_pair::link::leader::{Leader, LiveSet};
+use decree_pair::link::leader::{DecisionGate, Leader, LiveSet};
 use decree_pair::link::{Plaintext, Transport};
 use decree_pair::outbox::{OutboxLimits, Ticket};
-use decree_pair::rules::Role;
+use decree_pair::rules::{self, Role};
 use decree_pair::wire::{LinkRecord, RecordKind};
 use decree_pair::{Epoch, MemberId, Replica};
 use parking_lot::Mutex;
@@ -95,6 +95,9 @@ impl LiveSet for LinkShared {
 
     fn confirmed(&self, tickets: Vec<Ticket>) {
         let state = self.state.upgrade();
+        // A member deposed meanwhile acknowledges nothing more (issue 32, defect 3).
+        let role = self.leader.get().and_then(Weak::upgrade).map_or(Role::Backup, |l| l.node().role);
+        let acknowledging = rules::may_acknowledge(role, true, true);
         let mut pending = self.pending.lock();
         for ticket in tickets {
             let Some(entry) = pending.get_mut(&ticket) else { continue };
@@ -103,6 +106,9 @@ impl LiveSet for LinkShared {
                 continue;
             }
             let p = pending.remove(&ticket).expect("present");
+            if !acknowledging {
+                continue;
+            }
             (p.accept.expect("checked"))();
             if let Some(state) = &state {
                 state.confirm(&p.xid);
@@ -139,8 +145,10 @@ impl PrimaryLink {
     }
 
     /// A decision of `xid` (its record `payload`) is durable here: in strict mode it waits
-    /// for the backup (`accept` runs on confirmation); alone, `accept` runs now and the
-    /// record follows to whichever backup catches up.
+    /// for the backup (`accept` runs on confirmation); alone, `accept` runs now, under the
+    /// leader's decision gate, so that the next catch-up's live set holds it; a member
+    /// deposed meanwhile answers nothing (its client asks `Outcome` of the new primary,
+    /// whose log may hold the decision already).
     pub(crate) fn after_local_write(
         &self,
         state: &State,
@@ -148,15 +156,20 @@ impl PrimaryLink {
         payload: Vec<u8>,
         accept: Box<dyn FnOnce() + Send>,
     ) {
-        let record = LinkRecord { kind: RecordKind::Decision, xid, payload };
-        if self.leader.node().role != (Role::Primary { alone: false }) {
-            // Decided before it is shipped, so that a catch-up's snapshot holds it.
-            accept();
-            let _ = self.leader.ship(record, None);
-            return;
+        let gate = self.leader.decision_gate();
+        let role = gate.role();
+        match role {
+            Role::Primary { alone: true } => {
+                assert!(rules::may_acknowledge(role, true, false), "alone: on the local write");
+                accept();
+            }
+            Role::Primary { alone: false } => {
+                state.unconfirm(&xid);
+                let record = LinkRecord { kind: RecordKind::Decision, xid, payload };
+                self.ship_pending(&gate, record, Some(accept));
+            }
+            Role::Backup => tracing::warn!(%xid, "deposed: the decide is not answered"),
         }
-        state.unconfirm(&xid);
-        self.ship_pending(record, Some(accept));
     }
 
     /// In strict mode, ships `xid`'s decision before its local write, so that the backup's
@@ -164,12 +177,13 @@ impl PrimaryLink {
     /// or [`PrimaryLink::write_failed`] settles. `None` when the primary runs alone (the
     /// decision then goes through [`PrimaryLink::after_local_write`]).
     pub(crate) fn ship_before_write(&self, state: &State, xid: Xid, payload: &[u8]) -> Option<Ticket> {
-        if self.leader.node().role != (Role::Primary { alone: false }) {
+        let gate = self.leader.decision_gate();
+        if gate.role() != (Role::Primary { alone: false }) {
             return None;
         }
         state.unconfirm(&xid);
         let record = LinkRecord { kind: RecordKind::Decision, xid, payload: payload.to_vec() };
-        Some(self.ship_pending(record, None))
+        Some(self.ship_pending(&gate, record, None))
     }
 
     /// The local write of `ticket`'s decision is durable: `accept` runs now if the backup
@@ -179,8 +193,10 @@ impl PrimaryLink {
         match pending.get_mut(&ticket) {
             Some(entry) if entry.confirmed => {
                 let entry = pending.remove(&ticket).expect("present");
-                accept();
-                state.confirm(&entry.xid);
+                if rules::may_acknowledge(self.leader.node().role, true, true) {
+                    accept();
+                    state.confirm(&entry.xid);
+                }
             }
             Some(entry) => {
                 entry.accept = Some(accept);
@@ -199,11 +215,16 @@ impl PrimaryLink {
 
     /// Registers a pending decision and ships it with its ticket (kept for later when the
     /// outbox is full).
-    fn ship_pending(&self, record: LinkRecord, accept: Option<Box<dyn FnOnce() + Send>>) -> Ticket {
+    fn ship_pending(
+        &self,
+        gate: &DecisionGate<'_>,
+        record: LinkRecord,
+        accept: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let pending = Pending { xid: record.xid, record: record.clone(), accept, confirmed: false };
         self.shared.pending.lock().insert(ticket, pending);
-        if self.leader.ship(record.clone(), Some(ticket)).is_err() {
+        if gate.ship(record.clone(), Some(ticket)).is_err() {
             self.shared.overflow.lock().push_back((record, ticket));
         }
         ticket

@@ -469,6 +469,15 @@ impl World {
                 }
             }
             Reply::Lost => {
+                // A notice about the member's previous life (the connection's SYN reached
+                // its next one, which holds the session): the connection is alive.
+                let conn = client.conn.clone().expect("checked");
+                let alive = self.members[conn.member].life == conn.member_life
+                    && matches!(&self.members[conn.member].proc, Proc::Primary(p) if p.sessions.contains_key(&token));
+                if alive {
+                    return;
+                }
+                let client = &mut self.clients[index];
                 client.conn = None;
                 client.target = 1 - client.target;
                 if let Some(txn) = client.txn.as_ref().filter(|t| t.state == TxnState::Deciding) {

@@ -21,7 +21,7 @@ use decree_log::outcomes::OutcomeMemory;
 use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, Log};
 use decree_pair::link::follower::{AckMode, DurableSink, Follower, FollowerLink};
-use decree_pair::link::leader::{Leader, LeaderLink, REDIAL_DELAY};
+use decree_pair::link::leader::{Leader, LeaderLink, ACK_TIMEOUT, REDIAL_DELAY};
 use decree_pair::link::{LinkEnd, LinkStep};
 use decree_pair::{Epoch, MemberId, Role};
 use decree_server::config::{PairAck, PairConfig, ServerConfig};
@@ -117,6 +117,9 @@ pub struct PrimaryProc {
     pub link: Option<(u64, Option<LeaderLink>)>,
     /// When the current link opened.
     pub link_opened_at: Time,
+    /// Since when the current link waits for the backup (its hello or an
+    /// acknowledgement), for the leader's `ACK_TIMEOUT`.
+    pub link_waiting_since: Time,
     /// The leader's run ended (deposed, or its storage failed): no more dials.
     pub leader_done: bool,
     /// Set by the server's deposition.
@@ -356,6 +359,7 @@ impl World {
             log,
             link: None,
             link_opened_at: 0,
+            link_waiting_since: 0,
             leader_done: false,
             stop,
             stopping: false,
@@ -629,6 +633,7 @@ impl World {
         let mut end = None;
         let frames = self.take_frames(conn, index, FRAMES_PER_TURN);
         progress |= !frames.is_empty();
+        let mut heard = !frames.is_empty();
         for frame in frames {
             let step = leader.on_frame(&mut link, frame);
             if let Some(e) = self.carry(conn, index, step) {
@@ -637,9 +642,14 @@ impl World {
             }
         }
         if end.is_none() {
+            let was_waiting = link.awaits_backup();
             let frames = leader.poll_send(&mut link);
+            heard |= !was_waiting && link.awaits_backup();
             progress |= !frames.is_empty();
             self.send(conn, index, frames);
+        }
+        if heard && end.is_none() {
+            self.link_waits(index, conn);
         }
         match end {
             Some(end) => self.link_ended(index, conn, end),
@@ -748,10 +758,42 @@ impl World {
         let (link, hello) = p.leader.open_link();
         p.link = Some((conn, Some(link)));
         p.link_opened_at = self.now;
+        self.link_waits(index, conn);
         let Proc::Backup(b) = &mut self.members[target].proc else { unreachable!("checked") };
         b.backlog.push_back(conn);
         self.note(|| format!("member {} opens link {conn} to member {}", index + 1, target + 1));
         self.send(conn, index, vec![hello]);
+    }
+
+    /// The primary's link on `conn` waits for the backup from now on: its `ACK_TIMEOUT`
+    /// runs from here (as the tokio loop's timer does).
+    fn link_waits(&mut self, index: usize, conn: u64) {
+        let life = self.members[index].life;
+        let Proc::Primary(p) = &mut self.members[index].proc else { return };
+        p.link_waiting_since = self.now;
+        let timeout = ACK_TIMEOUT.as_micros() as Time;
+        self.after(timeout, Event::LinkTimer { member: index, life, conn });
+    }
+
+    /// The leader's timer on `conn`: ends the link if it still waits for the backup and
+    /// nothing was heard for `ACK_TIMEOUT`.
+    pub fn link_timer(&mut self, index: usize, life: u64, conn: u64) {
+        let member = &self.members[index];
+        if member.life != life {
+            return;
+        }
+        if let Some(until) = member.paused_until {
+            self.schedule(until, Event::LinkTimer { member: index, life, conn });
+            return;
+        }
+        let Proc::Primary(p) = &member.proc else { return };
+        let Some((c, Some(link))) = &p.link else { return };
+        let timeout = ACK_TIMEOUT.as_micros() as Time;
+        if *c != conn || !link.awaits_backup() || self.now < p.link_waiting_since + timeout {
+            return;
+        }
+        let why = format!("the backup answered nothing for {} ms", ACK_TIMEOUT.as_millis());
+        self.link_ended(index, conn, LinkEnd::Closed(why));
     }
 
     /// Member `index` stops (SIGSTOP) for `duration`.

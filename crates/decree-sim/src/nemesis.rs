@@ -212,11 +212,13 @@ impl World {
         let state: Vec<String> =
             self.members.iter().map(|m| format!("member {}: {}", m.index + 1, m.describe())).collect();
         let waiting = self.clients.iter().filter(|c| !c.quiet()).count();
-        let prepared = self.databases.prepared().len();
+        let prepared = self.databases.prepared();
+        let first = prepared.first().map(|(xid, _, _)| format!(" (first: {xid})")).unwrap_or_default();
         let summary = format!(
-            "not back to strict: {}; last link ends: {}; {waiting} clients wait; {prepared} branches prepared",
+            "not back to strict: {}; last link ends: {}; {waiting} clients wait; {} branches prepared{first}",
             state.join(", "),
-            ends.join(", ")
+            ends.join(", "),
+            prepared.len()
         );
         let stuck_overflow = self.members.iter().any(|m| match &m.proc {
             Proc::Primary(p) => p.server.waiting() > 0 && p.leader.lag().records == 0 && p.link.is_some(),

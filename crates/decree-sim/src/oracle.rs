@@ -266,10 +266,14 @@ impl Oracle {
         let durable = self.ack_mode == AckMode::Durable;
         let held = match &peer.proc {
             Proc::Backup(b) if durable => b.log.durably_holds(xid),
+            // So may one whose log failed after it acknowledged (it stops, fail-stop, and is
+            // no longer caught up: never promoted without `--force`): that is its crash.
+            Proc::Backup(b) if b.failed && !b.follower.node().caught_up => return,
             Proc::Backup(b) => b.log.holds(xid),
             Proc::Primary(p) => p.server.holds(xid) || p.log.holds(xid),
             // In `received` mode a crashed backup may have lost it: one member down at a time.
             Proc::Down if !durable => return,
+
             Proc::Down => SimLog::read_decisions(&peer.disk, &peer.dir()).contains(xid),
         };
         if !held {

@@ -60,6 +60,8 @@ pub enum Event {
     Liveness,
     /// A stopping member's shutdown ends.
     Exit { member: usize, life: u64 },
+    /// A primary's link timer: the link ends if it still waits for the backup.
+    LinkTimer { member: usize, life: u64, conn: u64 },
 }
 
 /// What a seed draws: the pair's configuration and how hard the faults come.
@@ -264,6 +266,7 @@ impl World {
             Event::Resume { member } => self.resume(member),
             Event::Liveness => self.begin_liveness(),
             Event::Exit { member, life } => self.exit(member, life),
+            Event::LinkTimer { member, life, conn } => self.link_timer(member, life, conn),
         }
     }
 

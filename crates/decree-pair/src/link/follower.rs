@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -65,6 +65,9 @@ pub struct Follower {
     busy_poll: Duration,
     /// Turns the reader spent awake without a frame, for tests and figures.
     busy_poll_turns: AtomicU64,
+    /// The log refused a write (it stops for good: fail-stop); set by the write's callback,
+    /// which a stopped log calls at once, so that `Received` acknowledges nothing after.
+    log_failed: Arc<AtomicBool>,
 }
 
 /// The longest busy poll a backup accepts: past a few milliseconds it only burns a CPU.
@@ -157,6 +160,7 @@ impl Follower {
             report: Mutex::new(LinkReport::default()),
             busy_poll: Duration::ZERO,
             busy_poll_turns: AtomicU64::new(0),
+            log_failed: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -436,6 +440,11 @@ impl Follower {
     /// durable yet waits (the link then wants no frame: [`FollowerLink::wants_frames`])
     /// until [`Follower::on_durable`] has seen them.
     pub fn on_frame(&self, link: &mut FollowerLink, message: LinkMessage) -> LinkStep {
+        let step = self.frame_step(link, message);
+        self.after_step(step)
+    }
+
+    fn frame_step(&self, link: &mut FollowerLink, message: LinkMessage) -> LinkStep {
         let (epoch, view) = message.rule_view();
         let mut step = LinkStep::default();
         if let PeerMessage::CaughtUp { up_to } = view {
@@ -460,6 +469,21 @@ impl Follower {
     /// A batch's durability report (from the [`DurableSink`]): acknowledges every batch
     /// durable without a gap, and ends a waiting catch-up once its batches are.
     pub fn on_durable(&self, link: &mut FollowerLink, sequence: u64, result: Result<(), String>) -> LinkStep {
+        let step = self.durable_step(link, sequence, result);
+        self.after_step(step)
+    }
+
+    /// A step that ends the link on a failure of the log makes the member unpromotable
+    /// until it catches up again from a healthy log (issue 32, defect 5): what it
+    /// acknowledged may not be on its disk.
+    fn after_step(&self, step: LinkStep) -> LinkStep {
+        if let Some(LinkEnd::Storage(_)) = &step.end {
+            self.node.lock().step(Event::LogFailed).expect("not a promotion");
+        }
+        step
+    }
+
+    fn durable_step(&self, link: &mut FollowerLink, sequence: u64, result: Result<(), String>) -> LinkStep {
         let mut step = LinkStep::default();
         if let Err(end) = self.batch_acked(&mut link.stream, sequence, result, &mut step.send) {
             return step.ends(end);
@@ -543,7 +567,11 @@ impl Follower {
         }
         let sink = link.durable.clone();
         let received = self.ack == AckMode::Received;
+        let failed = self.log_failed.clone();
         let done = Box::new(move |result: Result<(), decree_log::LogError>| {
+            if result.is_err() {
+                failed.store(true, Ordering::SeqCst);
+            }
             // Under `Received` the batch was acknowledged already: only a failure is
             // reported, and it stops the backup.
             if !received || result.is_err() {
@@ -551,12 +579,17 @@ impl Follower {
             }
         });
         let checked = self.replica.lock().check(records).map_err(replica_end)?;
+        // Handed to the log first, even under `Received`: a log that failed refuses it,
+        // and a batch it refused is never acknowledged (issue 32, defect 5: a backup whose
+        // log had failed acknowledged what it could no longer hold).
+        self.replica.lock().apply_checked(records, checked, done).map_err(replica_end)?;
         if received {
-            // Checked and in memory: acknowledged before the log's work (its writer's
-            // wake-up) delays the answer the primary waits for.
+            if self.log_failed.load(Ordering::SeqCst) {
+                return Err(LinkEnd::Storage("the backup's log failed: it refused the batch".into()));
+            }
             self.batch_acked(&mut link.stream, sequence, Ok(()), send)?;
         }
-        self.replica.lock().apply_checked(records, checked, done).map_err(replica_end)
+        Ok(())
     }
 
     /// Records a batch's durability and acknowledges every batch durable without a gap.

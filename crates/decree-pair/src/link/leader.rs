@@ -2,13 +2,19 @@
 //! batch the [`Outbox`] cuts, and turns the backup's acknowledgements into confirmed
 //! tickets (the decisions whose clients may now be answered).
 //!
-//! On every link it opens the leader says `Hello` with the sequence of the next batch,
-//! pushes the live set (asked of the server through [`LiveSet`]) into the outbox behind
-//! what is already there, and sends `CaughtUp` after its last batch; when the backup
-//! acknowledges that batch, the leader is strict again. Batches cut before the link opened
-//! and never acknowledged are not resent: the live set holds what of them still matters,
-//! and the backup's acknowledgement of a later batch confirms them too. A refusal of a
-//! newer epoch makes the leader step down and return.
+//! On every link it opens the leader says `Hello` with the sequence of the next batch and
+//! sends nothing more until the backup's `Hello`. Then, while no decision can be shipped
+//! or acknowledged alone (the [`DecisionGate`] is held exclusively), it takes the live set
+//! (asked of the server through [`LiveSet`]) and starts the outbox's catch-up with it: the
+//! live set streams first, under the outbox's bounds, then `CaughtUp` names its last batch.
+//! A primary running alone turns strict at that moment, not when the backup has caught up:
+//! every decision acknowledged before the snapshot is in it, every later one waits for the
+//! backup (decides wait while a backup catches up). Batches cut before the link opened and
+//! never acknowledged are dropped (the live set holds what of them still matters), and
+//! their decisions are confirmed only by the acknowledgement of the live set's last batch.
+//! A link whose backup leaves a batch unacknowledged for [`ACK_TIMEOUT`] is ended and
+//! dialled again (a half-open connection or a lost frame would stall it forever). A refusal
+//! of a newer epoch makes the leader step down and return.
 //!
 //! The link commits in groups the way the log does (no timer: if nothing is in flight,
 //! send now): while a batch of this link awaits its acknowledgement, records
@@ -21,7 +27,7 @@ use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStrea
 use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
 use crate::rules::{Command, Event, Node, Role};
 use crate::wire::{LinkMessage, LinkRecord};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,9 +50,17 @@ pub trait LiveSet: Send + Sync {
 /// Delay between two dials of an unreachable backup.
 pub const REDIAL_DELAY: Duration = Duration::from_millis(100);
 
+/// How long a batch sent (or the link's opening) may wait for the backup's answer before
+/// the link is ended and dialled again: TCP tells nothing of a peer whose machine lost
+/// power, and nothing else would end the wait. Liveness only: no decision counts on it.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A primary member's link to its backup.
 pub struct Leader {
     node: Mutex<Node>,
+    /// Shared by every decision being shipped or acknowledged alone, exclusive while the
+    /// live set's snapshot is taken: nothing decided meanwhile is missed.
+    gate: RwLock<()>,
     outbox: Mutex<Outbox>,
     wake: Notify,
     server: Arc<dyn LiveSet>,
@@ -72,6 +86,7 @@ impl Leader {
         assert!(node.leads().is_some(), "only a primary leads a link");
         Leader {
             node: Mutex::new(node),
+            gate: RwLock::new(()),
             outbox: Mutex::new(Outbox::new(limits)),
             wake: Notify::new(),
             server,
@@ -115,6 +130,13 @@ impl Leader {
         *self.node.lock()
     }
 
+    /// Holds off the catch-up's snapshot while the caller reads the role, acknowledges a
+    /// decision alone or ships it: each decision is then either in the snapshot or in the
+    /// stream after it, with its ticket.
+    pub fn decision_gate(&self) -> DecisionGate<'_> {
+        DecisionGate { _shared: self.gate.read(), leader: self }
+    }
+
     /// Queues a record for the backup; `ticket` names a decision whose answer waits for
     /// the backup's confirmation. Refused while the backup is too far behind.
     pub fn ship(&self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {
@@ -129,6 +151,10 @@ impl Leader {
     /// them cost a send and a backup wake-up per record under load, for records that are
     /// lazy by design. Refused like [`Leader::ship`].
     pub fn ship_lazy(&self, record: LinkRecord) -> Result<(), OutboxFull> {
+        if self.node().role == (Role::Primary { alone: true }) {
+            // No catch-up began since the promotion: the next one's live set holds it.
+            return Ok(());
+        }
         let wake = {
             let mut outbox = self.outbox.lock();
             let (quiet, next) = (outbox.unacked_count() == 0, outbox.next_sequence());
@@ -189,9 +215,13 @@ impl Leader {
         }
         let mut buf = Vec::new();
         let closed = |_| LinkEnd::Closed("the writer stopped".into());
+        // Since when the link waits for the backup (its hello, or an acknowledgement).
+        let mut waiting_since = tokio::time::Instant::now();
         loop {
+            let waiting = link.awaits_backup();
             tokio::select! {
                 message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => {
+                    waiting_since = tokio::time::Instant::now();
                     let message = match message {
                         Ok(message) => message,
                         Err(end) => return end,
@@ -205,8 +235,19 @@ impl Leader {
                     }
                 }
                 _ = self.wake.notified() => {}
+                _ = tokio::time::sleep_until(waiting_since + ACK_TIMEOUT), if waiting => {
+                    return LinkEnd::Closed(format!(
+                        "the backup answered nothing for {} ms (a half-open connection or a lost frame)",
+                        ACK_TIMEOUT.as_millis()
+                    ));
+                }
             }
-            for frame in self.poll_send(&mut link) {
+            let was_waiting = link.awaits_backup();
+            let frames = self.poll_send(&mut link);
+            if !was_waiting && link.awaits_backup() {
+                waiting_since = tokio::time::Instant::now();
+            }
+            for frame in frames {
                 if let Err(end) = out.send(frame).await.map_err(closed) {
                     return end;
                 }
@@ -225,6 +266,7 @@ impl Leader {
         let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence };
         let link = LeaderLink {
             epoch,
+            started: false,
             sent_up_to: next_sequence - 1,
             acknowledged_up_to: next_sequence - 1,
             caught_up_to_send: None,
@@ -243,13 +285,7 @@ impl Leader {
         let mut step = LinkStep::default();
         for command in commands {
             match command {
-                Command::SendLiveSet => match self.push_live_set() {
-                    Ok(up_to) => {
-                        link.caught_up_to_send = Some(up_to);
-                        link.caught_up_at = Some(up_to);
-                    }
-                    Err(end) => return step.ends(end),
-                },
+                Command::SendLiveSet => self.start_catch_up(link),
                 Command::ConfirmUpTo(sequence) => self.confirm_up_to(link, sequence),
                 Command::Refuse { seen } => {
                     step.send.push(LinkMessage::Refuse { seen });
@@ -259,7 +295,7 @@ impl Leader {
                     // The server records it durably when it handles the deposition.
                     self.server.deposed(seen);
                 }
-                Command::StepDown | Command::Rejoin(_) | Command::Join { .. } => {}
+                Command::StepDown | Command::Rejoin(_) | Command::Join { .. } | Command::BecomeStrict => {}
                 other => {
                     return step
                         .ends(LinkEnd::Protocol(format!("{other:?} cannot happen on a primary's link")))
@@ -282,30 +318,24 @@ impl Leader {
         self.server.confirmed(tickets);
         if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none() {
             link.caught_up_at = None;
-            let strict = self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
-            if strict.contains(&Command::BecomeStrict) {
-                tracing::info!("the backup caught up: acknowledging with it from now on");
-            }
+            self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
+            tracing::info!("the backup caught up (the live set's last batch is durable there)");
         }
     }
 
-    /// Pushes the live set behind what the outbox holds; returns the sequence whose
-    /// acknowledgement ends the backup's catch-up.
-    fn push_live_set(&self) -> Result<u64, LinkEnd> {
+    /// The backup said hello: takes the live set while no decision is shipped or
+    /// acknowledged alone, and starts the outbox's catch-up with it (from the sequence
+    /// this link's `Hello` named: nothing was sent on the link before).
+    fn start_catch_up(&self, link: &mut LeaderLink) {
+        if link.started {
+            return; // A second hello on one link: the live set is on its way already.
+        }
+        let _exclusive = self.gate.write();
+        let mark = self.outbox.lock().mark();
         let records = self.server.live_records();
-        let up_to = {
-            let mut outbox = self.outbox.lock();
-            for record in records {
-                // The live set is bounded by the live transactions; a backup too far
-                // behind to take it is told so by the link ending.
-                if outbox.push(record, None).is_err() {
-                    return Err(LinkEnd::Closed("the backup is too far behind to take the live set".into()));
-                }
-            }
-            outbox.cut();
-            outbox.next_sequence() - 1
-        };
-        Ok(up_to)
+        self.outbox.lock().begin_catch_up(mark, link.sent_up_to + 1, records);
+        link.started = true;
+        link.caught_up_to_send = Some(0);
     }
 
     /// The frames to send now: every batch cut since the last one sent (cutting one from
@@ -314,9 +344,20 @@ impl Leader {
     /// runtime calls it after each frame it received and each time a shipped record woke
     /// the link.
     pub fn poll_send(&self, link: &mut LeaderLink) -> Vec<LinkMessage> {
+        if !link.started {
+            return Vec::new(); // The live set goes first, after the backup's hello.
+        }
         let epoch = link.epoch;
         let mut frames: Vec<LinkMessage> = {
             let mut outbox = self.outbox.lock();
+            // The live set streams as fast as the unacknowledged bound allows.
+            while outbox.catch_up_last().is_none() && outbox.cut().is_some() {}
+            if link.caught_up_to_send.is_some() {
+                if let Some(last) = outbox.catch_up_last() {
+                    link.caught_up_to_send = Some(last);
+                    link.caught_up_at = Some(last);
+                }
+            }
             if link.in_flight() == 0 {
                 outbox.cut();
             }
@@ -328,11 +369,33 @@ impl Leader {
         if let Some(LinkMessage::Batch { sequence, .. }) = frames.last() {
             link.sent_up_to = *sequence;
         }
-        if let Some(up_to) = link.caught_up_to_send.filter(|&up_to| up_to <= link.sent_up_to) {
+        if let Some(up_to) = link
+            .caught_up_to_send
+            .filter(|&up_to| link.caught_up_at == Some(up_to) && up_to <= link.sent_up_to)
+        {
             link.caught_up_to_send = None;
             frames.push(LinkMessage::CaughtUp { epoch, up_to });
         }
         frames
+    }
+}
+
+/// A decision's way through the leader (see [`Leader::decision_gate`]).
+pub struct DecisionGate<'a> {
+    _shared: RwLockReadGuard<'a, ()>,
+    leader: &'a Leader,
+}
+
+impl DecisionGate<'_> {
+    /// The member's role now. It may turn strict while the gate is held, but the snapshot
+    /// waits for the gate: a decision acknowledged alone under it is in the snapshot.
+    pub fn role(&self) -> Role {
+        self.leader.node().role
+    }
+
+    /// Queues a decision's record, as [`Leader::ship`].
+    pub fn ship(&self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {
+        self.leader.ship(record, ticket)
     }
 }
 
@@ -342,6 +405,8 @@ impl Leader {
 pub struct LeaderLink {
     /// The epoch this link leads (every frame it sends carries it).
     epoch: crate::epoch::Epoch,
+    /// The backup said hello and the live set's catch-up began.
+    started: bool,
     /// The last batch sent on this link.
     sent_up_to: u64,
     /// The last batch the backup acknowledged on this link (at its opening: the last
@@ -354,6 +419,12 @@ pub struct LeaderLink {
 }
 
 impl LeaderLink {
+    /// Whether the link waits for the backup: its hello, or an acknowledgement of a batch
+    /// sent. The runtime ends a link that waits longer than [`ACK_TIMEOUT`] with no frame.
+    pub fn awaits_backup(&self) -> bool {
+        !self.started || self.in_flight() > 0
+    }
+
     /// Batches this link sent that await the backup's acknowledgement.
     fn in_flight(&self) -> u64 {
         self.sent_up_to.saturating_sub(self.acknowledged_up_to)
@@ -365,7 +436,7 @@ mod tests {
     use super::{Leader, LeaderLink, LiveSet};
     use crate::epoch::{Epoch, MemberId};
     use crate::outbox::{OutboxLimits, Ticket};
-    use crate::rules::{Event, Node};
+    use crate::rules::{Event, Node, Role};
     use crate::wire::{LinkMessage, LinkRecord, RecordKind};
     use decree_core::{Origin, Xid};
     use parking_lot::Mutex;
@@ -396,6 +467,15 @@ mod tests {
         node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
         let leader = Leader::new(node, 7, OutboxLimits::default(), server.clone());
         let (mut link, _hello) = leader.open_link();
+        let hello = LinkMessage::Hello {
+            epoch: node.seen,
+            member: MemberId::new(2).unwrap(),
+            node: 7,
+            next_sequence: 1,
+        };
+        assert!(leader.on_frame(&mut link, hello).end.is_none());
+        assert_eq!(leader.node().role, Role::Primary { alone: false }, "strict from the snapshot on");
+        assert_eq!(leader.poll_send(&mut link), vec![LinkMessage::CaughtUp { epoch: node.seen, up_to: 0 }]);
         let xid = Xid::decree(Origin { node: 7, incarnation: node.seen.raw(), session: 1, sequence: 1 });
         leader.ship_lazy(LinkRecord { kind: RecordKind::Completion, xid, payload: Vec::new() }).unwrap();
         assert_eq!(leader.poll_send(&mut link).len(), 1, "the completion's batch goes");
@@ -411,6 +491,7 @@ mod tests {
     fn only_batches_this_link_sent_and_the_backup_did_not_acknowledge_are_in_flight() {
         let mut link = LeaderLink {
             epoch: Epoch::NONE,
+            started: true,
             sent_up_to: 7,
             acknowledged_up_to: 7,
             caught_up_to_send: None,

@@ -65,13 +65,19 @@ fn a_message_of_an_older_epoch_is_refused_and_changes_nothing() {
                 // A refusal is not refused back (the two would answer each other forever),
                 // and a backup's hello may predate the primary's: the primary answers it
                 // with the live set (its own hello told the backup of the newer epoch).
-                let expected = match (node.leads(), message) {
-                    (_, PeerMessage::Refused) => vec![],
-                    (Some(_), PeerMessage::Hello { .. }) => vec![Command::SendLiveSet],
-                    _ => vec![Command::Refuse { seen: node.seen }],
+                // A primary running alone turns strict at that hello.
+                let (expected, role) = match (node.role, message) {
+                    (_, PeerMessage::Refused) => (vec![], node.role),
+                    (Role::Primary { alone: true }, PeerMessage::Hello { .. }) => {
+                        (vec![Command::BecomeStrict, Command::SendLiveSet], Role::Primary { alone: false })
+                    }
+                    (Role::Primary { .. }, PeerMessage::Hello { .. }) => {
+                        (vec![Command::SendLiveSet], node.role)
+                    }
+                    _ => (vec![Command::Refuse { seen: node.seen }], node.role),
                 };
                 assert_eq!(commands, expected, "{node:?} {epoch} {message:?}");
-                assert_eq!(after, node);
+                assert_eq!(after, Node { role, ..node });
             }
         }
     }
@@ -162,7 +168,11 @@ fn messages_of_the_current_epoch_in_the_wrong_role_are_protocol_errors() {
                 (Role::Primary { .. }, PeerMessage::Ack { sequence }) => {
                     assert_eq!(commands, vec![Command::ConfirmUpTo(sequence)])
                 }
-                (Role::Primary { .. }, PeerMessage::Hello { .. }) => {
+                (Role::Primary { alone: true }, PeerMessage::Hello { .. }) => {
+                    assert_eq!(commands, vec![Command::BecomeStrict, Command::SendLiveSet]);
+                    assert_eq!(after.role, Role::Primary { alone: false }, "strict from the snapshot on");
+                }
+                (Role::Primary { alone: false }, PeerMessage::Hello { .. }) => {
                     assert_eq!(commands, vec![Command::SendLiveSet])
                 }
                 (_, PeerMessage::Refused) => {
@@ -288,7 +298,10 @@ fn a_deposed_primary_returns_as_a_backup_and_its_epoch_is_refused_everywhere() {
     };
     // Member 1 dials member 2: member 2's hello makes it send its live set.
     let reply = PeerMessage::Hello { next_sequence: 1 };
-    assert_eq!(one.step(Event::Peer { epoch: first, message: reply }).unwrap(), vec![Command::SendLiveSet]);
+    assert_eq!(
+        one.step(Event::Peer { epoch: first, message: reply }).unwrap(),
+        vec![Command::BecomeStrict, Command::SendLiveSet]
+    );
     // Member 2 follows: hello, two batches, the end of the catch-up.
     let hello = PeerMessage::Hello { next_sequence: 1 };
     for message in [hello, PeerMessage::Batch { sequence: 1 }, PeerMessage::Batch { sequence: 2 }] {
