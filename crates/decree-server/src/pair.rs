@@ -139,7 +139,8 @@ pub(crate) struct PrimaryLink {
 }
 
 impl PrimaryLink {
-    /// The leader of this member's link.
+    /// The leader of this member's link (the simulator steps it).
+    #[cfg(feature = "sim")]
     pub(crate) fn leader(&self) -> &Arc<Leader> {
         &self.leader
     }
