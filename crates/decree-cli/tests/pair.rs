@@ -216,6 +216,57 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
 }
 
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig}");
+}
+
+/// Issue 32, defects 8 to 10: after a promotion both members dialled and neither
+/// listened, so an old primary that was only paused came back as "primary of epoch 1.1"
+/// for good, opening sessions whose decides nobody answered. A primary now keeps
+/// listening on its link address: the old one learns of the new epoch at its first
+/// contact and steps down (the process ends, `Deposed`), and its clients go to the new one.
+#[test]
+fn a_paused_old_primary_learns_of_the_new_epoch_at_its_first_contact_and_steps_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = linked_pair(dir.path());
+    let mut server_a = serve(&a);
+    let _server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    eventually("the backup caught up", || status(&b)["caught_up"] == true);
+    let store = connect(&a).expect("the primary serves");
+    let session = store.open_session().unwrap();
+    let decided = decide_each(&store, session, 1..=5);
+
+    // The primary stops (SIGSTOP: not dead, only silent); the operator promotes the
+    // caught-up backup; the old primary continues.
+    signal(&server_a.0, "-STOP");
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(ok, "{text}");
+    assert!(text.contains("member 2 leads epoch 2.2"), "{text}");
+    signal(&server_a.0, "-CONT");
+
+    eventually("the old primary stepped down and ended", || server_a.0.try_wait().unwrap().is_some());
+    let log = std::fs::read_to_string(a.config.with_extension("log")).unwrap();
+    assert!(log.contains("2.2"), "the old primary names the epoch that deposed it:\n{log}");
+    let s = status(&b);
+    assert_eq!((s["role"].as_str(), s["epoch"].as_str()), (Some("primary"), Some("2.2")), "{s}");
+    // A client given both members reaches the new primary, which answers for the old
+    // primary's decisions.
+    let both = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
+    let client = RemoteDecisions::connect(&both).expect("the new primary serves");
+    for xid in &decided {
+        assert_eq!(client.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    // Restarted, the old primary is a backup of the new epoch.
+    let _server_a = serve(&a);
+    eventually("the old primary rejoined as a backup", || {
+        let s = status(&a);
+        s["role"] == "backup" && s["epoch"] == "2.2" && s["caught_up"] == true
+    });
+}
+
 /// A backup that busy-polls its link (`busy_poll_us`) takes every decision, says so in its
 /// status, and once the primary is killed is promoted and answers for them: its polling
 /// thread lets go of the log it must reopen as a primary.

@@ -90,6 +90,8 @@ impl LiveSet for LinkShared {
         // In one order in every run (the sets above are hash maps): what goes on the wire
         // does not depend on a hasher's seed, so that a simulation's seed replays exactly.
         records.sort_by_key(|r| (r.kind as u8, r.xid));
+        // A decision read twice (pending, then confirmed; in a session, then an orphan).
+        records.dedup_by(|a, b| a.kind == b.kind && a.xid == b.xid);
         records
     }
 
@@ -371,6 +373,18 @@ pub(crate) async fn run(
     let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
     *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
+    // The link address stays this member's: an old primary that dials it learns of the
+    // new epoch at its first contact and steps down (issue 32, defects 8 to 10).
+    match TcpListener::bind(pair.link).await {
+        Ok(listener) => {
+            tokio::spawn(leader.clone().listen(listener, stop_rx.clone()));
+        }
+        Err(e) => tracing::error!(
+            link = %pair.link,
+            error = %e,
+            "cannot listen on pair.link as the primary: an old primary that still runs will not learn of this epoch from it"
+        ),
+    }
     tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
     // Answered once the client listeners are bound: a client told "promoted" connects at once.
     let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();

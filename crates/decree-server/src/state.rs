@@ -277,12 +277,16 @@ impl State {
     }
 
     /// Every decision this server holds live (sessions' and orphans'): a pair's live set.
+    /// The sessions are read before the orphans, the way `close_session` moves decisions
+    /// (issue 32, defect 2: read the other way, a decision moved between the two reads was
+    /// in neither); one moved between them is read twice, which the caller removes.
     pub(crate) fn live_decisions(&self) -> Vec<Decision> {
-        let mut all: Vec<Decision> = self.orphans.lock().values().map(|d| d.decision.clone()).collect();
         let sessions: Vec<Arc<SessionTxns>> = self.live.lock().values().cloned().collect();
+        let mut all: Vec<Decision> = Vec::new();
         for txns in sessions {
             all.extend(txns.decided.lock().values().map(|d| d.decision.clone()));
         }
+        all.extend(self.orphans.lock().values().map(|d| d.decision.clone()));
         all
     }
 

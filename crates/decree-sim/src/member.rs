@@ -117,6 +117,9 @@ pub struct PrimaryProc {
     pub link: Option<(u64, Option<LeaderLink>)>,
     /// When the current link opened.
     pub link_opened_at: Time,
+    /// Connections another member dialled to this one's link address, waiting for their
+    /// `Hello` (the listener `decree serve` keeps as a primary: `Leader::on_dialled`).
+    pub dialled: Vec<u64>,
     /// Since when the current link waits for the backup (its hello or an
     /// acknowledgement), for the leader's `ACK_TIMEOUT`.
     pub link_waiting_since: Time,
@@ -359,6 +362,7 @@ impl World {
             log,
             link: None,
             link_opened_at: 0,
+            dialled: Vec::new(),
             link_waiting_since: 0,
             leader_done: false,
             stop,
@@ -625,6 +629,7 @@ impl World {
             let delay = self.rng.range(100, 2 * MS);
             self.after(delay, Event::Exit { member: index, life });
         }
+        progress |= self.answer_dialled(index);
         let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };
         let Some((conn, slot)) = &mut p.link else { return progress };
         let conn = *conn;
@@ -699,6 +704,7 @@ impl World {
                 }
             }
             Proc::Primary(p) => {
+                p.dialled.retain(|&c| c != conn);
                 if p.link.as_ref().is_some_and(|(c, _)| *c == conn) {
                     p.link = None;
                     member.last_end = Some(why);
@@ -746,6 +752,21 @@ impl World {
             return;
         }
         let target = 1 - index;
+        let listening = matches!(&self.members[target].proc, Proc::Primary(t) if !t.stopping);
+        if listening {
+            // A primary's link listener: it answers the hello and closes.
+            let conn = self.connect(index, target);
+            let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("checked") };
+            let (link, hello) = p.leader.open_link();
+            p.link = Some((conn, Some(link)));
+            p.link_opened_at = self.now;
+            self.link_waits(index, conn);
+            let Proc::Primary(t) = &mut self.members[target].proc else { unreachable!("checked") };
+            t.dialled.push(conn);
+            self.note(|| format!("member {} dials member {}, a primary: link {conn}", index + 1, target + 1));
+            self.send(conn, index, vec![hello]);
+            return;
+        }
         let accepting = matches!(&self.members[target].proc, Proc::Backup(b) if !b.failed);
         if !accepting {
             let line = format!("member {}: cannot reach the backup (refused)", index + 1);
@@ -763,6 +784,27 @@ impl World {
         b.backlog.push_back(conn);
         self.note(|| format!("member {} opens link {conn} to member {}", index + 1, target + 1));
         self.send(conn, index, vec![hello]);
+    }
+
+    /// A primary answers the members that dialled its link address: the first frame of
+    /// each goes to `Leader::on_dialled`, its answer is sent, and the connection closes.
+    fn answer_dialled(&mut self, index: usize) -> bool {
+        let Proc::Primary(p) = &mut self.members[index].proc else { return false };
+        let (dialled, leader) = (p.dialled.clone(), p.leader.clone());
+        let mut progress = false;
+        for conn in dialled {
+            let Some(frame) = self.take_frames(conn, index, 1).pop() else { continue };
+            progress = true;
+            let step = leader.on_dialled(frame);
+            let end = self.carry(conn, index, step);
+            let line = format!("member {} answered a dial on {conn}: {end:?}", index + 1);
+            self.note(|| line);
+            self.close(conn, index);
+            if let Proc::Primary(p) = &mut self.members[index].proc {
+                p.dialled.retain(|&c| c != conn);
+            }
+        }
+        progress
     }
 
     /// The primary's link on `conn` waits for the backup from now on: its `ACK_TIMEOUT`

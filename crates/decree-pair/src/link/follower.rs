@@ -84,10 +84,10 @@ fn replica_end(e: ReplicaError) -> LinkEnd {
 
 /// How long a connection may take to pass the transport's checks (the TLS handshake)
 /// before the backup closes it: a peer that connects and says nothing holds no link.
-const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections being opened (in their TLS handshake) at once, at most.
-const OPENINGS_MAX: usize = 8;
+pub(super) const OPENINGS_MAX: usize = 8;
 
 /// Where a backup's log reports each applied batch's durability (its sequence, and the
 /// log's error if it failed): the runtime hands each report back to

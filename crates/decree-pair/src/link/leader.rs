@@ -110,6 +110,11 @@ impl Leader {
         self
     }
 
+    /// How this member's link connections are opened (TLS or plaintext).
+    pub(super) fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
     /// Whether a link to the backup is open, and why the last one ended.
     pub fn link_report(&self) -> LinkReport {
         self.report.lock().clone()
@@ -306,6 +311,44 @@ impl Leader {
             return step.ends(LinkEnd::Stopped("deposed by a newer epoch".into()));
         }
         step
+    }
+
+    /// Another member dialled this primary's link address (sans-IO: the runtime, or a
+    /// simulation, carries the frames), which only a member that believes it leads does:
+    /// one of the two is stale (issue 32, defects 8 to 10: after a promotion both dialled
+    /// and neither listened, so an old primary never learned of the new epoch). Its first
+    /// frame must be its `Hello`: one of an older epoch is answered `Refuse` with this
+    /// member's, which deposes the dialler; one of a newer epoch deposes this member (the
+    /// newer epoch is recorded first, as on its own link). The connection ends either way.
+    pub fn on_dialled(&self, message: LinkMessage) -> LinkStep {
+        let step = LinkStep::default();
+        let LinkMessage::Hello { epoch, .. } = message else {
+            return step.ends(LinkEnd::Protocol(format!("a dialling member's first frame was {message:?}")));
+        };
+        let seen = self.node().seen;
+        match crate::rules::fence(seen, epoch) {
+            crate::rules::Fence::Stale => {
+                let mut step = step;
+                step.send.push(LinkMessage::Refuse { seen });
+                step.ends(LinkEnd::Closed(format!(
+                    "a member of the older epoch {epoch} dialled: told it of {seen}"
+                )))
+            }
+            crate::rules::Fence::Current => step
+                .ends(LinkEnd::Protocol(format!("a member dialled with this primary's own epoch {epoch}"))),
+            crate::rules::Fence::Newer => {
+                // As a refusal naming the newer epoch: the rules record it, step down, rejoin.
+                let view = crate::rules::PeerMessage::Refused;
+                let commands =
+                    self.node.lock().step(Event::Peer { epoch, message: view }).expect("not a promotion");
+                for command in commands {
+                    if let Command::PersistSeen(newer) = command {
+                        self.server.deposed(newer);
+                    }
+                }
+                step.ends(LinkEnd::Stopped(format!("deposed by the member of epoch {epoch}, which dialled")))
+            }
+        }
     }
 
     /// The backup acknowledged every batch up to `sequence`: confirms their tickets, and
@@ -506,5 +549,58 @@ mod tests {
         assert_eq!(link.in_flight(), 0, "an acknowledgement of the last batch sent frees the link");
         link.acknowledged_up_to = 12;
         assert_eq!(link.in_flight(), 0, "never negative");
+    }
+
+    /// Issue 32, defects 8 to 10: a member that dials a primary is a primary too; the one
+    /// of the older epoch must learn of the newer at once.
+    #[test]
+    fn a_primary_dialled_by_an_older_one_refuses_it_and_by_a_newer_one_is_deposed() {
+        let member = |id| MemberId::new(id).unwrap();
+        let lead = |id| {
+            let mut node = Node::start(member(id), Epoch::NONE);
+            node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+            node
+        };
+        let (older, newer) = (lead(1), {
+            let mut node = Node::start(member(2), lead(1).seen);
+            node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+            node
+        });
+        assert!(newer.seen > older.seen);
+        let hello = |node: Node| LinkMessage::Hello {
+            epoch: node.seen,
+            member: node.member,
+            node: 7,
+            next_sequence: 1,
+        };
+
+        let server = Arc::new(Deposing::default());
+        let leader = Leader::new(newer, 7, OutboxLimits::default(), server.clone());
+        let step = leader.on_dialled(hello(older));
+        assert_eq!(step.send, vec![LinkMessage::Refuse { seen: newer.seen }]);
+        assert!(step.end.is_some() && server.0.lock().is_none() && leader.node().leads().is_some());
+        let step = leader.on_dialled(LinkMessage::Ack { epoch: older.seen, sequence: 1 });
+        assert!(step.send.is_empty() && step.end.is_some(), "a hello first");
+
+        let server = Arc::new(Deposing::default());
+        let leader = Leader::new(older, 7, OutboxLimits::default(), server.clone());
+        let step = leader.on_dialled(hello(newer));
+        assert!(step.send.is_empty() && step.end.is_some());
+        assert_eq!(*server.0.lock(), Some(newer.seen), "the newer epoch is recorded");
+        assert_eq!(leader.node().role, Role::Backup, "deposed");
+    }
+
+    /// A server that records its deposition.
+    #[derive(Default)]
+    struct Deposing(Mutex<Option<Epoch>>);
+
+    impl LiveSet for Deposing {
+        fn live_records(&self) -> Vec<LinkRecord> {
+            Vec::new()
+        }
+        fn confirmed(&self, _tickets: Vec<Ticket>) {}
+        fn deposed(&self, seen: Epoch) {
+            *self.0.lock() = Some(seen);
+        }
     }
 }

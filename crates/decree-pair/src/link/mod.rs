@@ -14,6 +14,7 @@
 //! the tokio loops here only move bytes and wake-ups, so that a simulation on one thread
 //! runs the same steps with a virtual network and clock.
 
+mod dialled;
 pub mod follower;
 pub mod leader;
 
