@@ -569,7 +569,7 @@ impl World {
                 }
                 _ => 0,
             };
-            if let Some(seen) = follower.newer_epoch(&frame) {
+            if let Some(seen) = follower.newer_epoch(&link, &frame) {
                 if let Err(e) = follower.persist_seen(seen) {
                     end = Some(e);
                     break;

@@ -50,7 +50,7 @@ impl Leader {
 
     /// Reads a dialling member's `Hello` through the transport's checks and answers it.
     async fn answer(&self, stream: TcpStream, from: SocketAddr) {
-        let _ = stream.set_nodelay(true);
+        super::tune(&stream);
         let stream = match self.transport().accept(stream, from).await {
             Ok(stream) => stream,
             Err(why) => {

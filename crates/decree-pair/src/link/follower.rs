@@ -101,6 +101,8 @@ pub struct FollowerLink {
     /// A `CaughtUp` that waits for its batches' durability: no frame is read meanwhile.
     deferred: Option<LinkMessage>,
     durable: DurableSink,
+    /// The primary's `Hello` came, and checked out.
+    greeted: bool,
 }
 
 impl FollowerLink {
@@ -330,7 +332,7 @@ impl Follower {
             tracing::warn!(%from, "replication link refused: {OPENINGS_MAX} openings already under way");
             return;
         };
-        let _ = stream.set_nodelay(true);
+        super::tune(&stream);
         let opened = opened.clone();
         tokio::spawn(async move {
             let why = match tokio::time::timeout(OPENING_TIMEOUT, self.transport.accept(stream, from)).await {
@@ -388,7 +390,7 @@ impl Follower {
             if !self.busy_poll.is_zero() {
                 awake_until = Some(Instant::now() + self.busy_poll);
             }
-            if let Some(seen) = self.newer_epoch(&message) {
+            if let Some(seen) = self.newer_epoch(&link, &message) {
                 // Durable before the rules act on it, without a runtime thread waiting on
                 // the sync: `on_frame` then finds it recorded.
                 let me = self.clone();
@@ -424,13 +426,38 @@ impl Follower {
             acked_up_to: 0,
             acked_above: BTreeSet::new(),
         };
-        (FollowerLink { stream, deferred: None, durable }, hello)
+        (FollowerLink { stream, deferred: None, durable, greeted: false }, hello)
+    }
+
+    /// Whether `message` may come now on `link`: the primary's `Hello` first, naming this
+    /// pair's node and the other member (issue 32, defects 7 and 11: neither was checked,
+    /// and a `Batch` before any `Hello` was applied), then anything but a second `Hello`.
+    fn check_greeting(&self, link: &FollowerLink, message: &LinkMessage) -> Result<(), LinkEnd> {
+        match (link.greeted, message) {
+            (false, LinkMessage::Hello { node, member, .. }) => {
+                let own = self.node.lock().member;
+                if *node != self.node_id || *member == own {
+                    return Err(LinkEnd::Protocol(format!(
+                        "a hello from node {node}, member {}: this is member {} of node {}",
+                        member.get(),
+                        own.get(),
+                        self.node_id
+                    )));
+                }
+                Ok(())
+            }
+            (false, other) => Err(LinkEnd::Protocol(format!("{other:?} before the primary's hello"))),
+            (true, LinkMessage::Hello { .. }) => Err(LinkEnd::Protocol("a second hello on one link".into())),
+            (true, _) => Ok(()),
+        }
     }
 
     /// The newer epoch `message` carries, if it carries one: the runtime may make it
     /// durable ([`Follower::persist_seen`]) before [`Follower::on_frame`], which then finds
     /// it recorded.
-    pub fn newer_epoch(&self, message: &LinkMessage) -> Option<Epoch> {
+    pub fn newer_epoch(&self, link: &FollowerLink, message: &LinkMessage) -> Option<Epoch> {
+        // A frame the link refuses records nothing.
+        self.check_greeting(link, message).ok()?;
         let (epoch, _) = message.rule_view();
         (crate::rules::fence(self.node.lock().seen, epoch) == crate::rules::Fence::Newer).then_some(epoch)
     }
@@ -445,8 +472,12 @@ impl Follower {
     }
 
     fn frame_step(&self, link: &mut FollowerLink, message: LinkMessage) -> LinkStep {
-        let (epoch, view) = message.rule_view();
         let mut step = LinkStep::default();
+        if let Err(end) = self.check_greeting(link, &message) {
+            return step.ends(end);
+        }
+        link.greeted = true;
+        let (epoch, view) = message.rule_view();
         if let PeerMessage::CaughtUp { up_to } = view {
             let (seen, next_sequence) = {
                 let node = self.node.lock();

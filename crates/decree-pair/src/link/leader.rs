@@ -202,7 +202,7 @@ impl Leader {
             Ok(stream) => stream,
             Err(e) => return LinkEnd::Closed(format!("cannot reach the backup at {backup}: {e}")),
         };
-        let _ = stream.set_nodelay(true);
+        super::tune(&stream);
         let stream = match self.transport.dial(stream).await {
             Ok(stream) => stream,
             Err(why) => return LinkEnd::Refused(why),
@@ -284,6 +284,9 @@ impl Leader {
     /// frames to send in answer, and the link's end if it ends. The caller sends what
     /// [`Leader::poll_send`] returns next, unless the link ended.
     pub fn on_frame(&self, link: &mut LeaderLink, message: LinkMessage) -> LinkStep {
+        if let Err(end) = self.check_greeting(link, &message) {
+            return LinkStep::default().ends(end);
+        }
         let (epoch, view) = message.rule_view();
         let commands =
             self.node.lock().step(Event::Peer { epoch, message: view }).expect("only promotions are refused");
@@ -322,9 +325,13 @@ impl Leader {
     /// newer epoch is recorded first, as on its own link). The connection ends either way.
     pub fn on_dialled(&self, message: LinkMessage) -> LinkStep {
         let step = LinkStep::default();
-        let LinkMessage::Hello { epoch, .. } = message else {
+        let LinkMessage::Hello { epoch, node, member, .. } = message else {
             return step.ends(LinkEnd::Protocol(format!("a dialling member's first frame was {message:?}")));
         };
+        if node != self.node_id || member == self.node().member {
+            let why = format!("a member dialled naming node {node}, member {}", member.get());
+            return step.ends(LinkEnd::Protocol(why));
+        }
         let seen = self.node().seen;
         match crate::rules::fence(seen, epoch) {
             crate::rules::Fence::Stale => {
@@ -348,6 +355,30 @@ impl Leader {
                 }
                 step.ends(LinkEnd::Stopped(format!("deposed by the member of epoch {epoch}, which dialled")))
             }
+        }
+    }
+
+    /// Whether the backup's `message` may come now: its `Hello` (naming this pair's node and
+    /// the other member) before anything but a refusal, and only once (issue 32, defects 7
+    /// and 11: an acknowledgement before the hello confirmed batches of an earlier link).
+    fn check_greeting(&self, link: &LeaderLink, message: &LinkMessage) -> Result<(), LinkEnd> {
+        match (link.started, message) {
+            (_, LinkMessage::Refuse { .. }) => Ok(()),
+            (false, LinkMessage::Hello { node, member, .. }) => {
+                let own = self.node().member;
+                if *node != self.node_id || *member == own {
+                    return Err(LinkEnd::Protocol(format!(
+                        "the backup's hello names node {node}, member {}: this is member {} of node {}",
+                        member.get(),
+                        own.get(),
+                        self.node_id
+                    )));
+                }
+                Ok(())
+            }
+            (false, other) => Err(LinkEnd::Protocol(format!("{other:?} before the backup's hello"))),
+            (true, LinkMessage::Hello { .. }) => Err(LinkEnd::Protocol("a second hello on one link".into())),
+            (true, _) => Ok(()),
         }
     }
 

@@ -51,6 +51,36 @@ pub trait Transport: Send + Sync {
     }
 }
 
+/// How long an idle link waits before TCP probes its peer, the probes' interval and count,
+/// and how long data sent may stay unacknowledged by the peer's kernel: a peer whose
+/// machine lost power, or a path that broke, ends the link within about
+/// [`LINK_SILENCE_MAX`] on both ends (the primary's `ACK_TIMEOUT` covers its end at the
+/// protocol's level too; a backup has no other way to notice).
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// The longest a dead peer keeps a link open at the TCP level.
+pub const LINK_SILENCE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Sets a link connection's socket options: no Nagle delay, keepalive probes and a user
+/// timeout, so that a half-open connection ends instead of holding the link forever
+/// (issue 32, defect 6). A failure to set them is logged, not fatal.
+pub(crate) fn tune(stream: &tokio::net::TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket.set_tcp_keepalive(&keepalive) {
+        tracing::warn!(error = %e, "the link's TCP keepalive could not be set");
+    }
+    if let Err(e) = socket.set_tcp_user_timeout(Some(LINK_SILENCE_MAX)) {
+        tracing::warn!(error = %e, "the link's TCP_USER_TIMEOUT could not be set");
+    }
+}
+
 /// What a member's status says of its link.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkReport {

@@ -518,3 +518,39 @@ async fn a_backup_without_busy_poll_sleeps_between_frames() {
     assert_eq!(follower.busy_poll_turns(), 0);
     linked.stop().await;
 }
+
+/// Issue 32, defects 7 and 11: the follower applied a `Batch` that came before any
+/// `Hello`, and took a `Hello` naming another node or its own member id (recording its
+/// epoch first). Sans-IO: each is refused, nothing is applied and no epoch recorded.
+#[test]
+fn a_backup_refuses_a_batch_before_the_hello_and_a_hello_of_another_node_or_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+    let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
+    let epoch = Epoch::mint(m(1), &[]);
+    use crate::wire::LinkMessage;
+    let batch = LinkMessage::Batch { epoch, sequence: 1, records: vec![decision(1)].into() };
+    let hello =
+        |member: u8, node: u32| LinkMessage::Hello { epoch, member: m(member), node, next_sequence: 1 };
+    for (first, why) in [
+        (batch.clone(), "before the primary's hello"),
+        (hello(1, 8), "node 8"),
+        (hello(2, 7), "member 2: this is member 2"),
+    ] {
+        let (mut link, _) = follower.open_link(sink.clone());
+        assert_eq!(follower.newer_epoch(&link, &first), None, "{why}: no epoch recorded");
+        let step = follower.on_frame(&mut link, first);
+        let end = step.end.expect("the link ends").to_string();
+        assert!(end.contains(why), "{end}");
+        assert!(step.send.is_empty());
+    }
+    assert_eq!(follower.pair_state().seen, Epoch::NONE);
+    assert_eq!(follower.live_count(), 0, "nothing applied");
+    // The real primary's hello, then its batch: taken.
+    let (mut link, _) = follower.open_link(sink);
+    assert!(follower.on_frame(&mut link, hello(1, 7)).end.is_none());
+    let step = follower.on_frame(&mut link, hello(1, 7));
+    assert!(step.end.expect("a second hello ends the link").to_string().contains("second hello"));
+}
