@@ -252,10 +252,11 @@ impl PrimaryLink {
         self.shared.pending.lock().values().filter(|p| !p.confirmed).count()
     }
 
-    /// Whether a newer epoch deposed this member.
-    pub(crate) fn is_deposed(&self) -> bool {
-        self.shared.deposed.lock().is_some()
+    /// The member's role now (a deposed member is a backup).
+    pub(crate) fn role(&self) -> Role {
+        self.leader.node().role
     }
+
 
     /// The epoch that deposed this member, if one did.
     pub(crate) fn deposed_by(&self) -> Option<Epoch> {

@@ -91,10 +91,12 @@ pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
     // A failed commit does not mean that listing fails: give every RM a fresh try.
     connections.forgive();
     let liveness = |origin: &Origin| state.owner_is_gone(origin);
+    let role = state.pair_role();
     let decision = |xid: &Xid| {
         if state.is_decided(xid) {
             DecisionFact::Commit
-        } else if state.is_doubtful(xid) {
+        } else if !decree_pair::rules::may_presume_abort(role, state.is_doubtful(xid)) {
+            // Written or sent and not confirmed, or this member no longer leads.
             DecisionFact::InDoubt
         } else {
             DecisionFact::Absent

@@ -239,9 +239,15 @@ impl State {
         self.pair.get()
     }
 
-    /// Whether this server may call resource managers: not once a newer epoch deposed it.
+    /// This server's role as the pair's rules see it: a single server leads, alone.
+    pub(crate) fn pair_role(&self) -> decree_pair::Role {
+        self.pair().map_or(decree_pair::Role::Primary { alone: true }, |link| link.role())
+    }
+
+    /// Whether this server may call resource managers (`rules::may_call_rms`): not once a
+    /// newer epoch deposed it.
     pub(crate) fn may_call_rms(&self) -> bool {
-        !matches!(self.pair(), Some(link) if link.is_deposed())
+        decree_pair::rules::may_call_rms(self.pair_role())
     }
 
     /// `xid`'s decision is durable here and waits for the backup's confirmation.
