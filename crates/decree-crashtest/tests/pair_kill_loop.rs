@@ -16,7 +16,7 @@
 //! the two test databases so that a new primary finishes phase two and recovers) form a
 //! pair; the first promotion is forced, then the test waits until the primary is strict.
 //! Each cycle runs `decree-bank run --state A,B` through the pair and the primary dies, in
-//! one of seven ways, in turn over eight cycles:
+//! one of nine ways, in turn over ten cycles:
 //! - SIGKILL alone at a random moment (two cycles in eight: the workload then fails over by
 //!   itself, connecting to the new primary and asking it the outcome of each transfer whose
 //!   decide got no answer, its `RESOLVED` lines);
@@ -35,7 +35,15 @@
 //!   with `DecideOk` not sent (the new primary must answer it committed); `phase-two`, in
 //!   the server's own phase two of the transaction the workload decided before killing
 //!   itself at its `decided` point, one branch committed (the new primary must commit the
-//!   other).
+//!   other);
+//! - during a catch-up under traffic (issue 32): the backup is SIGKILLed and restarted at
+//!   once, and the primary SIGKILLed at a random moment of the backup's catch-up; the
+//!   backup is promoted without `--force` when it says it caught up, else with it (safe only
+//!   because a strict primary acknowledged nothing its backup had not made durable, so not
+//!   in `received` mode, where this cycle kills the primary alone);
+//! - during a deposition under traffic (issue 32): the primary is SIGSTOPped, the backup
+//!   promoted, the old primary continued, and SIGKILLed at a random moment while it learns
+//!   of the new epoch at its first contact and steps down.
 //!
 //! Then the test promotes the other member with `decree promote` (not forced: it caught
 //! up), restarts the killed member (it rejoins as the backup), waits until the new primary
@@ -455,15 +463,61 @@ impl Pair {
         origin.unwrap_or_else(|| panic!("{context}: no origin in the crash line {line:?}")).to_string()
     }
 
-    /// Promotes the other member (not forced: it caught up) once the primary is dead and
-    /// restarts the dead one, which rejoins as the backup. Returns the new primary's raw
-    /// epoch, which must be above the old one.
-    fn promote_other(&mut self, context: &str) -> u64 {
+    /// SIGKILLs the backup and starts it again at once: it rejoins and catches up.
+    fn restart_backup(&mut self, context: &str) {
+        let backup = 1 - self.primary;
+        let mut server = self.servers[backup].take().expect("the backup runs");
+        server.0.kill().expect("SIGKILL the backup");
+        let status = server.0.wait().expect("reap the backup");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{context}: the backup ended before the kill");
+        self.servers[backup] = Some(self.members[backup].serve());
+    }
+
+    /// The deposition of a running primary: SIGSTOP, the caught-up backup promoted,
+    /// SIGCONT, then SIGKILL at a random moment (the old primary may have ended already,
+    /// having learned of the new epoch); restarted, it rejoins as the backup. Returns the
+    /// new primary's raw epoch.
+    fn depose_primary(&mut self, rng: &mut impl Rng, context: &str) -> u64 {
+        let old = self.primary;
+        let mut server = self.servers[old].take().expect("the primary runs");
+        let signal = |sig: libc::c_int| {
+            // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+            let done = unsafe { libc::kill(server.0.id() as libc::pid_t, sig) };
+            assert_eq!(done, 0, "{context}: signal {sig} to the primary");
+        };
+        signal(libc::SIGSTOP);
+        self.primary = 1 - old;
+        let promoted = &self.members[self.primary];
+        let (ok, text) = promoted.decree(&["promote"]);
+        assert!(
+            ok && text.contains("leads epoch"),
+            "{context}: promotion of the caught-up backup {} while the primary is stopped failed: {text}\n{}",
+            promoted.name,
+            promoted.log_tail()
+        );
+        signal(libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
+        let _ = server.0.kill(); // it may have stepped down and ended already
+        server.0.wait().expect("reap the old primary");
+        self.servers[old] = Some(self.members[old].serve());
+        let epoch = promoted.status()["epoch_raw"].as_u64().expect("a raw epoch");
+        assert!(epoch > self.epoch, "{context}: promoted to epoch {epoch}, not above {}", self.epoch);
+        self.epoch = epoch;
+        epoch
+    }
+
+    /// Promotes the other member once the primary is dead (not forced: it caught up; in
+    /// the catch-up mode forced if it had not, see [`Mode::CatchUp`]) and restarts the dead
+    /// one, which rejoins as the backup. Returns the new primary's raw epoch, which must be
+    /// above the old one.
+    fn promote_other(&mut self, context: &str, mode: Mode) -> u64 {
         let dead = self.primary;
         assert!(self.servers[dead].is_none(), "{context}: the primary was not stopped");
         self.primary = 1 - dead;
         let promoted = &self.members[self.primary];
-        let (ok, text) = promoted.decree(&["promote"]);
+        let behind = matches!(mode, Mode::CatchUp) && promoted.status()["caught_up"] != true;
+        let args: &[&str] = if behind { &["promote", "--force"] } else { &["promote"] };
+        let (ok, text) = promoted.decree(args);
         assert!(
             ok && text.contains("leads epoch"),
             "{context}: promotion of the caught-up backup {} failed: {text}\nits log:\n{}",
@@ -589,7 +643,7 @@ struct Totals {
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
     /// Cycles by mode (see [`Mode::index`]).
-    modes: [u64; 7],
+    modes: [u64; 9],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
     /// committed (the backup held the decision), rolled back, other.
     written_outcomes: [u64; 3],
@@ -680,6 +734,8 @@ struct Loop<'a> {
     config: &'a BankConfig,
     dir: &'a Path,
     seed: u64,
+    /// The backup's acknowledgement mode (`durable` or `received`).
+    ack: &'static str,
 }
 
 /// A crash point inside the server (decree-server/src/crash_points.rs).
@@ -723,20 +779,36 @@ enum Mode {
     /// `PhaseTwo`, at its first committed branch, after the workload killed itself right
     /// after its nth transaction was decided (the server then finishes that transaction).
     Server(ServerPoint, u64),
+    /// Under traffic, SIGKILL of the backup, which is restarted at once and catches up
+    /// (the primary, strict, makes decides wait meanwhile); the primary is SIGKILLed at a
+    /// random moment of that catch-up (issue 32). The backup is promoted without `--force`
+    /// if it says it caught up (so it must hold every acknowledged decision: defect 1's
+    /// case), else with it, which is safe here only because a strict primary acknowledged
+    /// nothing its backup had not made durable (`durable` mode only).
+    CatchUp,
+    /// Under traffic, SIGSTOP of the primary, promotion of the backup, SIGCONT: the old
+    /// primary learns of the new epoch at its first contact and steps down, and is
+    /// SIGKILLed at a random moment of that deposition (issue 32, defects 8 to 10).
+    Deposition,
 }
 
 impl Mode {
-    /// The cycle's mode: eight kinds in turn, the primary alone twice.
-    fn pick(cycle: u64, rng: &mut impl Rng) -> Mode {
+    /// The cycle's mode: ten kinds in turn, the primary alone twice (and in place of the
+    /// catch-up in `received` mode, where a backup SIGKILLed then the primary is the
+    /// double failure that mode does not survive).
+    fn pick(cycle: u64, rng: &mut impl Rng, ack: &str) -> Mode {
         let nth = rng.gen_range(1..=8);
-        match cycle % 8 {
-            0 | 7 => Mode::Primary,
+        match cycle % 10 {
+            0 | 9 => Mode::Primary,
             1 => Mode::Both,
             2 => Mode::Point(CrashPoint::Decided, nth),
             3 => Mode::Point(CrashPoint::PhaseTwo, nth),
             4 => Mode::Server(ServerPoint::DecideWritten, nth),
             5 => Mode::Server(ServerPoint::DecideConfirmed, nth),
-            _ => Mode::Server(ServerPoint::PhaseTwo, nth),
+            6 => Mode::Server(ServerPoint::PhaseTwo, nth),
+            7 if ack == "durable" => Mode::CatchUp,
+            7 => Mode::Primary,
+            _ => Mode::Deposition,
         }
     }
 
@@ -751,6 +823,8 @@ impl Mode {
             Mode::Server(ServerPoint::DecideWritten, _) => 4,
             Mode::Server(ServerPoint::DecideConfirmed, _) => 5,
             Mode::Server(ServerPoint::PhaseTwo, _) => 6,
+            Mode::CatchUp => 7,
+            Mode::Deposition => 8,
         }
     }
 
@@ -767,7 +841,10 @@ impl Mode {
     fn workload_fails_over(self) -> bool {
         matches!(
             self,
-            Mode::Primary | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
+            Mode::Primary
+                | Mode::CatchUp
+                | Mode::Deposition
+                | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
         )
     }
 }
@@ -776,7 +853,7 @@ impl Mode {
 /// some modes, or by itself at a crash point), the other promoted, the killed one back as
 /// the backup, a run that must succeed, and the checks.
 fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: &mut Totals) {
-    let mode = Mode::pick(cycle, rng);
+    let mode = Mode::pick(cycle, rng, l.ack);
     totals.modes[mode.index()] += 1;
     let delay_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..=LINK_DELAY_MAX_MS) };
     pair.link_delay.store(delay_ms * 1000, Ordering::Relaxed);
@@ -802,9 +879,14 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
     let (mut child, lines) = l.bank.run(&pair.addresses, &acked, &stderr, &extra);
     let mut seen = wait_ready(&lines, &mut child.0, &context, &stderr);
     let killing = Killing { mode, log_from, stderr: &stderr, context: &context };
-    let crashed = kill(pair, &killing, &mut child.0, rng);
     let epoch_before = pair.epoch;
-    let epoch = pair.promote_other(&context);
+    let (crashed, epoch) = match mode {
+        Mode::Deposition => (None, pair.depose_primary(rng, &context)),
+        _ => {
+            let crashed = kill(pair, &killing, &mut child.0, rng);
+            (crashed, pair.promote_other(&context, mode))
+        }
+    };
     if mode.workload_fails_over() {
         finish_killed_workload(&mut child.0, &lines, seen, epoch, &stderr, totals, &context);
     } else {
@@ -858,6 +940,12 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
     if let Mode::Both = k.mode {
         child.kill().expect("SIGKILL the workload");
         child.wait().expect("reap the workload");
+    }
+    if let Mode::CatchUp = k.mode {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
+        pair.restart_backup(context);
+        // The primary redials every 100 ms; its catch-up follows the backup's hello.
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
     }
     match (k.mode, k.log_from) {
         (Mode::Server(point, _), Some(from)) => Some(pair.wait_crash(point.name(), from, context)),
@@ -963,7 +1051,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, bu
     let started = Instant::now();
     let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack, busy_poll_us });
     let mut totals = Totals::default();
-    let l = Loop { bank: &bank, config: &config, dir, seed };
+    let l = Loop { bank: &bank, config: &config, dir, seed, ack };
     for n in 0..cycles {
         cycle(&l, &mut pair, n, &mut rng, &mut totals);
     }
@@ -979,7 +1067,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, bu
     eprintln!(
         "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
-         phase-two: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         phase-two / during a catch-up / during a deposition: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",

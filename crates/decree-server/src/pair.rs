@@ -257,7 +257,6 @@ impl PrimaryLink {
         self.leader.node().role
     }
 
-
     /// The epoch that deposed this member, if one did.
     pub(crate) fn deposed_by(&self) -> Option<Epoch> {
         *self.shared.deposed.lock()
