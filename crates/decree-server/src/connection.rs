@@ -278,6 +278,7 @@ impl Conn {
             }
             Message::Outcome(xid) => {
                 let outcome = self.state.outcome(&xid);
+                self.state.outcome_asked(&xid, outcome);
                 self.reply(id, decree_proto::outcome_reply(outcome, self.version)).await
             }
             Message::Ping => self.reply(id, Message::Pong).await,

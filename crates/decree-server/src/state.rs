@@ -696,6 +696,24 @@ impl State {
         self.rechecks.lock().pending()
     }
 
+    /// A client asked the outcome of `xid` and was answered `answer`. An Xid of this
+    /// node's earlier incarnation with nothing known of it is answered unknown, but its
+    /// branches may still be prepared: a client whose server restarted mid-transaction
+    /// prepares them afterwards, and asks once its `Decide` found no server (issue 31,
+    /// item 2). So a pass runs now and again on the rechecks' doubling schedule (which
+    /// coalesces any number of questions into a few passes); a pass that rolls a branch
+    /// back remembers it, and the next question is answered rolled back. Only while this
+    /// member may call resource managers: a deposed primary speeds up nothing.
+    pub(crate) fn outcome_asked(&self, xid: &Xid, answer: Outcome) {
+        let Some(origin) = xid.global().origin() else { return };
+        let earlier = origin.node == self.node && origin.incarnation < self.incarnation;
+        if answer != Outcome::Unknown || !earlier || !self.may_call_rms() {
+            return;
+        }
+        self.rechecks.lock().after_close(Instant::now());
+        self.wake_recovery();
+    }
+
     /// Asks the recovery worker for a pass.
     pub(crate) fn wake_recovery(&self) {
         *self.wake.lock() = true;
