@@ -373,18 +373,7 @@ pub(crate) async fn run(
     let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
     *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
-    // The link address stays this member's: an old primary that dials it learns of the
-    // new epoch at its first contact and steps down (issue 32, defects 8 to 10).
-    match TcpListener::bind(pair.link).await {
-        Ok(listener) => {
-            tokio::spawn(leader.clone().listen(listener, stop_rx.clone()));
-        }
-        Err(e) => tracing::error!(
-            link = %pair.link,
-            error = %e,
-            "cannot listen on pair.link as the primary: an old primary that still runs will not learn of this epoch from it"
-        ),
-    }
+    listen_as_primary(&leader, pair.link, &stop_rx).await;
     tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
     // Answered once the client listeners are bound: a client told "promoted" connects at once.
     let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();
@@ -400,6 +389,21 @@ pub(crate) async fn run(
     match primary.deposed_by() {
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
+    }
+}
+
+/// Keeps the link address `link` this member's as a primary: an old primary that dials it
+/// learns of the new epoch at its first contact and steps down (issue 32, defects 8 to 10).
+async fn listen_as_primary(leader: &Arc<Leader>, link: std::net::SocketAddr, stop: &watch::Receiver<bool>) {
+    match TcpListener::bind(link).await {
+        Ok(listener) => {
+            tokio::spawn(leader.clone().listen(listener, stop.clone()));
+        }
+        Err(e) => tracing::error!(
+            %link,
+            error = %e,
+            "cannot listen on pair.link as the primary: an old primary that still runs will not learn of this epoch from it"
+        ),
     }
 }
 
