@@ -753,22 +753,8 @@ impl World {
         }
         let target = 1 - index;
         let listening = matches!(&self.members[target].proc, Proc::Primary(t) if !t.stopping);
-        if listening {
-            // A primary's link listener: it answers the hello and closes.
-            let conn = self.connect(index, target);
-            let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("checked") };
-            let (link, hello) = p.leader.open_link();
-            p.link = Some((conn, Some(link)));
-            p.link_opened_at = self.now;
-            self.link_waits(index, conn);
-            let Proc::Primary(t) = &mut self.members[target].proc else { unreachable!("checked") };
-            t.dialled.push(conn);
-            self.note(|| format!("member {} dials member {}, a primary: link {conn}", index + 1, target + 1));
-            self.send(conn, index, vec![hello]);
-            return;
-        }
         let accepting = matches!(&self.members[target].proc, Proc::Backup(b) if !b.failed);
-        if !accepting {
+        if !listening && !accepting {
             let line = format!("member {}: cannot reach the backup (refused)", index + 1);
             self.note(|| line);
             self.after(REDIAL_DELAY.as_micros() as Time, Event::Dial { member: index, life });
@@ -780,9 +766,14 @@ impl World {
         p.link = Some((conn, Some(link)));
         p.link_opened_at = self.now;
         self.link_waits(index, conn);
-        let Proc::Backup(b) = &mut self.members[target].proc else { unreachable!("checked") };
-        b.backlog.push_back(conn);
-        self.note(|| format!("member {} opens link {conn} to member {}", index + 1, target + 1));
+        match &mut self.members[target].proc {
+            // A primary's link listener: it answers the hello and closes.
+            Proc::Primary(t) => t.dialled.push(conn),
+            Proc::Backup(b) => b.backlog.push_back(conn),
+            Proc::Down => unreachable!("checked"),
+        }
+        let what = if listening { "dials a primary" } else { "opens a link" };
+        self.note(|| format!("member {} {what}: link {conn} to member {}", index + 1, target + 1));
         self.send(conn, index, vec![hello]);
     }
 

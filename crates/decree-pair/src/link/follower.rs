@@ -435,16 +435,7 @@ impl Follower {
     fn check_greeting(&self, link: &FollowerLink, message: &LinkMessage) -> Result<(), LinkEnd> {
         match (link.greeted, message) {
             (false, LinkMessage::Hello { node, member, .. }) => {
-                let own = self.node.lock().member;
-                if *node != self.node_id || *member == own {
-                    return Err(LinkEnd::Protocol(format!(
-                        "a hello from node {node}, member {}: this is member {} of node {}",
-                        member.get(),
-                        own.get(),
-                        self.node_id
-                    )));
-                }
-                Ok(())
+                super::check_peer(self.node_id, self.node.lock().member, *node, *member)
             }
             (false, other) => Err(LinkEnd::Protocol(format!("{other:?} before the primary's hello"))),
             (true, LinkMessage::Hello { .. }) => Err(LinkEnd::Protocol("a second hello on one link".into())),

@@ -328,9 +328,8 @@ impl Leader {
         let LinkMessage::Hello { epoch, node, member, .. } = message else {
             return step.ends(LinkEnd::Protocol(format!("a dialling member's first frame was {message:?}")));
         };
-        if node != self.node_id || member == self.node().member {
-            let why = format!("a member dialled naming node {node}, member {}", member.get());
-            return step.ends(LinkEnd::Protocol(why));
+        if let Err(end) = super::check_peer(self.node_id, self.node().member, node, member) {
+            return step.ends(end);
         }
         let seen = self.node().seen;
         match crate::rules::fence(seen, epoch) {
@@ -365,16 +364,7 @@ impl Leader {
         match (link.started, message) {
             (_, LinkMessage::Refuse { .. }) => Ok(()),
             (false, LinkMessage::Hello { node, member, .. }) => {
-                let own = self.node().member;
-                if *node != self.node_id || *member == own {
-                    return Err(LinkEnd::Protocol(format!(
-                        "the backup's hello names node {node}, member {}: this is member {} of node {}",
-                        member.get(),
-                        own.get(),
-                        self.node_id
-                    )));
-                }
-                Ok(())
+                super::check_peer(self.node_id, self.node().member, *node, *member)
             }
             (false, other) => Err(LinkEnd::Protocol(format!("{other:?} before the backup's hello"))),
             (true, LinkMessage::Hello { .. }) => Err(LinkEnd::Protocol("a second hello on one link".into())),

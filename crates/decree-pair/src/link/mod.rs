@@ -81,6 +81,24 @@ pub(crate) fn tune(stream: &tokio::net::TcpStream) {
     }
 }
 
+/// Whether a peer's `Hello` naming `node` and `member` may come from this pair's other
+/// member: the same node, the other member id (issue 32, defects 7 and 11).
+pub(crate) fn check_peer(
+    own_node: u32,
+    own_member: crate::epoch::MemberId,
+    node: u32,
+    member: crate::epoch::MemberId,
+) -> Result<(), LinkEnd> {
+    if node == own_node && member != own_member {
+        return Ok(());
+    }
+    Err(LinkEnd::Protocol(format!(
+        "a hello names node {node}, member {}: this is member {} of node {own_node}",
+        member.get(),
+        own_member.get()
+    )))
+}
+
 /// What a member's status says of its link.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkReport {
