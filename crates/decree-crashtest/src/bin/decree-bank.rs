@@ -367,6 +367,11 @@ fn run_workers(
     Ok(Ended { acked, store_lost: lost.load(Ordering::SeqCst), doubts })
 }
 
+/// The first pause before asking again about an outcome answered unknown, and the last:
+/// 0.25 + 0.5 + ... + 4 s, about 8 s in all, past the server's first rechecks.
+const UNKNOWN_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const UNKNOWN_LAST_PAUSE: Duration = Duration::from_secs(4);
+
 /// What an application does after its state server's primary died: connect again (a new
 /// client: the new primary's epoch is a new incarnation) and ask the new primary what
 /// became of every transaction whose decide got no answer, never guessing.
@@ -377,10 +382,18 @@ fn fail_over(args: &Args, doubts: &[Xid]) -> Result<(), String> {
     say(&format!("FAILED-OVER incarnation={} endpoint={}", store.incarnation(), store.endpoint()));
     let deadline = Instant::now() + wait;
     for xid in doubts {
+        let mut unknown_pause = UNKNOWN_FIRST_PAUSE;
         let outcome = loop {
             match store.outcome(xid) {
                 // The new primary's first recovery pass has not ended yet: ask again.
                 Ok(Outcome::InProgress) if Instant::now() < deadline => std::thread::sleep(RETRY_PAUSE),
+                // An earlier epoch's Xid the new primary holds no decision of: the question
+                // made it look for the branches (docs/protocol.md, rule 7), and once it has
+                // rolled them back the answer says so. Asked again, on a doubling schedule.
+                Ok(Outcome::Unknown) if unknown_pause <= UNKNOWN_LAST_PAUSE => {
+                    std::thread::sleep(unknown_pause);
+                    unknown_pause *= 2;
+                }
                 Ok(outcome) => break outcome,
                 Err(e) => return Err(format!("outcome of {xid} not answered by the new primary: {e}")),
             }
