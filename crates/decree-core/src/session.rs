@@ -465,9 +465,9 @@ impl Session {
         }
     }
 
-    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
-        // Phase one.
-        let spread = self.spread_enlisted();
+    /// Phase one: asks every enlisted branch to prepare (at once under `spread`) and
+    /// keeps the votes; each call gets its span when spans are on.
+    fn prepare_enlisted(&mut self, spread: Option<Spread>) {
         self.trace_all_started(|s, i| s.branch_of[i] != NOT_ENLISTED);
         if let Some(spread) = spread {
             let (branch_of, votes, trace) = (&self.branch_of, &mut self.votes, &mut self.trace);
@@ -505,31 +505,11 @@ impl Session {
                 }
             }
         }
-        let verdict = protocol::tally(self.enlisted_votes());
-        let voters = match verdict {
-            Verdict::Abort { position } => {
-                let i = self.nth_enlisted(position);
-                let cause = match &self.votes[i] {
-                    Some(Err(e)) => e.clone(),
-                    _ => RmError::Protocol("no answer to prepare".into()),
-                };
-                return Err(self.abort(xid, i, "prepare", cause));
-            }
-            Verdict::AllReadOnly => {
-                self.clear();
-                return Ok(CommitReport {
-                    xid,
-                    kind: CommitKind::ReadOnly,
-                    phase_two_pending: 0,
-                    heuristics: Vec::new(),
-                });
-            }
-            Verdict::Commit { voters } => voters,
-        };
-        // The commit point: fill the reused decision and store it.
-        self.fill_decision(xid, voters);
-        self.decide(xid)?;
-        // Phase two on the branches that voted commit.
+    }
+
+    /// Phase two: commits every branch that voted commit (at once under `spread`) and
+    /// keeps the answers in `acks`.
+    fn commit_voters(&mut self, spread: Option<Spread>) {
         let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
         self.trace_all_started(|s, i| voted_commit(&s.votes[i]));
         if let Some(spread) = spread {
@@ -557,6 +537,38 @@ impl Session {
                 }
             }
         }
+    }
+
+    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+        // Phase one.
+        let spread = self.spread_enlisted();
+        self.prepare_enlisted(spread);
+        let verdict = protocol::tally(self.enlisted_votes());
+        let voters = match verdict {
+            Verdict::Abort { position } => {
+                let i = self.nth_enlisted(position);
+                let cause = match &self.votes[i] {
+                    Some(Err(e)) => e.clone(),
+                    _ => RmError::Protocol("no answer to prepare".into()),
+                };
+                return Err(self.abort(xid, i, "prepare", cause));
+            }
+            Verdict::AllReadOnly => {
+                self.clear();
+                return Ok(CommitReport {
+                    xid,
+                    kind: CommitKind::ReadOnly,
+                    phase_two_pending: 0,
+                    heuristics: Vec::new(),
+                });
+            }
+            Verdict::Commit { voters } => voters,
+        };
+        // The commit point: fill the reused decision and store it.
+        self.fill_decision(xid, voters);
+        self.decide(xid)?;
+        // Phase two on the branches that voted commit.
+        self.commit_voters(spread);
         let mut retry: Vec<BranchRecord> = Vec::new();
         let mut heuristics = Vec::new();
         for i in 0..self.rms.len() {

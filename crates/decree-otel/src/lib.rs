@@ -58,6 +58,10 @@ pub struct TracingConfig {
     pub xid_contexts_max: u32,
 }
 
+// `sampling` is never NaN once validated, so equality is reflexive (the server's
+// configuration compares whole configurations).
+impl Eq for TracingConfig {}
+
 fn default_sampling() -> f64 {
     1.0
 }

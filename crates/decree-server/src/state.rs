@@ -176,6 +176,8 @@ pub(crate) struct State {
     unconfirmed: Mutex<HashSet<Xid>>,
     /// Closed sessions' one-phase marks: never answered rolled back.
     closed_unknown: Mutex<ClosedUnknown>,
+    /// Spans, when `[tracing]` is configured (`None`: off, nothing allocated).
+    pub(crate) trace: Option<crate::trace::ServerTrace>,
 }
 
 impl State {
@@ -201,6 +203,14 @@ impl State {
             })
             .collect();
         let (node, limits, recovery) = (config.node, config.limits, config.recovery);
+        let member = config.pair.as_ref().map(|p| p.member);
+        let trace = config.tracing.as_ref().and_then(|tracing| {
+            crate::trace::ServerTrace::start(tracing, node, member, incarnation)
+                .inspect_err(
+                    |e| tracing::error!(error = %e, "tracing not started; the server runs without spans"),
+                )
+                .ok()
+        });
         State {
             log,
             outcomes,
@@ -226,6 +236,7 @@ impl State {
             pair: std::sync::OnceLock::new(),
             unconfirmed: Mutex::new(HashSet::new()),
             closed_unknown: Mutex::new(ClosedUnknown::default()),
+            trace,
         }
     }
 
