@@ -50,6 +50,9 @@ pub(crate) struct LiveDecision {
     pub(crate) keys: Vec<u64>,
     /// What branches finished so far decided on their own.
     pub(crate) heuristic: Option<HeuristicOutcome>,
+    /// When this run decided it (or found it in the log at start): an in-doubt
+    /// transaction's age is counted from here.
+    pub(crate) decided_at: Instant,
 }
 
 impl LiveDecision {
@@ -199,7 +202,7 @@ impl State {
             .into_iter()
             .map(|(xid, decision)| {
                 let keys = record_keys.remove(&xid).unwrap_or_default();
-                (xid, LiveDecision { decision, keys, heuristic: None })
+                (xid, LiveDecision { decision, keys, heuristic: None, decided_at: Instant::now() })
             })
             .collect();
         let (node, limits, recovery) = (config.node, config.limits, config.recovery);
@@ -274,7 +277,7 @@ impl State {
             drop(decided);
             return self.decided(txns, sequence, decision, key);
         }
-        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None, decided_at: Instant::now() };
         let mut orphans = self.orphans.lock();
         match orphans.get_mut(&live.decision.xid) {
             Some(existing) => existing.merge(live),
@@ -397,7 +400,7 @@ impl State {
 
     /// Records a decision of a live session that is now durable.
     pub(crate) fn decided(&self, txns: &SessionTxns, sequence: u64, decision: Decision, key: u64) {
-        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None, decided_at: Instant::now() };
         let mut decided = txns.decided.lock();
         match decided.get_mut(&sequence) {
             Some(existing) => existing.merge(live),
@@ -457,6 +460,12 @@ impl State {
     /// Number of decided transactions whose owner is gone and that are not finished yet.
     pub(crate) fn in_doubt(&self) -> usize {
         self.orphans.lock().len()
+    }
+
+    /// How long the oldest in-doubt transaction has waited since it was decided (or found
+    /// in the log at start); zero when there is none. Walks the orphans: for scrapes only.
+    pub(crate) fn in_doubt_oldest(&self) -> Duration {
+        self.orphans.lock().values().map(|o| o.decided_at.elapsed()).max().unwrap_or_default()
     }
 
     /// Number of live sessions.
