@@ -238,3 +238,21 @@ def test_a_long_client_name_is_cut_on_a_character_boundary() -> None:
     got = decoder.next()
     assert got is not None and isinstance(got.message, p.Hello)
     assert got.message.client == "é" * 127  # 254 bytes: the 128th character would need 256.
+
+
+def test_the_trace_context_vectors_read_back_and_encode_byte_for_byte() -> None:
+    """The trace-context field (tag 0x0001, optional) of the version-3 vectors: read back
+    as its ids and flags, and written by TraceContext.field() into exactly the vector."""
+    seen = []
+    for v in MESSAGES["messages"]:
+        tc = v["fields"].get("trace_context")
+        if tc is None:
+            continue
+        expected = p.TraceContext(bytes.fromhex(tc["trace_id"]), bytes.fromhex(tc["span_id"]), tc["flags"])
+        assert p.trace_context(trailer(v["fields"])) == expected, v["name"]
+        m = message(v["type"], v["fields"])
+        assert p.encode_frame(v["request_id"], m, (expected.field(),)).hex() == v["hex"], v["name"]
+        seen.append(v["type"])
+    assert sorted(seen) == ["Complete", "Decide", "OnePhase", "Outcome"]
+    assert p.trace_context((p.Field(p.TRACE_CONTEXT, bytes(25)),)) is None
+    assert p.trace_context((p.Field(p.TRACE_CONTEXT, b"\x01" * 24),)) is None

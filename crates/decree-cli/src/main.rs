@@ -52,6 +52,18 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
+    // `decree bench` is a client: the standard OTEL_* variables give it spans (kept until
+    // the end, when the exporter sends what is left). The server has `[tracing]` instead.
+    let _exporter = match &cli.command {
+        Command::Bench(_) => match decree_otel::install_from_env("decree-bench") {
+            Ok(exporter) => exporter,
+            Err(e) => {
+                eprintln!("decree: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(*args),
         Command::BenchLog(args) => bench_log::run(args),

@@ -34,7 +34,7 @@ pub use tls::{ClientTls, ClientTlsFiles};
 
 mod alive;
 
-use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, Xid};
+use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, TraceContext, Xid};
 use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -356,7 +356,9 @@ impl Connection {
     /// Asks what became of `xid`: the same answers whatever the session's version.
     fn outcome(&mut self, xid: &Xid) -> Result<Outcome, StoreError> {
         let id = self.next_request;
+        let start = self.out.len();
         encode_frame(&mut self.out, id, &Message::Outcome(*xid));
+        self.add_trace_context(start, decree_core::trace::current_context().as_ref());
         match self.exchange_raw(id)? {
             Message::OutcomeIs(o) => Ok(o),
             // The version-1 answers for outcomes version 1 has no value for.
@@ -368,10 +370,12 @@ impl Connection {
     }
 
     /// Stores a decision: one write, one read.
-    fn decide(&mut self, decision: &Decision) -> Result<(), StoreError> {
+    fn decide(&mut self, decision: &Decision, trace: Option<&TraceContext>) -> Result<(), StoreError> {
         let id = self.next_request;
         let start = self.out.len();
-        let len = encode_decide_frame(&mut self.out, id, decision);
+        encode_decide_frame(&mut self.out, id, decision);
+        self.add_trace_context(start, trace);
+        let len = self.out.len() - start;
         if len > self.session.frame_bytes_max {
             self.out.truncate(start);
             return Err(StoreError::Malformed(format!(
@@ -398,14 +402,16 @@ impl Connection {
 
     /// Sends `OnePhase` for `xid` at once (protocol version 3) and returns once its whole
     /// frame is written; false on an older session, which has no such message.
-    fn one_phase(&mut self, xid: &Xid) -> Result<bool, StoreError> {
+    fn one_phase(&mut self, xid: &Xid, trace: Option<&TraceContext>) -> Result<bool, StoreError> {
         if self.session.version < decree_proto::PROTOCOL_VERSION_TRAILER {
             return Ok(false);
         }
         self.check().map_err(|e| StoreError::NotSent(e.to_string()))?;
         let id = self.next_request;
         self.next_request += 1;
+        let start = self.out.len();
         encode_frame(&mut self.out, id, &Message::OnePhase(*xid));
+        self.add_trace_context(start, trace);
         self.flush().map_err(|e| StoreError::NotSent(format!("the one-phase notice's write failed: {e}")))?;
         Ok(true)
     }
@@ -413,7 +419,12 @@ impl Connection {
     /// Buffers a completion (`heuristic`: at least one branch decided on its own); sends
     /// the buffer once it holds enough of them. Version 1 has no heuristic completion: it
     /// gets a plain `Complete`.
-    fn complete(&mut self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
+    fn complete(
+        &mut self,
+        xid: &Xid,
+        heuristic: Option<HeuristicOutcome>,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), StoreError> {
         self.check()?;
         let id = self.next_request;
         self.next_request += 1;
@@ -421,12 +432,24 @@ impl Connection {
             Some(h) if self.session.version >= 2 => Message::CompleteHeuristic(*xid, h),
             _ => Message::Complete(*xid),
         };
+        let start = self.out.len();
         encode_frame(&mut self.out, id, &message);
+        self.add_trace_context(start, trace);
         self.completes_buffered += 1;
         if self.completes_buffered >= COMPLETES_BUFFERED_MAX {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Adds the trace-context field to the frame just encoded at `start`, on a session of
+    /// version 3 or later (older servers would refuse the trailer as malformed).
+    fn add_trace_context(&mut self, start: usize, trace: Option<&TraceContext>) {
+        if let Some(trace) = trace {
+            if self.session.version >= decree_proto::PROTOCOL_VERSION_TRAILER {
+                decree_proto::append_trace_context(&mut self.out, start, trace);
+            }
+        }
     }
 
     fn flush(&mut self) -> Result<(), StoreError> {
@@ -879,33 +902,55 @@ impl DecisionStore for RemoteDecisions {
     }
 
     fn decide(&self, decision: &Decision) -> Result<(), StoreError> {
+        self.decide_traced(decision, None)
+    }
+
+    fn complete(&self, xid: &Xid) -> Result<(), StoreError> {
+        self.complete_with(xid, None, None)
+    }
+
+    fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
+        self.complete_with(xid, Some(outcome), None)
+    }
+
+    fn one_phase(&self, xid: &Xid) -> Result<bool, StoreError> {
+        self.one_phase_traced(xid, None)
+    }
+
+    fn decide_traced(&self, decision: &Decision, trace: Option<&TraceContext>) -> Result<(), StoreError> {
         // Refused here, before anything is sent: the frame could only carry it truncated.
         decision.check_limits()?;
         let conn = self.session_of(&decision.xid)?;
         let mut conn = conn.lock();
-        conn.decide(decision)
+        conn.decide(decision, trace)
     }
 
-    fn complete(&self, xid: &Xid) -> Result<(), StoreError> {
-        self.complete_with(xid, None)
+    fn complete_traced(
+        &self,
+        xid: &Xid,
+        heuristic: Option<HeuristicOutcome>,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), StoreError> {
+        self.complete_with(xid, heuristic, trace)
     }
 
-    fn complete_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) -> Result<(), StoreError> {
-        self.complete_with(xid, Some(outcome))
-    }
-
-    fn one_phase(&self, xid: &Xid) -> Result<bool, StoreError> {
+    fn one_phase_traced(&self, xid: &Xid, trace: Option<&TraceContext>) -> Result<bool, StoreError> {
         let conn = self.session_of(xid).map_err(|e| StoreError::NotSent(e.to_string()))?;
         let mut conn = conn.lock();
-        conn.one_phase(xid)
+        conn.one_phase(xid, trace)
     }
 }
 
 impl RemoteDecisions {
     /// A completion, buffered on the connection of the session that decided `xid`.
-    fn complete_with(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
+    fn complete_with(
+        &self,
+        xid: &Xid,
+        heuristic: Option<HeuristicOutcome>,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), StoreError> {
         match self.session_of(xid) {
-            Ok(conn) => conn.lock().complete(xid, heuristic),
+            Ok(conn) => conn.lock().complete(xid, heuristic, trace),
             // The session is gone: the server finishes its decisions itself and ignores a
             // completion from any other session, so there is nobody to tell.
             Err(_) => Ok(()),

@@ -57,6 +57,7 @@ pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tm;
+pub mod trace;
 pub mod tx;
 pub mod xid;
 
@@ -70,6 +71,7 @@ pub use rm::{BranchAnswer, BranchCall, HeuristicOutcome, ResourceManager, RmErro
 pub use session::{CommitKind, CommitReport, Session, Transaction};
 pub use store::{BranchRecord, Decision, DecisionStore, Outcome, RecoveredDecisions, StoreError};
 pub use tm::{BranchCalls, RecoveryReport, TmConfig, TransactionManager};
+pub use trace::TraceContext;
 pub use tx::{TxContext, TxInfo, TxState};
 pub use xid::{Origin, Xid, XidError, DECREE_FORMAT_ID};
 

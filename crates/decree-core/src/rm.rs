@@ -118,6 +118,11 @@ pub trait ResourceManager: Send {
     fn prefers_parallel(&self) -> bool {
         false
     }
+    /// The database's `db.system.name` in OpenTelemetry's semantic conventions
+    /// (`postgresql`, `mariadb`, ...), for the branch's spans.
+    fn db_system(&self) -> &'static str {
+        "other_sql"
+    }
     /// Split-phase calls, first half: sends `call`'s request and returns without waiting
     /// for the answer, so that one thread keeps every branch's request in flight at once
     /// (no helper threads, no hand-offs). Returns false, having sent nothing, when this RM

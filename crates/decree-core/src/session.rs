@@ -25,9 +25,10 @@ use crate::error::{HeuristicReport, TmError};
 use crate::fanout::{Fanout, Spread};
 use crate::limits::{LimitError, BRANCHES_MAX};
 use crate::protocol::{self, CommitPath, PhaseTwoStep, Verdict};
-use crate::rm::{BranchCall, ResourceManager, RmError, Vote};
+use crate::rm::{BranchCall, HeuristicOutcome, ResourceManager, RmError, Vote};
 use crate::store::{BranchRecord, Decision, StoreError};
 use crate::tm::{BranchCalls, TransactionManager};
+use crate::trace::{self, TxTrace};
 use crate::xid::{Origin, Xid};
 use std::sync::Arc;
 
@@ -95,6 +96,8 @@ pub struct Session {
     open: bool,
     /// The connections were closed by `close_rms` while the session stays open.
     rms_closed: bool,
+    /// The current transaction's spans; always `None` while spans are off.
+    trace: Option<TxTrace>,
 }
 
 impl Session {
@@ -152,6 +155,7 @@ impl Session {
             },
             open: true,
             rms_closed: false,
+            trace: None,
         })
     }
 
@@ -214,6 +218,7 @@ impl Session {
         });
         assert_eq!((self.enlisted, self.next_branch), (0, 0), "a new transaction starts with no branch");
         self.current = Some(xid);
+        self.trace = TxTrace::begin(&xid, self.rms.len());
         Ok(xid)
     }
 
@@ -344,6 +349,23 @@ impl Session {
 
     /// Commits the current transaction (see the module documentation for the protocol).
     pub(crate) fn commit_current(&mut self) -> Result<CommitReport, TmError> {
+        let result = self.commit_traced();
+        if let Some(t) = self.trace.take() {
+            let (outcome, error) = match &result {
+                Ok(_) => ("committed", None),
+                Err(e @ (TmError::RolledBack { .. } | TmError::NotSent { .. })) => {
+                    ("rolled_back", Some(e.to_string()))
+                }
+                Err(e @ TmError::Heuristic { .. }) => ("heuristic", Some(e.to_string())),
+                Err(e) => ("unknown", Some(e.to_string())),
+            };
+            t.end(outcome, error);
+        }
+        result
+    }
+
+    /// [`Session::commit_current`] but for ending the transaction's span.
+    fn commit_traced(&mut self) -> Result<CommitReport, TmError> {
         let Some(xid) = self.current else { return Err(TmError::NoTransaction { call: "commit" }) };
         self.assert_branches();
         for i in 0..self.rms.len() {
@@ -376,16 +398,19 @@ impl Session {
         let bx = self.branch_xids[i];
         // The notice goes out whole before the branch commits: a notice not sent leaves
         // the transaction undecided, so it rolls back.
-        let told = match self.tm.store().one_phase(&xid) {
+        let wire = self.trace.as_ref().and_then(TxTrace::wire);
+        let told = match self.tm.store().one_phase_traced(&xid, wire.as_ref()) {
             Ok(told) => told,
             Err(e) => return Err(self.not_sent(xid, e)),
         };
+        self.trace_started(i);
         let result = self.rms[i].commit(&bx, true);
+        self.trace_branch(i, "commit", result.as_ref().err());
         let name = self.rms[i].name().to_string();
         self.clear();
         if told && matches!(result, Ok(()) | Err(RmError::Heuristic(_))) {
             // The commit's answer is in: the server remembers it committed (lazily).
-            if let Err(e) = self.tm.store().complete(&xid) {
+            if let Err(e) = self.complete_in_store(xid, None) {
                 tracing::debug!(%xid, error = %e, "cannot complete a one-phase commit; the server answers unknown for it");
             }
         }
@@ -440,11 +465,12 @@ impl Session {
         }
     }
 
-    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
-        // Phase one.
-        let spread = self.spread_enlisted();
+    /// Phase one: asks every enlisted branch to prepare (at once under `spread`) and
+    /// keeps the votes; each call gets its span when spans are on.
+    fn prepare_enlisted(&mut self, spread: Option<Spread>) {
+        self.trace_all_started(|s, i| s.branch_of[i] != NOT_ENLISTED);
         if let Some(spread) = spread {
-            let (branch_of, votes) = (&self.branch_of, &mut self.votes);
+            let (branch_of, votes, trace) = (&self.branch_of, &mut self.votes, &mut self.trace);
             votes.iter_mut().for_each(|v| *v = None);
             self.fanout.run(
                 &mut self.rms,
@@ -452,14 +478,71 @@ impl Session {
                 |i| branch_of[i] != NOT_ENLISTED,
                 BranchCall::Prepare,
                 spread,
-                |i, answer| votes[i] = Some(answer.into_vote()),
+                |i, answer| {
+                    if let Some(t) = trace {
+                        t.call_answered(i);
+                    }
+                    votes[i] = Some(answer.into_vote())
+                },
             );
         } else {
             for i in 0..self.rms.len() {
                 self.votes[i] =
                     (self.branch_of[i] != NOT_ENLISTED).then(|| self.rms[i].prepare(&self.branch_xids[i]));
+                if let Some(t) = &mut self.trace {
+                    t.call_answered(i);
+                }
             }
         }
+        if self.trace.is_some() {
+            for i in 0..self.rms.len() {
+                if self.branch_of[i] != NOT_ENLISTED {
+                    let error = match &self.votes[i] {
+                        Some(Err(e)) => Some(e.clone()),
+                        _ => None,
+                    };
+                    self.trace_branch(i, "prepare", error.as_ref());
+                }
+            }
+        }
+    }
+
+    /// Phase two: commits every branch that voted commit (at once under `spread`) and
+    /// keeps the answers in `acks`.
+    fn commit_voters(&mut self, spread: Option<Spread>) {
+        let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
+        self.trace_all_started(|s, i| voted_commit(&s.votes[i]));
+        if let Some(spread) = spread {
+            let (votes, acks, trace) = (&self.votes, &mut self.acks, &mut self.trace);
+            acks.iter_mut().for_each(|a| *a = None);
+            self.fanout.run(
+                &mut self.rms,
+                &self.branch_xids,
+                |i| voted_commit(&votes[i]),
+                BranchCall::Commit,
+                spread,
+                |i, answer| {
+                    if let Some(t) = trace {
+                        t.call_answered(i);
+                    }
+                    acks[i] = Some(answer.into_ack())
+                },
+            );
+        } else {
+            for i in 0..self.rms.len() {
+                self.acks[i] =
+                    voted_commit(&self.votes[i]).then(|| self.rms[i].commit(&self.branch_xids[i], false));
+                if let Some(t) = &mut self.trace {
+                    t.call_answered(i);
+                }
+            }
+        }
+    }
+
+    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+        // Phase one.
+        let spread = self.spread_enlisted();
+        self.prepare_enlisted(spread);
         let verdict = protocol::tally(self.enlisted_votes());
         let voters = match verdict {
             Verdict::Abort { position } => {
@@ -485,28 +568,14 @@ impl Session {
         self.fill_decision(xid, voters);
         self.decide(xid)?;
         // Phase two on the branches that voted commit.
-        let voted_commit = |v: &Option<Result<Vote, RmError>>| matches!(v, Some(Ok(Vote::Commit)));
-        if let Some(spread) = spread {
-            let (votes, acks) = (&self.votes, &mut self.acks);
-            acks.iter_mut().for_each(|a| *a = None);
-            self.fanout.run(
-                &mut self.rms,
-                &self.branch_xids,
-                |i| voted_commit(&votes[i]),
-                BranchCall::Commit,
-                spread,
-                |i, answer| acks[i] = Some(answer.into_ack()),
-            );
-        } else {
-            for i in 0..self.rms.len() {
-                self.acks[i] =
-                    voted_commit(&self.votes[i]).then(|| self.rms[i].commit(&self.branch_xids[i], false));
-            }
-        }
+        self.commit_voters(spread);
         let mut retry: Vec<BranchRecord> = Vec::new();
         let mut heuristics = Vec::new();
         for i in 0..self.rms.len() {
             let Some(result) = self.acks[i].take() else { continue };
+            if self.trace.is_some() {
+                self.trace_branch(i, "commit", result.as_ref().err());
+            }
             let branch = self.branch_of[i];
             match protocol::phase_two_step(&result, true) {
                 PhaseTwoStep::Done => {}
@@ -531,11 +600,7 @@ impl Session {
         let phase_two_pending = retry.len();
         let heuristic = heuristics.iter().fold(None, |h, r| Some(protocol::combine_heuristic(h, r.outcome)));
         if retry.is_empty() {
-            let completed = match heuristic {
-                Some(h) => self.tm.store().complete_heuristic(&xid, h),
-                None => self.tm.store().complete(&xid),
-            };
-            if let Err(e) = completed {
+            if let Err(e) = self.complete_in_store(xid, heuristic) {
                 tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
             }
         } else {
@@ -559,7 +624,11 @@ impl Session {
             }
             self.votes[i] = None;
         }
-        self.roll_back_enlisted(xid)
+        let result = self.roll_back_enlisted(xid);
+        if let Some(t) = self.trace.take() {
+            t.end("rolled_back", result.as_ref().err().map(ToString::to_string));
+        }
+        result
     }
 
     /// Rolls back every enlisted branch after a failure and returns the error naming the
@@ -568,7 +637,13 @@ impl Session {
     /// back; one whose store failed otherwise may or may not be durable, so its branches
     /// are left prepared for recovery (or the state server) to settle, never rolled back.
     fn decide(&mut self, xid: Xid) -> Result<(), TmError> {
-        match self.tm.store().decide(&self.decision) {
+        let span = self.trace.as_ref().map(|t| t.store_call("decree.decide"));
+        let wire = span.as_ref().and_then(trace::wire_of);
+        let result = self.tm.store().decide_traced(&self.decision, wire.as_ref());
+        if let Some(span) = span {
+            trace::end_store_call(span, result.as_ref().err().map(ToString::to_string));
+        }
+        match result {
             Ok(()) => Ok(()),
             Err(e @ StoreError::NotSent(_)) => Err(self.not_sent(xid, e)),
             Err(e) => {
@@ -607,7 +682,9 @@ impl Session {
                 continue;
             }
             let bx = self.branch_xids[i];
+            self.trace_started(i);
             let result = self.rms[i].rollback(&bx);
+            self.trace_branch(i, "rollback", result.as_ref().err());
             match protocol::phase_two_step(&result, false) {
                 PhaseTwoStep::Done => {}
                 PhaseTwoStep::Retry => {
@@ -633,11 +710,57 @@ impl Session {
         } else if let Some(h) = heuristic {
             // Without this the state server, which saw no decision, would answer "rolled
             // back" for a transaction a branch committed on its own.
-            if let Err(e) = self.tm.store().complete_heuristic(&xid, h) {
+            if let Err(e) = self.complete_in_store(xid, Some(h)) {
                 tracing::warn!(%xid, error = %e, "heuristic outcome of a rollback not reported to the store");
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Tells the store that `xid` is finished (with its heuristic outcome), inside a
+    /// `decree.complete` span when spans are on.
+    fn complete_in_store(&self, xid: Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
+        let span = self.trace.as_ref().map(|t| t.store_call("decree.complete"));
+        let wire = span.as_ref().and_then(trace::wire_of);
+        let result = self.tm.store().complete_traced(&xid, heuristic, wire.as_ref());
+        if let Some(span) = span {
+            trace::end_store_call(span, result.as_ref().err().map(ToString::to_string));
+        }
+        result
+    }
+
+    /// Notes that connection `i`'s branch call starts (spans on only).
+    fn trace_started(&mut self, i: usize) {
+        if let Some(t) = &mut self.trace {
+            t.call_started(i);
+        }
+    }
+
+    /// Notes that the branch calls of every connection `which` picks start (spans on only).
+    fn trace_all_started(&mut self, which: impl Fn(&Session, usize) -> bool) {
+        if self.trace.is_none() {
+            return;
+        }
+        for i in 0..self.rms.len() {
+            if which(self, i) {
+                self.trace_started(i);
+            }
+        }
+    }
+
+    /// Emits the span of connection `i`'s branch call `operation` (spans on only).
+    fn trace_branch(&mut self, i: usize, operation: &'static str, error: Option<&RmError>) {
+        if let Some(t) = &mut self.trace {
+            let rm = &self.rms[i];
+            t.call_ended(
+                i,
+                operation,
+                rm.name(),
+                rm.db_system(),
+                self.branch_of[i],
+                error.map(ToString::to_string),
+            );
+        }
     }
 
     fn clear(&mut self) {

@@ -12,6 +12,7 @@
 
 use crate::limits::{self, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, RM_NAME_BYTES_MAX};
 use crate::rm::HeuristicOutcome;
+use crate::trace::TraceContext;
 use crate::xid::Xid;
 use decree_log::LiveRecord;
 use std::collections::HashMap;
@@ -105,6 +106,32 @@ pub trait DecisionStore: Send + Sync {
     fn one_phase(&self, xid: &Xid) -> Result<bool, StoreError> {
         let _ = xid;
         Ok(false)
+    }
+    /// [`DecisionStore::decide`] with the trace context of the coordinator's decide span,
+    /// for a store that passes it on (a state server's client puts it on the wire, so the
+    /// server's spans join the trace); the others ignore it.
+    fn decide_traced(&self, decision: &Decision, trace: Option<&TraceContext>) -> Result<(), StoreError> {
+        let _ = trace;
+        self.decide(decision)
+    }
+    /// [`DecisionStore::complete`] (or [`DecisionStore::complete_heuristic`] when
+    /// `heuristic` is given) with the trace context of the coordinator's completion span.
+    fn complete_traced(
+        &self,
+        xid: &Xid,
+        heuristic: Option<HeuristicOutcome>,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), StoreError> {
+        let _ = trace;
+        match heuristic {
+            Some(h) => self.complete_heuristic(xid, h),
+            None => self.complete(xid),
+        }
+    }
+    /// [`DecisionStore::one_phase`] with the trace context of the transaction's span.
+    fn one_phase_traced(&self, xid: &Xid, trace: Option<&TraceContext>) -> Result<bool, StoreError> {
+        let _ = trace;
+        self.one_phase(xid)
     }
 }
 

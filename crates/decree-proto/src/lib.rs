@@ -38,7 +38,10 @@ pub use message::{
     heuristic_byte, heuristic_from_byte, outcome_byte, outcome_from_byte, ErrorCode, Message, MessageType,
     Negotiated, HELLO_VERSIONS_MAX,
 };
-pub use trailer::{Field, MUST_UNDERSTAND};
+pub use trailer::{
+    append_trace_context, carries_trace_context, trace_context, Field, MUST_UNDERSTAND, TRACE_CONTEXT,
+    TRACE_CONTEXT_BYTES,
+};
 
 /// The version byte of every frame: the version of the framing, the same for every
 /// protocol version.

@@ -5,14 +5,14 @@
 //! [`carries_trailer`]) and runs to the end of the frame: fields of `tag u16 | length u16 |
 //! value`, each tag at most once. A tag with [`MUST_UNDERSTAND`] set may not be skipped: a
 //! receiver that does not know it refuses the message (the server with error 20
-//! `MustUnderstand`, before acting on anything). Version 3 defines no field; the mechanism
-//! exists so that later versions (trace context, queues, calls across services) add fields
-//! without moving any byte of an older body. Sessions of versions 1 and 2 have no trailer:
+//! `MustUnderstand`, before acting on anything). The first field defined is the optional
+//! trace context ([`TRACE_CONTEXT`], issue 36); the mechanism exists so that later fields
+//! (queues, calls across services) come without moving any byte of an older body. Sessions of versions 1 and 2 have no trailer:
 //! bytes after the body stay malformed there, which is for the session to check.
 
 use crate::message::{Message, MessageType};
 use crate::ProtoError;
-use decree_core::Xid;
+use decree_core::{TraceContext, Xid};
 
 /// The bit of a field's tag that says a receiver must understand the field to act on the
 /// message.
@@ -20,6 +20,65 @@ pub const MUST_UNDERSTAND: u16 = 0x8000;
 
 /// Bytes of a field's tag and length.
 const FIELD_HEADER_BYTES: usize = 4;
+
+/// The trace-context field (optional, so old servers skip it): the W3C Trace Context of
+/// the client's span that the receiver's spans are children of. Value: trace id (16
+/// bytes), parent span id (8 bytes), trace flags (1 byte, bit 0 = sampled), as in a
+/// `traceparent` header of version 00. A client sends it on `Decide`, `Complete`,
+/// `CompleteHeuristic`, `OnePhase` and `Outcome`.
+pub const TRACE_CONTEXT: u16 = 0x0001;
+
+/// Bytes of the trace-context field's value; a receiver reads these first bytes and
+/// ignores any more (room for a later `tracestate`), and ignores a shorter value.
+pub const TRACE_CONTEXT_BYTES: usize = 25;
+
+/// Whether a client may send the trace-context field on messages of `kind`.
+pub fn carries_trace_context(kind: MessageType) -> bool {
+    matches!(
+        kind,
+        MessageType::Decide
+            | MessageType::Complete
+            | MessageType::CompleteHeuristic
+            | MessageType::OnePhase
+            | MessageType::Outcome
+    )
+}
+
+/// The trace-context field's value.
+pub fn trace_context_value(context: &TraceContext) -> [u8; TRACE_CONTEXT_BYTES] {
+    let mut value = [0u8; TRACE_CONTEXT_BYTES];
+    value[..16].copy_from_slice(&context.trace_id);
+    value[16..24].copy_from_slice(&context.span_id);
+    value[24] = context.flags;
+    value
+}
+
+/// The trace context a trailer carries, if any: `None` without the field, with a value
+/// too short, or with an all-zero trace or span id (invalid in W3C Trace Context).
+pub fn trace_context(fields: &[Field]) -> Option<TraceContext> {
+    let value = &fields.iter().find(|f| f.tag == TRACE_CONTEXT)?.value;
+    if value.len() < TRACE_CONTEXT_BYTES {
+        return None;
+    }
+    let mut context = TraceContext { trace_id: [0; 16], span_id: [0; 8], flags: value[24] };
+    context.trace_id.copy_from_slice(&value[..16]);
+    context.span_id.copy_from_slice(&value[16..24]);
+    let valid = context.trace_id != [0; 16] && context.span_id != [0; 8];
+    valid.then_some(context)
+}
+
+/// Appends the trace-context field to the frame that starts at `frame_start` in `out` (the
+/// last frame written there) and fixes its length, without allocating: the client's way
+/// to add it to a frame it has just encoded.
+pub fn append_trace_context(out: &mut Vec<u8>, frame_start: usize, context: &TraceContext) {
+    let kind = MessageType::from_byte(out[frame_start + 5]).expect("a frame this crate encoded");
+    assert!(carries_trace_context(kind), "{} carries no trace context", kind.name());
+    out.extend_from_slice(&TRACE_CONTEXT.to_be_bytes());
+    out.extend_from_slice(&(TRACE_CONTEXT_BYTES as u16).to_be_bytes());
+    out.extend_from_slice(&trace_context_value(context));
+    let length = (out.len() - frame_start - 4) as u32;
+    out[frame_start..frame_start + 4].copy_from_slice(&length.to_be_bytes());
+}
 
 /// One typed field of a trailer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,6 +301,29 @@ mod tests {
         let mut plain = Vec::new();
         encode_frame(&mut plain, 9, &Message::OnePhase(xid()));
         assert_eq!(out.len(), plain.len() + 4 + 3 + 4, "the body is unchanged, the fields follow it");
+    }
+
+    #[test]
+    fn the_trace_context_field_is_appended_to_a_frame_and_read_back() {
+        let context = TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 };
+        let mut out = vec![9, 9];
+        let start = out.len();
+        crate::encode_frame(&mut out, 5, &Message::Complete(xid()));
+        append_trace_context(&mut out, start, &context);
+        let frame = decode_frame(&out[start..], FRAME_BYTES_MAX).unwrap().unwrap();
+        assert_eq!(frame.header.frame_bytes, out.len() - start);
+        let (m, fields) = decode_body_and_fields(frame.header.kind, frame.body).unwrap();
+        assert_eq!(m, Message::Complete(xid()));
+        assert_eq!(trace_context(&fields), Some(context));
+        assert!(!fields[0].must_understand(), "old servers skip it");
+        // Too short, or all-zero ids: ignored, never an error.
+        let short = [Field { tag: TRACE_CONTEXT, value: vec![1; 24] }];
+        assert_eq!(trace_context(&short), None);
+        let zero = [Field { tag: TRACE_CONTEXT, value: vec![0; 25] }];
+        assert_eq!(trace_context(&zero), None);
+        let longer =
+            [Field { tag: TRACE_CONTEXT, value: [&trace_context_value(&context)[..], &[7, 7]].concat() }];
+        assert_eq!(trace_context(&longer), Some(context));
     }
 
     proptest::proptest! {

@@ -246,3 +246,43 @@ fn a_version_2_hello_is_a_version_1_hello_plus_its_list() {
     assert_eq!(&h2[h1.len()..], "0200000000");
     assert_eq!(decree_proto::choose_version(&[1, 2]), Some(2));
 }
+
+/// The trace-context field (issue 36): every vector that names a `trace_context` carries
+/// it as its trailer's tag 0x0001, it reads back as those ids and flags, and the client's
+/// way of adding it to a frame it just encoded (`append_trace_context`) gives exactly the
+/// vector's bytes.
+#[test]
+fn the_trace_context_vectors_read_back_and_the_client_writes_them_byte_for_byte() {
+    let v = vectors();
+    let mut seen = Vec::new();
+    for vector in v["messages"].as_array().unwrap() {
+        let Some(tc) = vector["fields"].get("trace_context") else { continue };
+        let name = vector["name"].as_str().unwrap();
+        let array = |key: &str| hex::decode(tc[key].as_str().unwrap()).unwrap();
+        let expected = decree_core::TraceContext {
+            trace_id: array("trace_id").try_into().unwrap(),
+            span_id: array("span_id").try_into().unwrap(),
+            flags: num(tc, "flags") as u8,
+        };
+        let bytes = hex::decode(vector["hex"].as_str().unwrap()).unwrap();
+        let frame = decode_frame(&bytes, FRAME_BYTES_MAX).unwrap().unwrap();
+        let (m, fields) = decode_body_and_fields(frame.header.kind, frame.body).unwrap();
+        assert_eq!(decree_proto::trace_context(&fields), Some(expected), "{name}");
+        assert!(
+            fields.iter().all(|f| f.tag == decree_proto::TRACE_CONTEXT && !f.must_understand()),
+            "{name}"
+        );
+        assert!(decree_proto::carries_trace_context(m.kind()), "{name}");
+        let mut out = Vec::new();
+        encode_frame(&mut out, num(vector, "request_id"), &m);
+        decree_proto::append_trace_context(&mut out, 0, &expected);
+        assert_eq!(hex::encode(&out), vector["hex"].as_str().unwrap(), "{name}");
+        seen.push(m.kind().name());
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        ["Complete", "Decide", "OnePhase", "Outcome"],
+        "a trace-context vector per message kind"
+    );
+}

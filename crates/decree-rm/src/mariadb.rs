@@ -565,6 +565,7 @@ impl Drop for XaConnection {
 }
 
 impl BranchConnection for XaConnection {
+    const DB_SYSTEM: &'static str = "mariadb";
     type Client = Conn;
 
     fn address(&self) -> &str {

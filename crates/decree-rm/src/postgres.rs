@@ -603,6 +603,7 @@ fn first_value_is_true(messages: &[SimpleQueryMessage]) -> bool {
 }
 
 impl BranchConnection for PgConnection {
+    const DB_SYSTEM: &'static str = "postgresql";
     type Client = Client;
 
     fn address(&self) -> &str {

@@ -19,6 +19,8 @@ use crate::branch::lock_connection;
 pub trait BranchConnection: Send + 'static {
     /// The database client the application runs its SQL on.
     type Client;
+    /// The database's `db.system.name` (OpenTelemetry semantic conventions).
+    const DB_SYSTEM: &'static str;
     /// The server address for messages (never the password).
     fn address(&self) -> &str;
     /// The client for the application's SQL: reconnects when no branch is open, fails when
@@ -162,6 +164,9 @@ impl<C: BranchConnection> ResourceManager for SharedRm<C> {
             Ok(mut c) => c.receive(),
             Err(e) => BranchAnswer::Ack(Err(e)),
         }
+    }
+    fn db_system(&self) -> &'static str {
+        C::DB_SYSTEM
     }
     fn prefers_parallel(&self) -> bool {
         // Each call waits for a network round trip (and prepare/commit for a log flush),

@@ -33,6 +33,12 @@
 //! recheck_after_close_ms = 1000 # first recheck after a session closes
 //! rechecks_after_close = 5      # rechecks, each delay doubled: 1, 2, 4, 8, 16 s
 //!
+//! [tracing]                     # OpenTelemetry spans over OTLP/HTTP; off when absent
+//! endpoint = "http://127.0.0.1:4318"  # the collector's base URL (spans to /v1/traces)
+//! sampling = 1.0                # share of the server's own traces (recovery passes);
+//!                               # a client's sampled flag decides for its transactions
+//! xid_contexts_max = 65536      # client span contexts kept for recovery's links
+//!
 //! [[rm]]
 //! name = "pg-a"
 //! kind = "postgres"
@@ -421,6 +427,9 @@ pub struct ServerConfig {
     /// Resource managers for phase two of dead sessions and recovery.
     #[serde(default)]
     pub rm: Vec<RmConfig>,
+    /// OpenTelemetry spans, exported over OTLP/HTTP; off when absent.
+    #[serde(default)]
+    pub tracing: Option<decree_otel::TracingConfig>,
 }
 
 fn default_node() -> u32 {
@@ -482,6 +491,7 @@ impl ServerConfig {
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
             rm: Vec::new(),
+            tracing: None,
         }
     }
 
@@ -609,6 +619,9 @@ impl ServerConfig {
         }
         self.validate_exposure()?;
         self.validate_pair()?;
+        if let Some(tracing) = &self.tracing {
+            tracing.validate().map_err(|e| ConfigError(e.to_string()))?;
+        }
         if let Some(addr) = self.metrics {
             if !addr.ip().is_loopback() {
                 return Err(ConfigError(format!("metrics address {addr} must be a loopback address")));

@@ -24,11 +24,14 @@
 use crate::crash_points::{self, CrashPoint};
 use crate::rules;
 use crate::state::{SessionTxns, State};
-use decree_core::{Decision, HeuristicOutcome, Xid};
+use crate::trace;
+use decree_core::{Decision, HeuristicOutcome, TraceContext, Xid};
 use decree_proto::{encode_frame, ErrorCode, Field, FrameBuffer, Message, Negotiated};
+use opentelemetry::trace::Span;
+use opentelemetry::KeyValue;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant as TokioInstant;
@@ -235,7 +238,7 @@ impl Conn {
     /// request before anything of it is acted on.
     async fn handle_with_fields(&mut self, id: u64, message: Message, fields: &[Field]) -> Next {
         if fields.is_empty() {
-            return self.handle(id, message).await;
+            return self.handle(id, message, None).await;
         }
         let kind = message.kind().name();
         if self.version < decree_proto::PROTOCOL_VERSION_TRAILER {
@@ -247,11 +250,14 @@ impl Conn {
             let why = format!("unknown must-understand field 0x{:04x} in {kind}", f.tag);
             return self.reply(id, Message::Error { code: ErrorCode::MustUnderstand, message: why }).await;
         }
-        self.handle(id, message).await
+        // The trace context is read only when spans are on; otherwise it is skipped.
+        let client = self.state.trace.as_ref().and_then(|_| decree_proto::trace_context(fields));
+        self.handle(id, message, client.as_ref()).await
     }
 
-    /// Handles one request; the response goes to the writer.
-    async fn handle(&mut self, id: u64, message: Message) -> Next {
+    /// Handles one request (`client`: the trace context it carried, when spans are on); the
+    /// response goes to the writer.
+    async fn handle(&mut self, id: u64, message: Message, client: Option<&TraceContext>) -> Next {
         let Some((session, txns)) = self.session.clone() else {
             return match message {
                 Message::Hello { node_expected, client, versions } => {
@@ -264,21 +270,32 @@ impl Conn {
             };
         };
         match message {
-            Message::Decide(decision) => self.decide(id, session, txns, decision).await,
-            Message::Complete(xid) => self.complete(&xid, session, &txns, None),
+            Message::Decide(decision) => self.decide(id, session, txns, decision, client).await,
+            Message::Complete(xid) => self.complete(&xid, session, &txns, None, client),
             Message::CompleteHeuristic(xid, outcome) if self.version >= 2 => {
-                self.complete(&xid, session, &txns, Some(outcome))
+                self.complete(&xid, session, &txns, Some(outcome), client)
             }
             Message::OnePhase(xid) if self.version >= decree_proto::PROTOCOL_VERSION_TRAILER => {
+                let span =
+                    self.state.trace.as_ref().map(|t| t.request("decree.server.one_phase", &xid, client));
                 self.state.metrics.one_phase_notices.fetch_add(1, Ordering::Relaxed);
                 if !self.state.mark_one_phase(&xid, session, &txns) {
                     tracing::debug!(%xid, session, "ignored a OnePhase for a transaction of another session");
                 }
+                if let Some(span) = span {
+                    trace::end(span, None);
+                }
                 Next::Continue
             }
             Message::Outcome(xid) => {
+                let span =
+                    self.state.trace.as_ref().map(|t| t.request("decree.server.outcome", &xid, client));
                 let outcome = self.state.outcome(&xid);
                 self.state.outcome_asked(&xid, outcome);
+                if let Some(mut span) = span {
+                    span.set_attribute(KeyValue::new("decree.outcome", format!("{outcome:?}")));
+                    trace::end(span, None);
+                }
                 self.reply(id, decree_proto::outcome_reply(outcome, self.version)).await
             }
             Message::Ping => self.reply(id, Message::Pong).await,
@@ -334,15 +351,29 @@ impl Conn {
         session: u64,
         txns: &SessionTxns,
         heuristic: Option<HeuristicOutcome>,
+        client: Option<&TraceContext>,
     ) -> Next {
-        if !self.state.complete_own(xid, session, txns, heuristic) {
+        let span = self.state.trace.as_ref().map(|t| t.request("decree.server.complete", xid, client));
+        let own = self.state.complete_own(xid, session, txns, heuristic);
+        if !own {
             self.state.metrics.completes_ignored.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%xid, session, "ignored a Complete for a transaction this session has not decided");
+        }
+        if let (Some(t), Some(span)) = (self.state.trace.as_ref(), span) {
+            t.forget(xid);
+            trace::end(span, (!own).then(|| "ignored: not a decision of this session".to_string()));
         }
         Next::Continue
     }
 
-    async fn decide(&mut self, id: u64, session: u64, txns: Arc<SessionTxns>, decision: Decision) -> Next {
+    async fn decide(
+        &mut self,
+        id: u64,
+        session: u64,
+        txns: Arc<SessionTxns>,
+        decision: Decision,
+        client: Option<&TraceContext>,
+    ) -> Next {
         let sequence = match check_decide(&self.state, session, &decision) {
             Ok(sequence) => sequence,
             Err(refusal) => return self.reply(id, *refusal).await,
@@ -362,7 +393,7 @@ impl Conn {
             // Never full: every queued response holds one of the channel's permits.
             let _ = responses.try_send(response);
         });
-        commit_decision(state, txns, sequence, decision, send);
+        commit_decision_traced(state, txns, sequence, decision, send, client);
         Next::Continue
     }
 
@@ -521,13 +552,21 @@ pub(crate) fn check_decide(state: &State, session: u64, decision: &Decision) -> 
 /// `DecideOk` through `send`; a failed write is answered `LogFailed` and leaves the
 /// decision in doubt. The connection calls it with its reply channel, the pair's
 /// simulator (`decree-sim`) with its own.
-pub(crate) fn commit_decision(
+/// `client` is the trace context the `Decide` carried (spans on only): the server's
+/// `decree.server.decide` span is its child, with the log write as a child span and the
+/// backup's confirmation, in a pair, as an event.
+pub(crate) fn commit_decision_traced(
     state: &Arc<State>,
     txns: Arc<SessionTxns>,
     sequence: u64,
     decision: Decision,
     send: Box<dyn FnOnce(Message) + Send>,
+    client: Option<&TraceContext>,
 ) {
+    let span = state
+        .trace
+        .as_ref()
+        .map(|t| (t.request("decree.server.decide", &decision.xid, client), SystemTime::now()));
     let payload = decision.encode();
     // A pair's strict primary ships the decision while it writes it locally.
     let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
@@ -543,12 +582,26 @@ pub(crate) fn commit_decision(
             Ok(()) => {
                 let xid = decision.xid;
                 let accepting = state.clone();
+                let span = span.map(|(mut span, write_started)| {
+                    if let Some(t) = &state.trace {
+                        t.log_write(&span, &xid, write_started, None);
+                    }
+                    span.add_event("decision written", Vec::new());
+                    span
+                });
+                let paired = state.pair().is_some();
                 let accept = move || {
                     // Visible as decided before the client can see DecideOk.
                     accepting.decided_or_orphan(&txns, sequence, decision, key);
                     accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
                     accepting.metrics.observe_decide(started.elapsed());
                     crash_points::pass(CrashPoint::DecideConfirmed, &xid);
+                    if let Some(mut span) = span {
+                        if paired {
+                            span.add_event("backup confirmed", Vec::new());
+                        }
+                        trace::end(span, None);
+                    }
                     send(Message::DecideOk)
                 };
                 match (state.pair(), early, shipped) {
@@ -570,6 +623,11 @@ pub(crate) fn commit_decision(
                     link.write_failed(ticket);
                 }
                 state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
+                if let (Some(t), Some((span, write_started))) = (&state.trace, span) {
+                    t.log_write(&span, &decision.xid, write_started, Some(e.to_string()));
+                    tracing::error!(xid = %decision.xid, trace_id = %trace::trace_id_hex(&span), "the traced decision's write failed");
+                    trace::end(span, Some(format!("log write failed: {e}")));
+                }
                 tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
                 let message = format!(
                     "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"

@@ -28,6 +28,7 @@ mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
+mod trace;
 
 pub use config::{
     ConfigError, Limits, PairAck, PairConfig, PairTlsConfig, RecoveryConfig, RmConfig, ServerConfig,

@@ -143,6 +143,12 @@ pub(crate) fn render(state: &State) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP decree_in_doubt_oldest_seconds How long the oldest in-doubt transaction has waited since its decision (0 when none).\n\
+         # TYPE decree_in_doubt_oldest_seconds gauge\ndecree_in_doubt_oldest_seconds {:.3}",
+        state.in_doubt_oldest().as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
         "# HELP decree_recovery_rechecks_pending Recovery passes asked for after sessions closed, not run yet.\n\
          # TYPE decree_recovery_rechecks_pending gauge\ndecree_recovery_rechecks_pending {}",
         state.rechecks_pending()

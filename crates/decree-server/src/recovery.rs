@@ -21,12 +21,18 @@
 use crate::crash_points::{self, CrashPoint};
 use crate::rules::Remembered;
 use crate::state::State;
+use crate::trace;
 use decree_core::recovery::runtime::{self, ScanRules};
 use decree_core::recovery::{Backoff, Connections, DecisionFact, PhaseTwo, Recorder};
 use decree_core::{HeuristicOutcome, HeuristicReport, Origin, Xid};
+use opentelemetry::trace::Span;
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::Span as SdkSpan;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use std::time::SystemTime;
 
 /// Runs passes until `stop` is set; call from a dedicated thread. A pass runs at start (it
 /// replays recovered decisions), when woken (a session closed, an orphan appeared), when a
@@ -77,8 +83,17 @@ pub(crate) fn leading_pass(state: &State, stop: &AtomicBool) -> Option<bool> {
 /// One pass: finish the orphans, then roll back abandoned prepared branches. Returns
 /// whether everything that could be done was done (no retry needed).
 pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
+    let books = Books { state, span: Mutex::new(None), started: SystemTime::now() };
+    let clean = pass_with(state, stop, &books);
+    if let Some(mut span) = books.span.into_inner() {
+        span.set_attribute(KeyValue::new("decree.recovery.clean", clean));
+        trace::end(span, None);
+    }
+    clean
+}
+
+fn pass_with(state: &State, stop: &AtomicBool, books: &Books<'_>) -> bool {
     let mut connections = Connections::new(&state.factories);
-    let books = Books(state);
     let mut clean = true;
     for orphan in state.orphans() {
         if stop.load(Ordering::SeqCst) {
@@ -86,7 +101,7 @@ pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
         }
         let decision = orphan.decision;
         let mut phase_two = PhaseTwo::new(decision.xid, true, decision.branches);
-        clean &= runtime::run_phase_two(&mut phase_two, &mut connections, &books);
+        clean &= runtime::run_phase_two(&mut phase_two, &mut connections, books);
     }
     // A failed commit does not mean that listing fails: give every RM a fresh try.
     connections.forgive();
@@ -107,7 +122,7 @@ pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
-        match runtime::scan(&rm, &mut connections, &rules, &books) {
+        match runtime::scan(&rm, &mut connections, &rules, books) {
             Ok(counts) => clean &= counts.failed == 0,
             Err(e) => {
                 tracing::warn!(%rm, error = %e, "cannot list prepared branches; will retry");
@@ -122,16 +137,28 @@ pub(crate) fn pass(state: &State, stop: &AtomicBool) -> bool {
 /// The state server's books for the engine: completions finish orphans (the outcome is
 /// remembered before the log records go), rollbacks and heuristics are remembered, and
 /// the metrics count them.
-struct Books<'a>(&'a State);
+/// With spans on, the pass's span holds one span per branch the pass finished; it is
+/// started at the first such branch (with the pass's start time), so that the many passes
+/// that finish nothing export nothing.
+struct Books<'a> {
+    state: &'a State,
+    span: Mutex<Option<SdkSpan>>,
+    started: SystemTime,
+}
 
 impl Recorder for Books<'_> {
     fn complete(&self, xid: &Xid, _heuristic: Option<HeuristicOutcome>) {
         // The heuristics of every pass were noted on the orphan as they came (`heuristic`).
-        self.0.complete_orphan(xid);
+        self.state.complete_orphan(xid);
     }
 
     fn rolled_back(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
-        let state = self.0;
+        let state = self.state;
+        if let Some(t) = &state.trace {
+            let mut span = self.span.lock();
+            let pass = span.get_or_insert_with(|| t.pass(self.started));
+            t.recovered_branch(pass, xid, None, false);
+        }
         match heuristic {
             None => {
                 state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
@@ -149,12 +176,17 @@ impl Recorder for Books<'_> {
     fn heuristic(&self, report: &HeuristicReport) {
         // Only an orphan's phase two has an orphan to note it on; a presumed-abort
         // rollback's heuristic is remembered by `rolled_back`.
-        self.0.orphan_heuristic(&report.xid, report.outcome);
+        self.state.orphan_heuristic(&report.xid, report.outcome);
     }
 
     fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {
+        if let Some(t) = &self.state.trace {
+            let mut span = self.span.lock();
+            let pass = span.get_or_insert_with(|| t.pass(self.started));
+            t.recovered_branch(pass, xid, Some(rm), commit);
+        }
         if commit {
-            self.0.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
+            self.state.metrics.phase_two_commits.fetch_add(1, Ordering::Relaxed);
             tracing::info!(%xid, %rm, "committed branch of a finished session");
             crash_points::pass(CrashPoint::PhaseTwo, xid);
         }

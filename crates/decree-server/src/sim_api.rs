@@ -116,12 +116,13 @@ impl SimPrimary {
     /// the member stops first).
     pub fn decide(&self, session: &SimSession, decision: Decision, answer: Answer) {
         match crate::connection::check_decide(&self.state, session.id, &decision) {
-            Ok(sequence) => crate::connection::commit_decision(
+            Ok(sequence) => crate::connection::commit_decision_traced(
                 &self.state,
                 session.txns.clone(),
                 sequence,
                 decision,
                 answer,
+                None,
             ),
             Err(refusal) => answer(*refusal),
         }

@@ -50,6 +50,9 @@ pub(crate) struct LiveDecision {
     pub(crate) keys: Vec<u64>,
     /// What branches finished so far decided on their own.
     pub(crate) heuristic: Option<HeuristicOutcome>,
+    /// When this run decided it (or found it in the log at start): an in-doubt
+    /// transaction's age is counted from here.
+    pub(crate) decided_at: Instant,
 }
 
 impl LiveDecision {
@@ -176,6 +179,8 @@ pub(crate) struct State {
     unconfirmed: Mutex<HashSet<Xid>>,
     /// Closed sessions' one-phase marks: never answered rolled back.
     closed_unknown: Mutex<ClosedUnknown>,
+    /// Spans, when `[tracing]` is configured (`None`: off, nothing allocated).
+    pub(crate) trace: Option<crate::trace::ServerTrace>,
 }
 
 impl State {
@@ -197,10 +202,18 @@ impl State {
             .into_iter()
             .map(|(xid, decision)| {
                 let keys = record_keys.remove(&xid).unwrap_or_default();
-                (xid, LiveDecision { decision, keys, heuristic: None })
+                (xid, LiveDecision { decision, keys, heuristic: None, decided_at: Instant::now() })
             })
             .collect();
         let (node, limits, recovery) = (config.node, config.limits, config.recovery);
+        let member = config.pair.as_ref().map(|p| p.member);
+        let trace = config.tracing.as_ref().and_then(|tracing| {
+            crate::trace::ServerTrace::start(tracing, node, member, incarnation)
+                .inspect_err(
+                    |e| tracing::error!(error = %e, "tracing not started; the server runs without spans"),
+                )
+                .ok()
+        });
         State {
             log,
             outcomes,
@@ -226,6 +239,7 @@ impl State {
             pair: std::sync::OnceLock::new(),
             unconfirmed: Mutex::new(HashSet::new()),
             closed_unknown: Mutex::new(ClosedUnknown::default()),
+            trace,
         }
     }
 
@@ -269,7 +283,7 @@ impl State {
             drop(decided);
             return self.decided(txns, sequence, decision, key);
         }
-        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None, decided_at: Instant::now() };
         let mut orphans = self.orphans.lock();
         match orphans.get_mut(&live.decision.xid) {
             Some(existing) => existing.merge(live),
@@ -396,7 +410,7 @@ impl State {
 
     /// Records a decision of a live session that is now durable.
     pub(crate) fn decided(&self, txns: &SessionTxns, sequence: u64, decision: Decision, key: u64) {
-        let live = LiveDecision { decision, keys: vec![key], heuristic: None };
+        let live = LiveDecision { decision, keys: vec![key], heuristic: None, decided_at: Instant::now() };
         let mut decided = txns.decided.lock();
         match decided.get_mut(&sequence) {
             Some(existing) => existing.merge(live),
@@ -456,6 +470,12 @@ impl State {
     /// Number of decided transactions whose owner is gone and that are not finished yet.
     pub(crate) fn in_doubt(&self) -> usize {
         self.orphans.lock().len()
+    }
+
+    /// How long the oldest in-doubt transaction has waited since it was decided (or found
+    /// in the log at start); zero when there is none. Walks the orphans: for scrapes only.
+    pub(crate) fn in_doubt_oldest(&self) -> Duration {
+        self.orphans.lock().values().map(|o| o.decided_at.elapsed()).max().unwrap_or_default()
     }
 
     /// Number of live sessions.

@@ -33,6 +33,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from . import _tracing
 from . import protocol as p
 from ._session import SessionState
 from .branches import BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step
@@ -217,6 +218,13 @@ class TransactionRules:
         log.debug("%s: branch %d on %s", self.xid, number, adapter.rm)
         return number
 
+    def _branch_span(self, operation: str, b: Enlisted) -> Any:
+        """The span of branch ``b``'s ``operation`` (database semantic conventions)."""
+        return _tracing.span(
+            f"{operation} {b.rm}", self._xid, db__system__name=_tracing.db_system(b.adapter),
+            db__operation__name=operation, decree__rm=b.rm, decree__branch=b.number,
+        )
+
     def _on_session(self, method: str, *args: Any) -> Call:
         return Call(self._session, method, args)
 
@@ -224,22 +232,28 @@ class TransactionRules:
 
     def _rollback_steps(self) -> Steps[None]:
         """Rolls every branch back; nothing is sent to the server (presumed abort)."""
-        yield from self._roll_back_all()
+        with _tracing.span("decree.transaction", self._xid, decree__outcome="rolled_back"):
+            yield from self._roll_back_all()
         self.state = "rolled_back"
 
     def _commit_steps(self) -> Steps[CommitReport]:
         """Commits: no branch, one (one phase) or more (two phases); sets ``state`` and
         ``report``, or the state that the exception raised means."""
-        try:
-            if not self._branches:
-                report = CommitReport(self._xid, "empty")
-            elif len(self._branches) == 1:
-                report = yield from self._one_phase(self._branches[0])
-            else:
-                report = yield from self._two_phase()
-        except BaseException as e:
-            self.state = state_after(e)
-            raise
+        with _tracing.span("decree.transaction", self._xid) as span:
+            try:
+                if not self._branches:
+                    report = CommitReport(self._xid, "empty")
+                elif len(self._branches) == 1:
+                    report = yield from self._one_phase(self._branches[0])
+                else:
+                    report = yield from self._two_phase()
+            except BaseException as e:
+                self.state = state_after(e)
+                if span is not None:
+                    span.set_attribute("decree.outcome", self.state)
+                raise
+            if span is not None:
+                span.set_attribute("decree.outcome", "committed")
         self.report = report
         self.state = "committed"
         return report
@@ -248,7 +262,8 @@ class TransactionRules:
         assert self._branches == [b], "one phase is for a lone branch"
         told = yield from self._tell_one_phase(b)
         try:
-            yield b.call("commit_one_phase")
+            with self._branch_span("commit", b):
+                yield b.call("commit_one_phase")
         except BranchEnded as e:
             self._close_session = self._close_session or told  # a told server then answers unknown.
             raise (yield from self._ended_by_application(b, e)) from e
@@ -295,7 +310,8 @@ class TransactionRules:
         yield from self._prepare_all()
         decision = tuple(p.Branch(b.number, b.rm) for b in self._branches)
         try:
-            yield self._on_session("decide", self._xid, decision)
+            with _tracing.span("decree.decide", self._xid):
+                yield self._on_session("decide", self._xid, decision)
         except NotSent as e:
             return (yield from self._not_sent(e))
         except ServerError as e:
@@ -308,7 +324,8 @@ class TransactionRules:
     def _prepare_all(self) -> Steps[None]:
         for b in self._branches:
             try:
-                yield b.call("prepare")
+                with self._branch_span("prepare", b):
+                    yield b.call("prepare")
                 b.prepared = True
             except BranchEnded as e:
                 raise (yield from self._ended_by_application(b, e)) from e
@@ -436,7 +453,8 @@ class TransactionRules:
         heuristics: list[HeuristicReport] = []
         for b in self._branches:
             try:
-                result: PhaseTwo = yield b.call("commit_prepared")
+                with self._branch_span("commit", b):
+                    result: PhaseTwo = yield b.call("commit_prepared")
             except Exception as e:  # an adapter bug must not hide that the decision is durable.
                 result = PhaseTwo(Step.PENDING, f"{b.rm}: {e!r}")
             if result.step == Step.PENDING:
@@ -452,7 +470,8 @@ class TransactionRules:
         if pending:
             self._close_session = True
         elif send_complete:
-            yield self._on_session("complete", self._xid, outcome)
+            with _tracing.span("decree.complete", self._xid):
+                yield self._on_session("complete", self._xid, outcome)
         if outcome is not None and outcome != p.Heuristic.COMMITTED:
             raise HeuristicError(
                 f"{self.xid}: committed, but branches decided on their own: "
@@ -472,7 +491,8 @@ class TransactionRules:
         errors: list[BaseException] = []
         for b in self._branches:
             try:
-                yield b.call("rollback")
+                with self._branch_span("rollback", b):
+                    yield b.call("rollback")
             except Exception as e:
                 errors.append(e)
                 self._close_session = True

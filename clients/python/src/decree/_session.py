@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from . import _tracing
 from . import protocol as p
 from .errors import NotSent, ProtocolError, ServerError, UsageError
 
@@ -171,7 +172,7 @@ class SessionState:
         if self._broken is not None or transport is None:
             raise NotSent(f"connection to {self.endpoint} is broken: {self._broken}")
         rid = self._take_id()
-        frame = p.encode_frame(rid, message)
+        frame = p.encode_frame(rid, message, _tracing.trailer(self.version, message))
         if len(frame) > self.frame_bytes_max:
             raise UsageError(f"a {type(message).__name__} of {len(frame)} bytes exceeds the server's frame limit")
         return rid, frame
@@ -197,7 +198,7 @@ class SessionState:
             message = p.Complete(xid.global_xid())
         if self.broken:
             return False
-        self._completes.append(p.encode_frame(self._take_id(), message))
+        self._completes.append(p.encode_frame(self._take_id(), message, _tracing.trailer(self.version, message)))
         return len(self._completes) >= COMPLETES_BUFFERED_MAX
 
     def _with_completes(self, frame: bytes = b"") -> bytes:

@@ -355,6 +355,39 @@ class Field:
         return bool(self.tag & MUST_UNDERSTAND)
 
 
+#: The trace-context field (optional): trace id (16 bytes), parent span id (8), flags (1).
+TRACE_CONTEXT = 0x0001
+TRACE_CONTEXT_BYTES = 25
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    """A W3C trace context as the trace-context field carries it (flags bit 0: sampled)."""
+
+    trace_id: bytes
+    span_id: bytes
+    flags: int = 1
+
+    def field(self) -> Field:
+        """The trailer field that carries this context."""
+        if len(self.trace_id) != 16 or len(self.span_id) != 8 or not 0 <= self.flags < 256:
+            raise ValueError("a trace context is a 16-byte trace id, an 8-byte span id and a flags byte")
+        return Field(TRACE_CONTEXT, self.trace_id + self.span_id + bytes([self.flags]))
+
+
+def trace_context(fields: Sequence[Field]) -> TraceContext | None:
+    """The trace context a trailer carries: None without the field, with a value shorter
+    than 25 bytes or with an all-zero id (ignored, never an error); bytes past 25 are
+    ignored."""
+    value = next((f.value for f in fields if f.tag == TRACE_CONTEXT), None)
+    if value is None or len(value) < TRACE_CONTEXT_BYTES:
+        return None
+    trace_id, span_id = value[:16], value[16:24]
+    if trace_id == bytes(16) or span_id == bytes(8):
+        return None
+    return TraceContext(trace_id, span_id, value[24])
+
+
 @dataclass(frozen=True)
 class Negotiated:
     """The HelloOk trailer: the session's protocol version and the server's idle bound."""

@@ -1,0 +1,223 @@
+//! OpenTelemetry spans of the coordinator: one trace per transaction, with a span for the
+//! transaction, each branch's prepare, commit or rollback (database semantic conventions),
+//! the decision and the completion; and the trace context that travels to a state server
+//! on the wire (protocol version 3's trace-context field), so that the server's spans join
+//! the application's trace.
+//!
+//! Off unless [`enable`] was called (decree-otel does when it installs an exporter; an
+//! application that installs its own OpenTelemetry provider calls it itself). Off, the
+//! coordinator pays one relaxed atomic load per transaction and allocates nothing: every
+//! span lives in an `Option` that stays `None`. On, spans go to OpenTelemetry's global
+//! tracer provider, as children of the application's current context.
+//!
+//! It is not for the state server's own spans (decree-server keeps its own tracer, with
+//! its node, member and epoch as resource attributes) nor for exporting (decree-otel).
+
+use crate::xid::Xid;
+use opentelemetry::global::{BoxedSpan, BoxedTracer};
+use opentelemetry::trace::{
+    Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
+};
+use opentelemetry::{Context, KeyValue};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+/// Whether the coordinator emits spans: set once by [`enable`].
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The name of the coordinator's tracer (its instrumentation scope).
+pub const TRACER_NAME: &str = "decree";
+
+/// The attribute holding the global Xid (hex of format id, gtrid and bqual) on every span.
+pub const XID_ATTRIBUTE: &str = "decree.xid";
+
+/// Turns the coordinator's spans on for this process (they go to the global provider).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether spans are on: the one check the commit path makes when they are off.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// A W3C trace context as it travels on the wire: the trace, the span that is the parent
+/// of the receiver's spans, and the flags (bit 0: sampled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceContext {
+    /// The trace id (never all zero).
+    pub trace_id: [u8; 16],
+    /// The parent span id (never all zero).
+    pub span_id: [u8; 8],
+    /// W3C trace flags; 0x01 = sampled.
+    pub flags: u8,
+}
+
+impl TraceContext {
+    /// The wire form of an OpenTelemetry span context; `None` for an invalid one.
+    pub fn from_span_context(sc: &SpanContext) -> Option<TraceContext> {
+        sc.is_valid().then(|| TraceContext {
+            trace_id: sc.trace_id().to_bytes(),
+            span_id: sc.span_id().to_bytes(),
+            flags: sc.trace_flags().to_u8(),
+        })
+    }
+
+    /// The remote span context a receiver parents its spans on; `None` when an id is zero
+    /// (invalid in W3C Trace Context, so ignored).
+    pub fn to_span_context(&self) -> Option<SpanContext> {
+        let sc = SpanContext::new(
+            TraceId::from_bytes(self.trace_id),
+            SpanId::from_bytes(self.span_id),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::NONE,
+        );
+        sc.is_valid().then_some(sc)
+    }
+
+    /// The trace id in lowercase hex, as log lines and exemplars show it.
+    pub fn trace_id_hex(&self) -> String {
+        hex::encode(self.trace_id)
+    }
+}
+
+/// The wire form of the caller's current OpenTelemetry context (spans on and a valid
+/// span current), for requests made outside a transaction (`Outcome`).
+pub fn current_context() -> Option<TraceContext> {
+    if !enabled() {
+        return None;
+    }
+    TraceContext::from_span_context(Context::current().span().span_context())
+}
+
+/// The Xid attribute of a span.
+pub fn xid_attribute(xid: &Xid) -> KeyValue {
+    KeyValue::new(XID_ATTRIBUTE, xid.to_string())
+}
+
+/// The spans of one transaction in progress: the transaction's span (the parent of every
+/// other) and the start of each connection's branch call under way.
+pub(crate) struct TxTrace {
+    tracer: BoxedTracer,
+    /// The context holding the transaction's span.
+    cx: Context,
+    xid: Xid,
+    /// When each connection's current branch call started.
+    started: Vec<Option<SystemTime>>,
+    /// When each connection's current branch call was answered.
+    answered: Vec<Option<SystemTime>>,
+}
+
+impl TxTrace {
+    /// The transaction's span, a child of the caller's current context; `None` (nothing
+    /// allocated) when spans are off.
+    #[inline]
+    pub(crate) fn begin(xid: &Xid, connections: usize) -> Option<TxTrace> {
+        if !enabled() {
+            return None;
+        }
+        Some(Self::begin_on(xid, connections))
+    }
+
+    #[cold]
+    fn begin_on(xid: &Xid, connections: usize) -> TxTrace {
+        let tracer = opentelemetry::global::tracer(TRACER_NAME);
+        let span = tracer
+            .span_builder("decree.transaction")
+            .with_kind(SpanKind::Internal)
+            .with_attributes([xid_attribute(xid)])
+            .start_with_context(&tracer, &Context::current());
+        let cx = Context::current().with_span(span);
+        TxTrace { tracer, cx, xid: *xid, started: vec![None; connections], answered: vec![None; connections] }
+    }
+
+    /// The wire context of the transaction's span (what `OnePhase` carries).
+    pub(crate) fn wire(&self) -> Option<TraceContext> {
+        TraceContext::from_span_context(self.cx.span().span_context())
+    }
+
+    /// Notes that connection `i`'s branch call starts now.
+    pub(crate) fn call_started(&mut self, i: usize) {
+        if let Some(s) = self.started.get_mut(i) {
+            *s = Some(SystemTime::now());
+        }
+    }
+
+    /// Notes that connection `i`'s branch call was answered now.
+    pub(crate) fn call_answered(&mut self, i: usize) {
+        if let Some(s) = self.answered.get_mut(i) {
+            *s = Some(SystemTime::now());
+        }
+    }
+
+    /// Emits the span of connection `i`'s branch call, from [`TxTrace::call_started`] to
+    /// [`TxTrace::call_answered`] (or now): `operation` on `rm` (a `db_system` database), branch `branch`, failed with
+    /// `error` when given.
+    pub(crate) fn call_ended(
+        &mut self,
+        i: usize,
+        operation: &'static str,
+        rm: &str,
+        db_system: &'static str,
+        branch: u16,
+        error: Option<String>,
+    ) {
+        let end = self.answered.get_mut(i).and_then(Option::take).unwrap_or_else(SystemTime::now);
+        let start = self.started.get_mut(i).and_then(Option::take).unwrap_or(end);
+        let mut span = self
+            .tracer
+            .span_builder(format!("{operation} {rm}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(start)
+            .with_attributes([
+                xid_attribute(&self.xid),
+                KeyValue::new("db.system.name", db_system),
+                KeyValue::new("db.system", db_system),
+                KeyValue::new("db.operation.name", operation),
+                KeyValue::new("db.namespace", rm.to_string()),
+                KeyValue::new("decree.rm", rm.to_string()),
+                KeyValue::new("decree.branch", i64::from(branch)),
+            ])
+            .start_with_context(&self.tracer, &self.cx);
+        if let Some(error) = error {
+            span.set_status(Status::error(error));
+        }
+        span.end_with_timestamp(end);
+    }
+
+    /// A span for a call to the decision store (`decree.decide`, `decree.complete`,
+    /// `decree.one_phase`), a child of the transaction's; its context goes on the wire.
+    pub(crate) fn store_call(&self, name: &'static str) -> BoxedSpan {
+        self.tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes([xid_attribute(&self.xid)])
+            .start_with_context(&self.tracer, &self.cx)
+    }
+
+    /// Ends the transaction's span with its outcome (`committed`, `rolled_back`, or
+    /// `unknown` and the error).
+    pub(crate) fn end(self, outcome: &'static str, error: Option<String>) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new("decree.outcome", outcome));
+        if let Some(error) = error {
+            span.set_status(Status::error(error));
+        }
+        span.end();
+    }
+}
+
+/// The wire context of a store call's span.
+pub(crate) fn wire_of(span: &BoxedSpan) -> Option<TraceContext> {
+    TraceContext::from_span_context(span.span_context())
+}
+
+/// Ends a store call's span, failed with `error` when given.
+pub(crate) fn end_store_call(mut span: BoxedSpan, error: Option<String>) {
+    if let Some(error) = error {
+        span.set_status(Status::error(error));
+    }
+    span.end();
+}

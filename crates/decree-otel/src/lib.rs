@@ -1,0 +1,260 @@
+//! OpenTelemetry for decree: builds an OTLP/HTTP (protobuf) trace exporter and its tracer
+//! provider, from `[tracing]` in decree.toml for the state server ([`Exporter::start`]) or
+//! from the standard `OTEL_*` variables in a client process ([`install_from_env`]).
+//!
+//! What it is not: the spans themselves. The coordinator's are in `decree_core::trace`
+//! (through OpenTelemetry's global provider, which [`install_from_env`] sets), the state
+//! server's in decree-server (through its own provider, so that several servers in one
+//! process keep their own node, member and epoch as resource attributes).
+//!
+//! Nothing here runs on a commit path: spans are queued by the SDK's batch processor (a
+//! bounded queue, `export_queue_max`; spans past it are dropped and counted by the SDK)
+//! and exported from its own thread over [`http::BlockingHttp`].
+
+pub mod http;
+
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+};
+use opentelemetry_sdk::Resource;
+use std::time::Duration;
+
+/// Why tracing could not be set up.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OtelError {
+    /// A `[tracing]` value or an `OTEL_*` variable was refused; says which and why.
+    #[error("tracing: {0}")]
+    Config(String),
+}
+
+/// The largest bound on the server's map from Xid to span context.
+pub const XID_CONTEXTS_MAX_CAP: u32 = 1 << 20;
+
+/// `[tracing]` in decree.toml: where the state server sends its spans, and how many.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// (`http://127.0.0.1:4318`); spans go to its `/v1/traces`.
+    pub endpoint: String,
+    /// Share of the traces the server starts itself (recovery passes) that are sampled,
+    /// 0.0 to 1.0; a client's sampled flag decides for its own transactions.
+    #[serde(default = "default_sampling")]
+    pub sampling: f64,
+    /// The `service.name` resource attribute.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// How long finished spans wait to be exported in one batch.
+    #[serde(default = "default_export_delay_ms")]
+    pub export_delay_ms: u64,
+    /// Finished spans waiting for export at most; more are dropped, never blocking.
+    #[serde(default = "default_export_queue_max")]
+    pub export_queue_max: u32,
+    /// Transactions whose client's span context the server keeps, so that recovery's later
+    /// work links to them (oldest forgotten first).
+    #[serde(default = "default_xid_contexts_max")]
+    pub xid_contexts_max: u32,
+}
+
+// `sampling` is never NaN once validated, so equality is reflexive (the server's
+// configuration compares whole configurations).
+impl Eq for TracingConfig {}
+
+fn default_sampling() -> f64 {
+    1.0
+}
+fn default_service_name() -> String {
+    "decree-server".into()
+}
+fn default_export_delay_ms() -> u64 {
+    1000
+}
+fn default_export_queue_max() -> u32 {
+    8192
+}
+fn default_xid_contexts_max() -> u32 {
+    65_536
+}
+
+impl TracingConfig {
+    /// A configuration sending to `endpoint` with every default.
+    pub fn to(endpoint: &str) -> TracingConfig {
+        TracingConfig {
+            endpoint: endpoint.into(),
+            sampling: default_sampling(),
+            service_name: default_service_name(),
+            export_delay_ms: default_export_delay_ms(),
+            export_queue_max: default_export_queue_max(),
+            xid_contexts_max: default_xid_contexts_max(),
+        }
+    }
+
+    /// Refuses values that cannot work, naming the key.
+    pub fn validate(&self) -> Result<(), OtelError> {
+        let bad = |why: String| Err(OtelError::Config(why));
+        let Some(rest) = self.endpoint.strip_prefix("http://") else {
+            return bad(format!(
+                "tracing.endpoint = {:?} must be an http:// URL of an OTLP/HTTP collector, such as \
+                 \"http://127.0.0.1:4318\" (https is not supported: send to a local collector)",
+                self.endpoint
+            ));
+        };
+        if rest.is_empty() || rest.starts_with('/') || self.endpoint.parse::<::http::Uri>().is_err() {
+            return bad(format!("tracing.endpoint = {:?} names no host", self.endpoint));
+        }
+        if !(0.0..=1.0).contains(&self.sampling) {
+            return bad(format!("tracing.sampling = {} must be between 0.0 and 1.0", self.sampling));
+        }
+        if self.export_delay_ms == 0 || self.export_delay_ms > 60_000 {
+            return bad(format!(
+                "tracing.export_delay_ms = {} must be between 1 and 60000",
+                self.export_delay_ms
+            ));
+        }
+        if self.export_queue_max == 0 || self.export_queue_max > 1 << 20 {
+            return bad(format!(
+                "tracing.export_queue_max = {} must be between 1 and 1048576",
+                self.export_queue_max
+            ));
+        }
+        if self.xid_contexts_max == 0 || self.xid_contexts_max > XID_CONTEXTS_MAX_CAP {
+            return bad(format!(
+                "tracing.xid_contexts_max = {} must be between 1 and {XID_CONTEXTS_MAX_CAP}",
+                self.xid_contexts_max
+            ));
+        }
+        Ok(())
+    }
+
+    /// The traces URL: the endpoint with `/v1/traces` unless it names a path already.
+    pub fn traces_url(&self) -> String {
+        let base = self.endpoint.trim_end_matches('/');
+        match base.strip_prefix("http://").and_then(|r| r.find('/')) {
+            Some(_) => base.to_string(),
+            None => format!("{base}/v1/traces"),
+        }
+    }
+}
+
+/// A running exporter and its provider; dropping it exports what is queued and stops.
+#[derive(Debug)]
+pub struct Exporter {
+    provider: SdkTracerProvider,
+}
+
+/// The exporter's timeout for one request.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Exporter {
+    /// The state server's exporter: spans to `config.endpoint`, with `attributes` (node,
+    /// member, epoch) on the resource; a remote parent's sampled flag decides for its
+    /// children, `config.sampling` for new traces.
+    pub fn start(config: &TracingConfig, attributes: Vec<KeyValue>) -> Result<Exporter, OtelError> {
+        config.validate()?;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(http::BlockingHttp { timeout: EXPORT_TIMEOUT })
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(config.traces_url())
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(|e| OtelError::Config(format!("tracing.endpoint = {:?}: {e}", config.endpoint)))?;
+        let batch = BatchConfigBuilder::default()
+            .with_scheduled_delay(Duration::from_millis(config.export_delay_ms))
+            .with_max_queue_size(config.export_queue_max as usize)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter).with_batch_config(batch).build();
+        let resource = Resource::builder_empty()
+            .with_service_name(config.service_name.clone())
+            .with_attributes(attributes)
+            .build();
+        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling)));
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource)
+            .with_sampler(sampler)
+            .build();
+        Ok(Exporter { provider })
+    }
+
+    /// A tracer of this exporter's provider.
+    pub fn tracer(&self, name: &'static str) -> SdkTracer {
+        use opentelemetry::trace::TracerProvider;
+        self.provider.tracer(name)
+    }
+
+    /// Exports every finished span now (tests, and before a planned stop).
+    pub fn flush(&self) {
+        let _ = self.provider.force_flush();
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// Whether the standard variables ask for an OTLP trace exporter: an endpoint is set
+/// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`), and neither
+/// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none` turns it off.
+pub fn configured_by_env() -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("none"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+}
+
+/// In a client process: when the standard variables configure an OTLP endpoint
+/// ([`configured_by_env`]), installs an OTLP/HTTP exporter as OpenTelemetry's global
+/// provider (`OTEL_SERVICE_NAME` or `service_name`; sampler from `OTEL_TRACES_SAMPLER`,
+/// batching from `OTEL_BSP_*`) and turns the coordinator's spans on. `None` when nothing
+/// is configured: spans stay off and cost nothing. Keep the exporter for the life of the
+/// process: dropping it exports what is left.
+pub fn install_from_env(service_name: &str) -> Result<Option<Exporter>, OtelError> {
+    if !configured_by_env() {
+        return Ok(None);
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(http::BlockingHttp { timeout: EXPORT_TIMEOUT })
+        .with_protocol(Protocol::HttpBinary)
+        .build()
+        .map_err(|e| OtelError::Config(format!("OTEL_EXPORTER_OTLP_*: {e}")))?;
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| service_name.to_string());
+    let resource = Resource::builder().with_service_name(service).build();
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    decree_core::trace::enable();
+    Ok(Some(Exporter { provider }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_tracing_values_are_refused_by_name() {
+        assert!(TracingConfig::to("http://127.0.0.1:4318").validate().is_ok());
+        for (config, key) in [
+            (TracingConfig::to("127.0.0.1:4318"), "tracing.endpoint"),
+            (TracingConfig::to("https://collector:4318"), "https is not supported"),
+            (TracingConfig::to("http://"), "names no host"),
+            (TracingConfig { sampling: 1.5, ..TracingConfig::to("http://a:1") }, "tracing.sampling"),
+            (TracingConfig { xid_contexts_max: 0, ..TracingConfig::to("http://a:1") }, "xid_contexts_max"),
+            (TracingConfig { export_delay_ms: 0, ..TracingConfig::to("http://a:1") }, "export_delay_ms"),
+        ] {
+            let why = config.validate().unwrap_err().to_string();
+            assert!(why.contains(key), "{why}");
+        }
+    }
+
+    #[test]
+    fn the_traces_url_adds_the_signal_path_to_a_base_url_only() {
+        assert_eq!(TracingConfig::to("http://a:4318").traces_url(), "http://a:4318/v1/traces");
+        assert_eq!(TracingConfig::to("http://a:4318/").traces_url(), "http://a:4318/v1/traces");
+        assert_eq!(TracingConfig::to("http://a:4318/custom").traces_url(), "http://a:4318/custom");
+    }
+}
