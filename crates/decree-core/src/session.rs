@@ -97,7 +97,7 @@ pub struct Session {
     /// The connections were closed by `close_rms` while the session stays open.
     rms_closed: bool,
     /// The current transaction's spans; always `None` while spans are off.
-    trace: Option<TxTrace>,
+    trace: Option<Box<TxTrace>>,
 }
 
 impl Session {
@@ -349,6 +349,10 @@ impl Session {
 
     /// Commits the current transaction (see the module documentation for the protocol).
     pub(crate) fn commit_current(&mut self) -> Result<CommitReport, TmError> {
+        if self.trace.is_none() {
+            // Spans off: a tail call, so that the result is not moved once more.
+            return self.commit_traced();
+        }
         let result = self.commit_traced();
         if let Some(t) = self.trace.take() {
             let (outcome, error) = match &result {
@@ -398,7 +402,7 @@ impl Session {
         let bx = self.branch_xids[i];
         // The notice goes out whole before the branch commits: a notice not sent leaves
         // the transaction undecided, so it rolls back.
-        let wire = self.trace.as_ref().and_then(TxTrace::wire);
+        let wire = self.trace.as_ref().and_then(|t| t.wire());
         let told = match self.tm.store().one_phase_traced(&xid, wire.as_ref()) {
             Ok(told) => told,
             Err(e) => return Err(self.not_sent(xid, e)),
@@ -623,6 +627,9 @@ impl Session {
                 let _ = self.rms[i].end(&self.branch_xids[i]);
             }
             self.votes[i] = None;
+        }
+        if self.trace.is_none() {
+            return self.roll_back_enlisted(xid);
         }
         let result = self.roll_back_enlisted(xid);
         if let Some(t) = self.trace.take() {

@@ -112,9 +112,10 @@ pub(crate) struct TxTrace {
 
 impl TxTrace {
     /// The transaction's span, a child of the caller's current context; `None` (nothing
-    /// allocated) when spans are off.
+    /// allocated) when spans are off. Boxed, so that the session's field is one pointer:
+    /// writing `None` to it is one store, not a copy of the whole state.
     #[inline]
-    pub(crate) fn begin(xid: &Xid, connections: usize) -> Option<TxTrace> {
+    pub(crate) fn begin(xid: &Xid, connections: usize) -> Option<Box<TxTrace>> {
         if !enabled() {
             return None;
         }
@@ -122,7 +123,7 @@ impl TxTrace {
     }
 
     #[cold]
-    fn begin_on(xid: &Xid, connections: usize) -> TxTrace {
+    fn begin_on(xid: &Xid, connections: usize) -> Box<TxTrace> {
         let tracer = opentelemetry::global::tracer(TRACER_NAME);
         let span = tracer
             .span_builder("decree.transaction")
@@ -130,7 +131,13 @@ impl TxTrace {
             .with_attributes([xid_attribute(xid)])
             .start_with_context(&tracer, &Context::current());
         let cx = Context::current().with_span(span);
-        TxTrace { tracer, cx, xid: *xid, started: vec![None; connections], answered: vec![None; connections] }
+        Box::new(TxTrace {
+            tracer,
+            cx,
+            xid: *xid,
+            started: vec![None; connections],
+            answered: vec![None; connections],
+        })
     }
 
     /// The wire context of the transaction's span (what `OnePhase` carries).
@@ -199,7 +206,7 @@ impl TxTrace {
 
     /// Ends the transaction's span with its outcome (`committed`, `rolled_back`, or
     /// `unknown` and the error).
-    pub(crate) fn end(self, outcome: &'static str, error: Option<String>) {
+    pub(crate) fn end(self: Box<Self>, outcome: &'static str, error: Option<String>) {
         let span = self.cx.span();
         span.set_attribute(KeyValue::new("decree.outcome", outcome));
         if let Some(error) = error {
