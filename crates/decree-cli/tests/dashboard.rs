@@ -10,9 +10,12 @@
 //! (Debian's `prometheus` package; skipped with a note when promtool is missing, failed
 //! under `CI=true`).
 
+mod common;
+
+use common::{free_port, Reaped};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a member may take to answer (a failure bound, not a performance target).
@@ -42,20 +45,6 @@ fn names_in(text: &str) -> BTreeSet<String> {
         at = end;
     }
     names
-}
-
-/// A child killed and reaped when the test ends.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Starts member `name` of a pair (node 5) with its metrics on `metrics`.

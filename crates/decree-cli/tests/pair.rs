@@ -5,26 +5,14 @@
 //! deposed primary that comes back and leads again. Decisions name the dummy resource
 //! managers, which the servers finish themselves.
 
+mod common;
+
+use common::{free_port, Reaped};
 use decree_client::RemoteDecisions;
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A child killed and reaped when the test ends, so that a failed assertion leaves no
-/// server running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// One member's files: its configuration, log directory and client socket.
 struct Member {

@@ -1,6 +1,9 @@
 //! `decree serve` as a child process: it listens on a private socket, answers a client,
 //! and stops with status 0 on SIGTERM.
 
+mod common;
+
+use common::{free_port, Reaped};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -155,17 +158,6 @@ fn raw_tls_client(
     rustls::StreamOwned::new(connection, std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
 }
 
-/// A child killed and reaped when the test ends, so that a failed assertion leaves no
-/// server running.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The stderr of a child, collected by a thread so that the test can wait for a line.
 struct Stderr(std::sync::Arc<std::sync::Mutex<String>>);
 
@@ -208,10 +200,6 @@ fn refused(result: Result<decree_client::RemoteDecisions, String>) -> String {
 }
 
 /// A loopback port free a moment ago (the server binds it next).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn tls_client(
     port: u16,
     ca: &std::path::Path,

@@ -1,0 +1,22 @@
+//! Helpers shared by the `decree` binary's integration tests: children that never outlive
+//! a failed test, and free loopback ports.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::process::Child;
+
+/// A child killed and reaped when the test ends, so that a failed assertion leaves no
+/// server running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
