@@ -13,6 +13,8 @@ trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 link_a=$(port); link_b=$(port)
+# The members prove this shared secret to each other before any link frame is read.
+(umask 077; head -c 32 /dev/urandom | base64 > "$dir/pair.secret")
 member() { # name id link peer_link peer
   cat > "$dir/$1.toml" <<TOML
 node = 1
@@ -23,6 +25,7 @@ member = $2
 link = "127.0.0.1:$3"
 peer_link = "127.0.0.1:$4"
 peer_clients = "unix:$dir/$5.sock"
+secret_file = "$dir/pair.secret"
 [[rm]]
 name = "dummy-0"
 kind = "dummy"

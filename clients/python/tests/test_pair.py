@@ -9,8 +9,11 @@ databases agree with the answer."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,9 +28,16 @@ from conftest import Server, decree_bin, free_port, rm_entries
 
 def pair(dsns: dict[str, str]) -> tuple[Server, Server]:
     links = (free_port(), free_port())
+    # Both members prove this secret on their link (mkstemp makes the file 0600).
+    fd, secret = tempfile.mkstemp(prefix="decree-pair-", suffix=".secret")
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)
     members = []
     for member, (link, peer) in ((1, links), (2, links[::-1])):
-        extra = f'[pair]\nmember = {member}\nlink = "127.0.0.1:{link}"\npeer_link = "127.0.0.1:{peer}"'
+        extra = (
+            f'[pair]\nmember = {member}\nlink = "127.0.0.1:{link}"\npeer_link = "127.0.0.1:{peer}"\n'
+            f'secret_file = "{secret}"'
+        )
         members.append(Server(rm_entries(dsns), extra=extra))
     a, b = members
     # The two members of a pair share the node id (the config's first line).

@@ -96,6 +96,9 @@ pub fn start(
     let [link_1, link_2, metrics] = free_ports()?;
     let sockets = [socket_dir.join("decree.sock"), socket_dir.join("backup.sock")];
     let link_tls = replicas.link_tls.then(|| member_certificates(socket_dir));
+    let secret = socket_dir.join("pair.secret");
+    decree_server::testing::write_pair_secret(&secret)
+        .map_err(|e| BenchError::io("cannot write the pair's secret", &secret, e))?;
     let member = |id: u8, link: u16, peer_link: u16| -> Result<ServerConfig, BenchError> {
         let (own, peer) = (id as usize - 1, 2 - id as usize);
         let dir = base.log_dir.join(format!("m{id}"));
@@ -112,6 +115,7 @@ pub fn start(
             peer_clients: Some(format!("unix:{}", sockets[peer].display())),
             ack: replicas.ack,
             tls: link_tls.as_ref().map(|tls| tls[own].clone()),
+            secret_file: link_tls.is_none().then(|| secret.clone()),
             busy_poll_us: if replicas.busy_poll { crate::client::BUSY_POLL_US } else { 0 },
         });
         Ok(config)

@@ -57,10 +57,11 @@ fn member(dir: &Path, name: &str, id: u8, ports: (u16, u16, u16), peer: &str) ->
         format!(
             "node = 5\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\nmetrics = \"127.0.0.1:{metrics}\"\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
-             peer_clients = \"unix:{}\"\n[[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n",
+             peer_clients = \"unix:{}\"\nsecret_file = \"{}\"\n[[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n",
             dir.join(name).display(),
             socket.display(),
-            dir.join(format!("{peer}.sock")).display()
+            dir.join(format!("{peer}.sock")).display(),
+            decree_server::testing::pair_secret(dir).unwrap().display()
         ),
     )
     .unwrap();

@@ -40,11 +40,17 @@ fn member_with(dir: &Path, name: &str, id: u8, link: u16, peer_link: u16, peer: 
         format!(
             "node = 5\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
-             peer_clients = \"unix:{}\"\n\
+             peer_clients = \"unix:{}\"\n{}\
              [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n{extra}",
             dir.join(name).display(),
             socket.display(),
-            dir.join(format!("{peer}.sock")).display()
+            dir.join(format!("{peer}.sock")).display(),
+            // The certificates authenticate a TLS link; a plaintext one needs the secret.
+            if extra.contains("[pair.tls]") {
+                String::new()
+            } else {
+                format!("secret_file = \"{}\"\n", decree_server::testing::pair_secret(dir).unwrap().display())
+            }
         ),
     )
     .unwrap();
@@ -537,7 +543,7 @@ fn a_peer_without_a_certificate_of_the_pair_naming_it_is_refused_on_the_link() {
             ours.section("decree-a", &ours, "decree-b"),
             String::new(),
             "does the backup speak TLS on its link?",
-            "this member has none",
+            "this member has pair.secret_file",
         ),
     ];
     for (n, (primary_tls, backup_tls, primary_says, backup_says)) in cases.iter().enumerate() {
@@ -574,6 +580,99 @@ fn a_peer_without_a_certificate_of_the_pair_naming_it_is_refused_on_the_link() {
         let log = std::fs::read_to_string(b.config.with_extension("log")).unwrap();
         assert!(log.contains(backup_says), "case {n}: the backup's log names the refusal:\n{log}");
     }
+}
+
+/// A link `Hello` of member `member` of node 5 naming epoch `count.member`, as an impostor
+/// would send it: the link's framing (docs/replication.md), written out by hand.
+fn impostor_hello(count: u64, member: u8) -> Vec<u8> {
+    let mut frame = vec![0, 0, 0, 0x17, 1, 1];
+    frame.extend_from_slice(&((count << 8) | u64::from(member)).to_be_bytes());
+    frame.push(member);
+    frame.extend_from_slice(&5u32.to_be_bytes());
+    frame.extend_from_slice(&1u64.to_be_bytes());
+    frame
+}
+
+/// Sends `frame` to `port` and reads until the member closes the connection.
+fn send_as_impostor(port: u16, frame: &[u8]) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = stream.write_all(frame);
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+}
+
+/// The bug this guards against (issue 32, defect 11): the plaintext link took frames from
+/// any local user. One `Hello` of a newer epoch deposed a running primary, and one sent to a
+/// backup whose primary had died made the member record an epoch nobody minted. Now each
+/// member proves the pair's secret before a frame is read: impostors on both link ports
+/// depose no one, members with different secrets never link, and the pair works on.
+#[test]
+fn an_impostor_on_the_link_ports_deposes_no_one_and_a_wrong_secret_never_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link_a, link_b) = (free_port(), free_port());
+    let (a, b) =
+        (member(dir.path(), "a", 1, link_a, link_b, "b"), member(dir.path(), "b", 2, link_b, link_a, "a"));
+    let server_a = serve(&a);
+    let _server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    eventually("the primary is strict", || status(&a)["strict"] == true);
+    // The primary listens on its link address too (defect 8), the backup on its own; each
+    // closes the impostor's connection once it is done with it.
+    send_as_impostor(link_a, &impostor_hello(9, 2));
+    send_as_impostor(link_b, &impostor_hello(9, 1));
+    let (sa, sb) = (status(&a), status(&b));
+    assert_eq!(
+        (sa["role"].as_str(), sa["epoch"].as_str(), &sa["strict"]),
+        (Some("primary"), Some("1.1"), &true.into())
+    );
+    assert_eq!((sb["epoch"].as_str(), &sb["link"]["connected"]), (Some("1.1"), &true.into()), "{sb}");
+    eventually("the backup names the refused impostor", || {
+        status(&b)["link"]["last_end"]
+            .as_str()
+            .is_some_and(|s| s.contains("before any proof of the pair's secret"))
+    });
+    let log_a = std::fs::read_to_string(a.config.with_extension("log")).unwrap();
+    assert!(log_a.contains("before any proof of the pair's secret"), "the primary's log:\n{log_a}");
+    let store = connect(&a).unwrap();
+    let session = store.open_session().unwrap();
+    let decisions: Vec<Decision> = (1..=5).map(|n| decision(&store, session, n)).collect();
+    for d in &decisions {
+        store.decide(d).unwrap();
+    }
+    // The primary dies; an impostor tells the backup of a newer epoch before anyone promotes it.
+    drop(server_a);
+    send_as_impostor(link_b, &impostor_hello(40, 1));
+    let (ok, text) = decree(&["promote"], &b);
+    assert!(
+        ok && text.contains("member 2 leads epoch 2.2"),
+        "the impostor's epoch 40.1 was not recorded: {text}"
+    );
+    let new_primary = connect(&b).unwrap();
+    for d in &decisions {
+        assert_eq!(new_primary.outcome(&d.xid).unwrap(), Outcome::Committed, "{}", d.xid);
+    }
+    // A member restarted with another secret file never links with the new primary.
+    let other = dir.path().join("other.secret");
+    decree_server::testing::write_pair_secret(&other).unwrap();
+    let text = std::fs::read_to_string(&a.config).unwrap().replace(
+        &format!("secret_file = \"{}\"", decree_server::testing::pair_secret(dir.path()).unwrap().display()),
+        &format!("secret_file = \"{}\"", other.display()),
+    );
+    std::fs::write(&a.config, text).unwrap();
+    let _server_a = serve(&a);
+    eventually("the new primary names the wrong secret", || {
+        status(&b)["link"]["last_end"]
+            .as_str()
+            .is_some_and(|s| s.contains("could not prove the pair's secret"))
+    });
+    eventually("the old primary names the refusal", || {
+        status(&a)["link"]["last_end"].as_str().is_some_and(|s| s.contains("proving the pair's secret"))
+    });
+    let sa = status(&a);
+    assert_eq!((sa["epoch"].as_str(), &sa["caught_up"]), (Some("1.1"), &false.into()), "never linked: {sa}");
 }
 
 /// Gives `m` a metrics endpoint on `port` (a top-level key, so before the sections).

@@ -293,7 +293,7 @@ impl Member {
             "node = {}\nlog_dir = {}\nengine = \"journal\"\nunix = {}\n\
              [recovery]\nperiodic_pass_ms = {PERIODIC_PASS_MS}\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{}\"\npeer_link = \"127.0.0.1:{}\"\npeer_clients = {}\n\
-             ack = \"{}\"\nbusy_poll_us = {}\n\
+             ack = \"{}\"\nbusy_poll_us = {}\nsecret_file = {}\n\
              [[rm]]\nname = \"bank-a\"\nkind = \"postgres\"\ndsn = {}\n\
              [[rm]]\nname = \"bank-b\"\nkind = \"{kind_b}\"\ndsn = {}\n",
             site.node,
@@ -304,6 +304,7 @@ impl Member {
             toml_str(&format!("unix:{}", site.dir.join(format!("{peer}.sock")).display())),
             site.ack,
             site.busy_poll_us,
+            toml_str(&decree_server::testing::pair_secret(site.dir).expect("the pair's secret").display().to_string()),
             toml_str(&site.bank.dsn_a),
             toml_str(&site.bank.dsn_b),
         );

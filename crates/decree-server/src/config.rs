@@ -319,6 +319,11 @@ pub struct PairConfig {
     /// link address is not a loopback address (unless `insecure_plaintext`).
     #[serde(default)]
     pub tls: Option<PairTlsConfig>,
+    /// A file of at least 32 secret bytes (mode 0600), the same on both members: without
+    /// `tls`, each member proves it holds it before any link frame is read, so that no
+    /// other local user can speak on the link. One of the two is required.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
     /// While a backup, keep the link's reader awake this many microseconds after each frame
     /// (0, the default: it sleeps at once). The primary's next batch is then read without
     /// waking a sleeping CPU, at the cost of up to one CPU of the backup while decisions
@@ -594,6 +599,26 @@ impl ServerConfig {
                 )));
             }
         }
+        match (&pair.tls, &pair.secret_file) {
+            (None, None) => {
+                return Err(ConfigError(
+                    "[pair] has neither secret_file nor [pair.tls]: the link must be authenticated, or any \
+                     local user could depose the primary or inject decisions. On one machine, make a secret \
+                     with `head -c 32 /dev/urandom | base64 > pair.secret && chmod 600 pair.secret`, give both \
+                     members the same file and set `secret_file = \"pair.secret\"`; across machines, use \
+                     [pair.tls]"
+                        .into(),
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err(ConfigError(
+                    "[pair] has both secret_file and [pair.tls]: the certificates authenticate the link, \
+                     remove secret_file"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
         if pair.busy_poll_us > BUSY_POLL_US_MAX {
             return Err(ConfigError(format!(
                 "pair.busy_poll_us = {} is above {BUSY_POLL_US_MAX} (10 ms): a longer busy poll only burns the backup's CPU",
@@ -847,14 +872,28 @@ mod tests {
         let pair = secured.pair.unwrap();
         assert_eq!(pair.tls.unwrap().peer_name, "decree-b");
         assert_eq!(pair.ack, PairAck::Durable, "durable unless said otherwise");
-        let insecure = ServerConfig::from_toml_str(&format!("insecure_plaintext = true\n{remote}")).unwrap();
+        // Plaintext on a trusted network still proves the pair's secret.
+        let e = ServerConfig::from_toml_str(&format!("insecure_plaintext = true\n{remote}")).unwrap_err();
+        assert!(e.to_string().contains("neither secret_file nor [pair.tls]"), "{e}");
+        let insecure = ServerConfig::from_toml_str(&format!(
+            "insecure_plaintext = true\n{remote}secret_file = \"p.secret\"\n"
+        ))
+        .unwrap();
         assert!(insecure.pair.unwrap().tls.is_none());
         let e = ServerConfig::from_toml_str(&format!("{remote}{}", tls.replace("decree-b", ""))).unwrap_err();
         assert!(e.to_string().contains("pair.tls.peer_name is empty"), "{e}");
         let e = ServerConfig::from_toml_str(&format!("{remote}{tls}peer = \"x\"\n")).unwrap_err();
         assert!(e.to_string().contains("peer"), "unknown fields are refused: {e}");
-        let local =
-            format!("{base}link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\nack = \"received\"\n");
+        let loopback = format!("{base}link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\n");
+        // The link is authenticated on loopback too (issue 32, defect 11), by one means.
+        let e = ServerConfig::from_toml_str(&loopback).unwrap_err().to_string();
+        for needle in ["neither secret_file nor [pair.tls]", "head -c 32 /dev/urandom", "chmod 600"] {
+            assert!(e.contains(needle), "{needle:?} missing from: {e}");
+        }
+        let e =
+            ServerConfig::from_toml_str(&format!("{loopback}secret_file = \"p.secret\"\n{tls}")).unwrap_err();
+        assert!(e.to_string().contains("both secret_file and [pair.tls]"), "{e}");
+        let local = format!("{loopback}secret_file = \"p.secret\"\nack = \"received\"\n");
         assert_eq!(ServerConfig::from_toml_str(&local).unwrap().pair.unwrap().ack, PairAck::Received);
         let e = ServerConfig::from_toml_str(&local.replace("received", "sometimes")).unwrap_err();
         assert!(e.to_string().contains("sometimes"), "{e}");
@@ -863,7 +902,7 @@ mod tests {
     #[test]
     fn a_pair_busy_poll_is_off_unless_asked_and_bounded() {
         let base = "log_dir = \"/x\"\nunix = \"/s\"\n[pair]\nmember = 1\n\
-                    link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\n";
+                    link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\nsecret_file = \"p.secret\"\n";
         assert_eq!(ServerConfig::from_toml_str(base).unwrap().pair.unwrap().busy_poll_us, 0);
         let asked = format!("{base}busy_poll_us = {BUSY_POLL_US_MAX}\n");
         assert_eq!(ServerConfig::from_toml_str(&asked).unwrap().pair.unwrap().busy_poll_us, BUSY_POLL_US_MAX);

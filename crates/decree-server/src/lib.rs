@@ -16,6 +16,7 @@ pub mod admin;
 pub mod config;
 mod connection;
 mod crash_points;
+mod link_secret;
 mod link_tls;
 mod metrics;
 mod pair;

@@ -28,7 +28,7 @@ use decree_core::{Decision, RmFactory, Xid};
 use decree_log::io::StdStorage;
 use decree_pair::link::follower::{AckMode, Follower};
 use decree_pair::link::leader::{DecisionGate, Leader, LiveSet};
-use decree_pair::link::{Plaintext, Transport};
+use decree_pair::link::Transport;
 use decree_pair::outbox::{OutboxLimits, Ticket};
 use decree_pair::rules::{self, Role};
 use decree_pair::wire::{LinkRecord, RecordKind};
@@ -308,9 +308,12 @@ pub(crate) async fn run(
     let pair = config.pair.clone().expect("pair mode has a [pair]");
     let log_config = config.log_config()?;
     let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
-    let transport: Arc<dyn Transport> = match &pair.tls {
-        Some(tls) => Arc::new(crate::link_tls::LinkTls::load(tls)?),
-        None => Arc::new(Plaintext),
+    let transport: Arc<dyn Transport> = match (&pair.tls, &pair.secret_file) {
+        (Some(tls), _) => Arc::new(crate::link_tls::LinkTls::load(tls)?),
+        (None, Some(secret)) => Arc::new(crate::link_secret::SharedSecret(Arc::new(
+            crate::link_secret::LinkSecret::load(secret)?,
+        ))),
+        (None, None) => unreachable!("validate_pair refuses a pair whose link is not authenticated"),
     };
     let follower = open_follower(&config, &log_config, &pair, transport.clone())?;
     let member = Arc::new(Mutex::new(Member::Backup(follower.clone(), pair.ack)));

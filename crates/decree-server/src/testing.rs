@@ -1,4 +1,4 @@
-//! Throwaway certificate authorities for tests and benchmarks (the `testing` feature).
+//! Throwaway certificate authorities and pair secrets for tests and benchmarks (the `testing` feature).
 //!
 //! A real deployment gets its certificates from its own CA; a test must make its own, with
 //! the faults it needs (another CA, an expired certificate, a name not allowed), without an
@@ -115,4 +115,28 @@ impl TestCa {
         std::fs::write(&files.key, key.serialize_pem()).expect("write the key");
         files
     }
+}
+
+/// The pair secret `dir/pair.secret`, written by [`write_pair_secret`] unless it exists: the
+/// one file both members of a test's pair name in `[pair] secret_file`.
+pub fn pair_secret(dir: &Path) -> std::io::Result<PathBuf> {
+    let path = dir.join("pair.secret");
+    if !path.exists() {
+        write_pair_secret(&path)?;
+    }
+    Ok(path)
+}
+
+/// Writes a fresh pair secret (`[pair] secret_file`: 32 random bytes in hex) to `path`,
+/// readable by its owner only, for the two members of a test's pair.
+pub fn write_pair_secret(path: &Path) -> std::io::Result<()> {
+    use ring::rand::SecureRandom;
+    use std::os::unix::fs::PermissionsExt;
+    let mut secret = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut secret)
+        .map_err(|_| std::io::Error::other("the system's random source failed"))?;
+    let text: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }

@@ -8,7 +8,8 @@
 //! the sans-IO steps of `Leader` and `Follower`, every decide through the server's commit
 //! path, every recovery pass through the server's. Modelled here, as closely as the
 //! runtime does it: the follower's accept loop (one link served at a time, the others
-//! waiting in the backlog; a log failure stops it for good), the leader's dial loop
+//! accepted and closed while one is served, waiting in the backlog while the member is
+//! paused; a log failure stops it for good), the leader's dial loop
 //! (redial 100 ms after a link ends, none after a deposition), the recovery thread's
 //! schedule, the outcome memory's 5 ms flush, and a deposed primary's shutdown (no new
 //! request; the decides in flight finish; then the process exits).
@@ -84,7 +85,8 @@ pub struct BackupProc {
     pub log: Arc<SimLog>,
     /// The link being served.
     pub served: Option<Served>,
-    /// Accepted connections waiting for the served one to end.
+    /// Connections accepted by the kernel and not yet taken by the member (a paused member
+    /// takes none); taken while a link is served, they are closed.
     pub backlog: VecDeque<u64>,
     /// The follower stopped serving after its log failed (fail-stop).
     pub failed: bool,
@@ -248,6 +250,9 @@ fn config(member: &Member, scenario: &crate::world::Scenario) -> ServerConfig {
             AckMode::Received => PairAck::Received,
         },
         tls: None,
+        // The simulator carries frames itself, through no transport; a real member's
+        // configuration needs one of the two.
+        secret_file: None,
         busy_poll_us: 0,
     });
     config
@@ -542,6 +547,19 @@ impl World {
     fn backup_turn(&mut self, index: usize) -> bool {
         let Proc::Backup(b) = &mut self.members[index].proc else { unreachable!("a backup") };
         let follower = b.follower.clone();
+        if b.served.is_some() && !b.backlog.is_empty() {
+            // The real follower's accept loop runs beside the served link and closes every
+            // other connection at once (issue 32, defect 11).
+            for conn in std::mem::take(&mut b.backlog) {
+                self.link_ended(
+                    index,
+                    conn,
+                    LinkEnd::Refused(format!("refused link {conn}: a link is open")),
+                );
+            }
+            return true;
+        }
+        let Proc::Backup(b) = &mut self.members[index].proc else { unreachable!("a backup") };
         let Some(served) = &mut b.served else {
             if b.failed {
                 return false;

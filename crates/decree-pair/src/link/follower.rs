@@ -18,8 +18,10 @@ use decree_core::Xid;
 use decree_log::io::Storage;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,6 +71,9 @@ pub struct Follower {
     /// which a stopped log calls at once, so that `Received` acknowledges nothing after.
     log_failed: Arc<AtomicBool>,
 }
+
+/// The link being served, until it ends (and why).
+type ServedLink = Pin<Box<dyn Future<Output = LinkEnd> + Send>>;
 
 /// The longest busy poll a backup accepts: past a few milliseconds it only burns a CPU.
 pub const BUSY_POLL_MAX: Duration = Duration::from_millis(10);
@@ -253,31 +258,38 @@ impl Follower {
         self.replica.lock().sync_outcomes()
     }
 
-    /// Accepts links until `stop`; one link at a time is served (a new primary's link
-    /// waits for the old one to end, which a newer epoch's refusal of it does). Openings
-    /// (the TLS handshakes) run beside the served link, each within [`OPENING_TIMEOUT`] and
-    /// at most [`OPENINGS_MAX`] at once, so that a peer that connects and says nothing
-    /// delays no one.
+    /// Accepts links until `stop`; one link at a time is served. Openings (the transport's
+    /// checks: TLS, or the pair's secret) run beside the served link, each within
+    /// [`OPENING_TIMEOUT`] and at most [`OPENINGS_MAX`] at once, so that a peer that connects
+    /// and says nothing delays no one. A connection that passes them while a link is served
+    /// is closed at once (issue 32, defect 11), not left waiting to become the link later: the
+    /// peer is the other member, which dials again every 100 ms, and a link whose peer
+    /// vanished ends within [`super::LINK_SILENCE_MAX`].
     pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
         let (opened_tx, mut opened_rx) = mpsc::channel::<(LinkStream, SocketAddr)>(OPENINGS_MAX);
         let openings = Arc::new(tokio::sync::Semaphore::new(OPENINGS_MAX));
+        let mut served: Option<(ServedLink, SocketAddr)> = None;
         loop {
-            let (stream, from) = tokio::select! {
+            tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 accepted = listener.accept() => {
                     if let Ok((stream, from)) = accepted {
                         self.clone().open_connection(stream, from, &openings, &opened_tx);
                     }
-                    continue;
                 }
-                Some(opened) = opened_rx.recv() => opened,
-            };
-            self.report.lock().opened();
-            let me = self.clone();
-            let mut link_stop = stop.clone();
-            tokio::select! {
-                _ = link_stop.wait_for(|s| *s) => return,
-                end = me.serve_link(stream) => {
+                Some((stream, from)) = opened_rx.recv() => {
+                    if let Some((_, serving)) = &served {
+                        let why = format!("refused a link from {from}: the link from {serving} is open");
+                        tracing::warn!("{why}");
+                        self.report.lock().refused(why);
+                        drop(stream);
+                        continue;
+                    }
+                    self.report.lock().opened();
+                    served = Some((Box::pin(self.clone().serve_link(stream)), from));
+                }
+                end = async { served.as_mut().expect("polled only while served").0.as_mut().await }, if served.is_some() => {
+                    let (_, from) = served.take().expect("a link was served");
                     self.report.lock().ended(end.to_string());
                     tracing::info!(%from, "replication link ended: {end}");
                     if let LinkEnd::Storage(why) = end {

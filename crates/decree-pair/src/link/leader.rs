@@ -23,6 +23,7 @@
 //! instead of leaving one wake-up at a time, each send costing the primary's CPU (figures
 //! in docs/measurements.md, "The link's group commit").
 
+use super::follower::OPENING_TIMEOUT;
 use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStream, Plaintext, Transport};
 use crate::outbox::{Outbox, OutboxFull, OutboxLimits, Ticket};
 use crate::rules::{Command, Event, Node, Role};
@@ -203,9 +204,16 @@ impl Leader {
             Err(e) => return LinkEnd::Closed(format!("cannot reach the backup at {backup}: {e}")),
         };
         super::tune(&stream);
-        let stream = match self.transport.dial(stream).await {
-            Ok(stream) => stream,
-            Err(why) => return LinkEnd::Refused(why),
+        // Bounded like the backup's end of an opening: a peer that accepts and says nothing
+        // (a paused process) must not hold the dialler.
+        let stream = match tokio::time::timeout(OPENING_TIMEOUT, self.transport.dial(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(why)) => return LinkEnd::Refused(why),
+            Err(_) => {
+                return LinkEnd::Closed(format!(
+                    "the link to {backup} did not open within {OPENING_TIMEOUT:?}"
+                ))
+            }
         };
         self.report.lock().opened();
         self.serve_link(stream).await

@@ -12,7 +12,7 @@ use crate::outbox::{OutboxLimits, Ticket};
 use crate::replica::Replica;
 use crate::rules::{Event, Node, Role};
 use crate::state_file::{self, PairState};
-use crate::wire::{LinkRecord, RecordKind};
+use crate::wire::{LinkMessage, LinkRecord, RecordKind};
 use decree_core::{BranchRecord, Decision, Origin, Xid};
 use decree_log::io::StdStorage;
 use decree_log::{EngineKind, LogConfig, SyncPolicy};
@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 fn m(id: u8) -> MemberId {
@@ -111,6 +111,8 @@ struct Linked {
     server: Arc<TestServer>,
     leader: Arc<Leader>,
     run: tokio::task::JoinHandle<LinkEnd>,
+    /// The backup's link address.
+    addr: SocketAddr,
 }
 
 async fn start_linked(dir: &Path, ack: AckMode) -> Linked {
@@ -119,7 +121,7 @@ async fn start_linked(dir: &Path, ack: AckMode) -> Linked {
     let server = Arc::new(TestServer::default());
     let leader = leader(server.clone());
     let run = tokio::spawn(leader.clone().run(addr, stop));
-    Linked { stop_tx, follower, server, leader, run }
+    Linked { stop_tx, follower, server, leader, run, addr }
 }
 
 impl Linked {
@@ -400,6 +402,35 @@ fn a_refused_opening_leaves_the_served_link_open_and_every_end_is_counted() {
     let next = LinkReport::continuing(&report);
     assert!(!next.connected, "the next role's end of the link starts closed");
     assert_eq!((next.opens_total, next.ends_total, next.last_end), (1, 2, report.last_end));
+}
+
+/// A connection that passes the transport while a link is served is closed at once, its
+/// frames unread: before, it waited in the backlog and became the link as soon as the
+/// served one ended, whoever had opened it (issue 32, defect 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_while_a_link_is_served_is_closed_unread() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let linked = start_linked(dir.path(), AckMode::Durable).await;
+    eventually("the primary is strict", || linked.leader.node().role == Role::Primary { alone: false }).await;
+    let seen = linked.follower.pair_state().seen;
+    let mut other = TcpStream::connect(linked.addr).await.unwrap();
+    let newer = Epoch::from_raw(seen.raw() + (5 << 8) + 1);
+    let mut hello = Vec::new();
+    LinkMessage::Hello { epoch: newer, member: m(1), node: 7, next_sequence: 1 }.encode(&mut hello);
+    other.write_all(&hello).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(20), other.read(&mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the second connection was left open: {read:?}");
+    eventually("the refusal is reported", || {
+        linked.follower.link_report().last_end.is_some_and(|end| end.contains("refused a link"))
+    })
+    .await;
+    assert_eq!(linked.follower.pair_state().seen, seen, "nothing of the refused connection was read");
+    assert!(linked.follower.link_report().connected, "the served link stays open");
+    ship_decision(&linked.leader, &linked.server, 1);
+    eventually("the served link still confirms", || linked.server.confirmed.lock().len() == 1).await;
+    linked.stop().await;
 }
 
 /// Lazy records (completions, outcomes) wake the link only when nothing awaits an

@@ -19,16 +19,30 @@ import org.junit.jupiter.api.Test;
  * transfers run there under the new epoch; both databases agree, nothing left prepared.
  */
 class PairTest {
+    /** A new pair secret both members prove on their link (a temporary file is mode 0600 on POSIX). */
+    static java.nio.file.Path pairSecret() throws java.io.IOException {
+        java.nio.file.Path secret = java.nio.file.Files.createTempFile("decree-pair-", ".secret");
+        byte[] bytes = new byte[32];
+        new java.security.SecureRandom().nextBytes(bytes);
+        java.nio.file.Files.writeString(secret, java.util.HexFormat.of().formatHex(bytes));
+        return secret;
+    }
+
+    /** The {@code [pair]} section of member {@code id}, listening on {@code link}. */
+    static String pairSection(int id, int link, int peerLink, java.nio.file.Path secret) {
+        return "[pair]\nmember = " + id + "\nlink = \"127.0.0.1:" + link + "\"\npeer_link = \"127.0.0.1:" + peerLink
+                + "\"\nsecret_file = \"" + secret + "\"\n";
+    }
+
     /** Starts a pair of node {@code node} on the two PostgreSQL databases, member 1 promoted and strict. */
     static DecreeServer[] pair(long node, TestEnv.Db pgA, TestEnv.Db pgB) throws Exception {
         List<DecreeServer.Rm> rms = List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
                 new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()));
         int linkA = DecreeServer.freePort();
         int linkB = DecreeServer.freePort();
-        DecreeServer a = new DecreeServer(rms, "[pair]\nmember = 1\nlink = \"127.0.0.1:" + linkA + "\"\npeer_link = \"127.0.0.1:"
-                + linkB + "\"\n", node);
-        DecreeServer b = new DecreeServer(rms, "[pair]\nmember = 2\nlink = \"127.0.0.1:" + linkB + "\"\npeer_link = \"127.0.0.1:"
-                + linkA + "\"\n", node);
+        java.nio.file.Path secret = pairSecret();
+        DecreeServer a = new DecreeServer(rms, pairSection(1, linkA, linkB, secret), node);
+        DecreeServer b = new DecreeServer(rms, pairSection(2, linkB, linkA, secret), node);
         a.start();
         b.start();
         assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
@@ -113,10 +127,9 @@ class PairTest {
         int linkA = DecreeServer.freePort();
         int linkB = DecreeServer.freePort();
         long node = java.util.concurrent.ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
-        try (DecreeServer a = new DecreeServer(rms, "[pair]\nmember = 1\nlink = \"127.0.0.1:" + linkA + "\"\npeer_link = \"127.0.0.1:"
-                + linkB + "\"\n", node);
-                DecreeServer b = new DecreeServer(rms, "[pair]\nmember = 2\nlink = \"127.0.0.1:" + linkB + "\"\npeer_link = \"127.0.0.1:"
-                        + linkA + "\"\n", node)) {
+        java.nio.file.Path secret = pairSecret();
+        try (DecreeServer a = new DecreeServer(rms, pairSection(1, linkA, linkB, secret), node);
+                DecreeServer b = new DecreeServer(rms, pairSection(2, linkB, linkA, secret), node)) {
             a.start();
             b.start();
             assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
