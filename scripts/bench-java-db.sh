@@ -15,34 +15,13 @@ ROUNDS="${ROUNDS:-3}"
 OUT=target/jbench-db
 rm -rf "$OUT" && mkdir -p "$OUT"
 
-cargo build --release -p decree-cli --quiet
-(cd clients/java && mvn -q -B -P bench -DskipTests package 2>&1 | sed -e 's/\x1b\[0m//g')
-CP="clients/java/decree-jta-bench/target/decree-jta-bench-0.1.0-SNAPSHOT.jar:clients/java/decree-jta-bench/target/lib/*"
-
+. scripts/bench-java-serve.sh
 jdbc() { # a libpq DSN "host=... port=... user=... dbname=..." as a JDBC URL
     python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print("jdbc:postgresql://%s:%s/%s" % (kv.get("host","127.0.0.1"), kv.get("port","5432"), kv["dbname"]))' "$1"
 }
 user() { python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print(kv.get("user","postgres"))' "$1"; }
 
-cat > "$OUT/decree.toml" <<TOML
-node = 8
-log_dir = "$PWD/$OUT/decree-log"
-engine = "journal"
-rpo_ms = 0
-unix = "$PWD/$OUT/decree.sock"
-[[rm]]
-name = "pg-a"
-kind = "postgres"
-dsn = "$DECREE_TEST_PG_A"
-[[rm]]
-name = "pg-b"
-kind = "postgres"
-dsn = "$DECREE_TEST_PG_B"
-TOML
-target/release/decree serve --config "$OUT/decree.toml" > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$OUT/decree.sock" ] && break; sleep 0.1; done
+serve_decree 8 "pg-a postgres $DECREE_TEST_PG_A" "pg-b postgres $DECREE_TEST_PG_B"
 
 rust() {
     target/release/decree bench --rm postgres --threads "$THREADS" --duration "$RUN" \

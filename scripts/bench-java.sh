@@ -21,28 +21,9 @@ ROUNDS="${ROUNDS:-2}"
 OUT=target/jbench
 rm -rf "$OUT" && mkdir -p "$OUT"
 
-cargo build --release -p decree-cli --quiet
-(cd clients/java && mvn -q -B -P bench -DskipTests package 2>&1 | sed -e 's/\x1b\[0m//g')
-CP="clients/java/decree-jta-bench/target/decree-jta-bench-0.1.0-SNAPSHOT.jar:clients/java/decree-jta-bench/target/lib/*"
+. scripts/bench-java-serve.sh
 JAVA=(java -Djava.util.logging.config.file=/dev/null -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$CP")
-
-cat > "$OUT/decree.toml" <<TOML
-node = 7
-log_dir = "$PWD/$OUT/decree-log"
-engine = "journal"
-rpo_ms = 0
-unix = "$PWD/$OUT/decree.sock"
-[[rm]]
-name = "d1"
-kind = "dummy"
-[[rm]]
-name = "d2"
-kind = "dummy"
-TOML
-target/release/decree serve --config "$OUT/decree.toml" > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$OUT/decree.sock" ] && break; sleep 0.1; done
+serve_decree 7 "d1 dummy" "d2 dummy"
 
 run() { # tm threads
     local dir="$OUT/run-$1-$2-$RANDOM"

@@ -8,12 +8,9 @@ import java.sql.PreparedStatement;
 import java.sql.SQLException;
 import java.sql.Statement;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
-import java.util.Locale;
 import java.util.Properties;
 import java.util.concurrent.ThreadLocalRandom;
-import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * decree-jta with real databases, in the shape of {@code decree bench --rm postgres}: a
@@ -151,56 +148,13 @@ public final class DbBench {
     }
 
     static void measure(String mode, int threads, int seconds, int warmup, Factory factory) throws Exception {
-        AtomicBoolean measuring = new AtomicBoolean();
-        AtomicBoolean stop = new AtomicBoolean();
-        List<long[]> latencies = new ArrayList<>();
-        List<Thread> all = new ArrayList<>();
-        Exception[] failure = new Exception[1];
-        for (int t = 0; t < threads; t++) {
+        Load.Result r = Load.run(threads, seconds, warmup, t -> {
             Transfer transfer = factory.make(t);
-            Thread th = new Thread(() -> {
-                long[] mine = new long[1 << 14];
-                int n = 0;
-                ThreadLocalRandom rng = ThreadLocalRandom.current();
-                try {
-                    while (!stop.get()) {
-                        long t0 = System.nanoTime();
-                        transfer.run(rng.nextInt(1, ACCOUNTS + 1), rng.nextInt(1, ACCOUNTS + 1));
-                        if (measuring.get()) {
-                            if (n == mine.length) {
-                                mine = Arrays.copyOf(mine, n * 2);
-                            }
-                            mine[n++] = System.nanoTime() - t0;
-                        }
-                    }
-                } catch (Exception e) {
-                    failure[0] = e;
-                    stop.set(true);
-                }
-                synchronized (latencies) {
-                    latencies.add(Arrays.copyOf(mine, n));
-                }
-            });
-            th.start();
-            all.add(th);
-        }
-        Thread.sleep(warmup * 1000L);
-        measuring.set(true);
-        long start = System.nanoTime();
-        Thread.sleep(seconds * 1000L);
-        measuring.set(false);
-        long elapsed = System.nanoTime() - start;
-        stop.set(true);
-        for (Thread th : all) {
-            th.join();
-        }
-        if (failure[0] != null) {
-            throw failure[0];
-        }
-        long[] merged = latencies.stream().flatMapToLong(Arrays::stream).sorted().toArray();
-        double p50 = merged.length == 0 ? 0 : merged[merged.length / 2] / 1e3;
-        double p99 = merged.length == 0 ? 0 : merged[(int) Math.min(merged.length - 1, Math.ceil(merged.length * 0.99) - 1)] / 1e3;
-        System.out.println(String.format(Locale.ROOT, "{\"mode\":\"%s\",\"threads\":%d,\"tps\":%.0f,\"p50_us\":%.0f,\"p99_us\":%.0f,\"transfers\":%d}",
-                mode, threads, merged.length / (elapsed / 1e9), p50, p99, merged.length));
+            return () -> {
+                ThreadLocalRandom rng = ThreadLocalRandom.current(); // the worker thread's own
+                transfer.run(rng.nextInt(1, ACCOUNTS + 1), rng.nextInt(1, ACCOUNTS + 1));
+            };
+        });
+        System.out.println(r.json("mode", mode, threads, "transfers"));
     }
 }

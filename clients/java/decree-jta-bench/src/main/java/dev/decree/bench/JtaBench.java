@@ -11,12 +11,7 @@ import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.ArrayList;
-import java.util.Arrays;
-import java.util.List;
 import java.util.Locale;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.atomic.AtomicBoolean;
 import javax.transaction.xa.XAException;
 import javax.transaction.xa.XAResource;
 import javax.transaction.xa.Xid;
@@ -135,75 +130,21 @@ public final class JtaBench {
             default -> throw new IllegalArgumentException("unknown transaction manager " + tmName);
         }
         TransactionManager m = tm;
-        AtomicBoolean measuring = new AtomicBoolean();
-        AtomicBoolean stop = new AtomicBoolean();
-        List<long[]> latencies = new ArrayList<>();
-        int[] counts = new int[threads];
-        Throwable[] failure = new Throwable[1];
-        CountDownLatch done = new CountDownLatch(threads);
-        for (int t = 0; t < threads; t++) {
-            long[][] mine = {new long[1 << 16]};
-            int index = t;
-            Thread th = new Thread(() -> {
-                int n = 0;
-                try {
-                    while (!stop.get()) {
-                        long t0 = System.nanoTime();
-                        m.begin();
-                        Transaction tx = m.getTransaction();
-                        tx.enlistResource(res.first());
-                        tx.enlistResource(res.second());
-                        m.commit();
-                        long dt = System.nanoTime() - t0;
-                        if (measuring.get()) {
-                            if (n == mine[0].length) {
-                                mine[0] = Arrays.copyOf(mine[0], n * 2);
-                            }
-                            mine[0][n++] = dt;
-                        }
-                    }
-                } catch (Throwable e) {
-                    failure[0] = e;
-                    stop.set(true);
-                } finally {
-                    synchronized (latencies) {
-                        latencies.add(Arrays.copyOf(mine[0], n));
-                        counts[index] = n;
-                    }
-                    done.countDown();
-                }
-            }, "bench-" + t);
-            th.setDaemon(true);
-            th.start();
-        }
-        Thread.sleep(warmup * 1000L);
-        measuring.set(true);
-        long start = System.nanoTime();
-        Thread.sleep(seconds * 1000L);
-        measuring.set(false);
-        long elapsed = System.nanoTime() - start;
-        stop.set(true);
-        done.await();
-        if (failure[0] != null) {
-            failure[0].printStackTrace();
+        Load.Result r;
+        try {
+            r = Load.run(threads, seconds, warmup, t -> () -> {
+                m.begin();
+                Transaction tx = m.getTransaction();
+                tx.enlistResource(res.first());
+                tx.enlistResource(res.second());
+                m.commit();
+            });
+        } catch (Exception e) {
+            e.printStackTrace();
             System.exit(1);
+            return;
         }
-        long total = 0;
-        for (long[] l : latencies) {
-            total += l.length;
-        }
-        long[] all = new long[(int) total];
-        int at = 0;
-        for (long[] l : latencies) {
-            System.arraycopy(l, 0, all, at, l.length);
-            at += l.length;
-        }
-        Arrays.sort(all);
-        double tps = total / (elapsed / 1e9);
-        double p50 = all.length == 0 ? 0 : all[all.length / 2] / 1e3;
-        double p99 = all.length == 0 ? 0 : all[(int) Math.min(all.length - 1, Math.ceil(all.length * 0.99) - 1)] / 1e3;
-        System.out.println(String.format(Locale.ROOT, "{\"tm\":\"%s\",\"threads\":%d,\"tps\":%.0f,\"p50_us\":%.0f,\"p99_us\":%.0f,\"commits\":%d}",
-                tmName, threads, tps, p50, p99, total));
+        System.out.println(r.json("tm", tmName, threads, "commits"));
         closer.close();
         System.exit(0);
     }

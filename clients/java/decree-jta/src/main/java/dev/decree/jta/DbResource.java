@@ -112,6 +112,158 @@ abstract class DbResource implements DecreeResource {
         pooled.discard("its branch is left to the server");
     }
 
+    // --- The steps both databases share; what differs is in the methods below them -----------
+
+    XAException proto(String call) {
+        return xa(XAException.XAER_PROTO, rm + ": " + call + " of a branch that is " + state, null);
+    }
+
+    boolean prepared() {
+        return state == State.PREPARED || state == State.IN_DOUBT;
+    }
+
+    @Override
+    public final void start(Xid x, int flags) throws XAException {
+        DecreeXid d = DecreeXid.copyOf(x);
+        if (flags == TMJOIN || flags == TMRESUME) {
+            checkXid(d, "start");
+            return;
+        }
+        if (state != State.IDLE) {
+            throw xa(XAException.XAER_PROTO, rm + ": the connection already has branch " + xid + " " + state, null);
+        }
+        begin(d);
+        xid = d;
+        state = State.ACTIVE;
+    }
+
+    @Override
+    public final int prepare(Xid x) throws XAException {
+        checkXid(x, "prepare");
+        if (state != State.ACTIVE) {
+            throw proto("prepare");
+        }
+        return prepareOpen();
+    }
+
+    @Override
+    public final void commit(Xid x, boolean onePhase) throws XAException {
+        checkXid(x, "commit");
+        if (onePhase) {
+            if (state != State.ACTIVE) {
+                throw proto("one-phase commit");
+            }
+            commitOpen();
+            return;
+        }
+        if (!prepared()) {
+            throw proto("commit");
+        }
+        String commitPrepared = finishing("COMMIT");
+        try {
+            run(commitPrepared + " " + target());
+        } catch (SQLException e) {
+            XAException ended = commitPreparedEnded(e);
+            if (ended != null) {
+                state = State.IDLE;
+                throw ended;
+            }
+            if (lost(e)) {
+                pooled.discard("lost: " + e.getMessage());
+                throw xa(XAException.XAER_RMFAIL, rm + ": " + commitPrepared + " lost its answer: " + e.getMessage(), e);
+            }
+            // PostgreSQL's 55000 "is busy": another session (the server's recovery) is finishing it.
+            throw xa(XAException.XA_RETRY, rm + ": " + commitPrepared + " not done: " + e.getMessage(), e);
+        }
+        state = State.IDLE;
+    }
+
+    @Override
+    public final void rollback(Xid x) throws XAException {
+        checkXid(x, "rollback");
+        switch (state) {
+            case IDLE -> {
+                return;
+            }
+            case ACTIVE -> {
+                rollbackOpen();
+                return;
+            }
+            default -> {
+                String rollbackPrepared = finishing("ROLLBACK");
+                try {
+                    run(rollbackPrepared + " " + target());
+                } catch (SQLException e) {
+                    if (!gone(e)) {
+                        rollbackPreparedFailed(e);
+                        throw xa(XAException.XAER_RMFAIL, rm + ": " + rollbackPrepared + " failed: " + e.getMessage(), e);
+                    }
+                }
+                state = State.IDLE;
+            }
+        }
+    }
+
+    @Override
+    public final Xid[] recover(int flag) throws XAException {
+        try {
+            return listPrepared().toArray(new Xid[0]);
+        } catch (SQLException e) {
+            throw xa(XAException.XAER_RMERR, rm + ": " + recoverFailed() + ": " + e.getMessage(), e);
+        }
+    }
+
+    /**
+     * {@code e} from a statement that ends an open branch ({@code statement}: a prepare or a
+     * one-phase commit): a lost answer leaves the branch {@code ifLost} and the connection
+     * discarded; any other failure rolls the branch back.
+     */
+    XAException openEndFailed(SQLException e, State ifLost, String statement, String failed) {
+        if (lost(e)) {
+            state = ifLost;
+            pooled.discard("lost: " + e.getMessage());
+            return xa(XAException.XAER_RMFAIL, rm + ": " + statement + " lost its answer: " + e.getMessage(), e);
+        }
+        rollbackOpen();
+        return xa(XAException.XA_RBROLLBACK, rm + ": " + failed + ": " + e.getMessage(), e);
+    }
+
+    /** Opens the branch {@code d} on the connection. */
+    abstract void begin(DecreeXid d) throws XAException;
+
+    /** Prepares the open branch (its state checked): {@code XA_OK} or {@code XA_RDONLY}. */
+    abstract int prepareOpen() throws XAException;
+
+    /** Commits the open branch in one phase (its state checked). */
+    abstract void commitOpen() throws XAException;
+
+    /** Rolls the open branch back, quietly (a failure discards the connection). */
+    abstract void rollbackOpen();
+
+    /** The statement that finishes a prepared branch with {@code verb} (COMMIT, ROLLBACK), before the branch's name. */
+    abstract String finishing(String verb);
+
+    /** The prepared branch's name in the statements of {@link #finishing}. */
+    abstract String target();
+
+    /**
+     * The failure {@code e} of the commit of a prepared branch when it says the branch is finished
+     * already (committed, or rolled back on its own): what the caller gets; null otherwise.
+     */
+    abstract XAException commitPreparedEnded(SQLException e) throws XAException;
+
+    /** Whether the failure {@code e} of the rollback of a prepared branch says the branch is not there (rolled back already). */
+    abstract boolean gone(SQLException e);
+
+    /** What the connection needs after the rollback of a prepared branch failed otherwise. */
+    abstract void rollbackPreparedFailed(SQLException e);
+
+    /** The decree branches prepared in the database. */
+    abstract List<DecreeXid> listPrepared() throws SQLException;
+
+    /** The error message of a failed {@link #listPrepared}. */
+    abstract String recoverFailed();
+
     // --- PostgreSQL --------------------------------------------------------------------------
 
     /**
@@ -121,20 +273,14 @@ abstract class DbResource implements DecreeResource {
      * votes {@code XA_RDONLY}), {@code COMMIT PREPARED} / {@code ROLLBACK PREPARED} by gid.
      */
     static final class Postgres extends DbResource {
+        private static final String UNDEFINED_OBJECT = "42704";
+
         Postgres(PooledConnection pooled, String rm) {
             super(pooled, rm);
         }
 
         @Override
-        public void start(Xid x, int flags) throws XAException {
-            DecreeXid d = DecreeXid.copyOf(x);
-            if (flags == TMJOIN || flags == TMRESUME) {
-                checkXid(d, "start");
-                return;
-            }
-            if (state != State.IDLE) {
-                throw xa(XAException.XAER_PROTO, rm + ": the connection already has branch " + xid + " " + state, null);
-            }
+        void begin(DecreeXid d) throws XAException {
             try {
                 if (!conn().getAutoCommit()) {
                     conn().rollback();
@@ -143,20 +289,26 @@ abstract class DbResource implements DecreeResource {
             } catch (SQLException e) {
                 throw xa(XAException.XAER_RMFAIL, rm + ": cannot start a branch: " + e.getMessage(), e);
             }
-            xid = d;
-            state = State.ACTIVE;
+        }
+
+        /** Autocommit back on (COMMIT PREPARED runs outside a transaction block); false: the connection is discarded. */
+        private boolean autoCommit() {
+            try {
+                conn().setAutoCommit(true);
+                return true;
+            } catch (SQLException e) {
+                pooled.discard("setAutoCommit failed: " + e.getMessage());
+                return false;
+            }
         }
 
         private void toIdle() {
             state = State.IDLE;
-            try {
-                conn().setAutoCommit(true);
-            } catch (SQLException e) {
-                pooled.discard("setAutoCommit failed: " + e.getMessage());
-            }
+            autoCommit();
         }
 
-        private void rollbackOpen() {
+        @Override
+        void rollbackOpen() {
             try {
                 conn().rollback();
             } catch (SQLException e) {
@@ -166,126 +318,83 @@ abstract class DbResource implements DecreeResource {
         }
 
         @Override
-        public int prepare(Xid x) throws XAException {
-            checkXid(x, "prepare");
-            if (state != State.ACTIVE) {
-                throw xa(XAException.XAER_PROTO, rm + ": prepare of a branch that is " + state, null);
-            }
+        int prepareOpen() throws XAException {
             // The check and the PREPARE go in one round trip: an aborted transaction fails the
             // SELECT, and PostgreSQL then skips the PREPARE (which it would have answered with
             // a silent ROLLBACK). The SELECT also says whether the branch wrote anything.
             boolean nothingWritten;
             try (Statement s = conn().createStatement()) {
-                s.execute("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION '" + xid.pgGid() + "'");
+                s.execute("SELECT txid_current_if_assigned() IS NULL; PREPARE TRANSACTION " + target());
                 try (ResultSet r = s.getResultSet()) {
                     r.next();
                     nothingWritten = r.getBoolean(1);
                 }
             } catch (SQLException e) {
-                if (lost(e)) {
-                    state = State.IN_DOUBT;
-                    pooled.discard("lost: " + e.getMessage());
-                    throw xa(XAException.XAER_RMFAIL, rm + ": PREPARE TRANSACTION lost its answer: " + e.getMessage(), e);
-                }
-                rollbackOpen();
-                throw xa(XAException.XA_RBROLLBACK, rm + ": PREPARE TRANSACTION failed (or an earlier statement had aborted the "
-                        + "transaction): " + e.getMessage(), e);
+                throw openEndFailed(e, State.IN_DOUBT, "PREPARE TRANSACTION",
+                        "PREPARE TRANSACTION failed (or an earlier statement had aborted the transaction)");
+            }
+            state = State.PREPARED;
+            if (!autoCommit()) {
+                return XA_OK;
             }
             if (nothingWritten) {
                 // A branch that wrote nothing: finish its empty prepared transaction now and vote read-only.
-                state = State.PREPARED;
                 try {
-                    conn().setAutoCommit(true);
-                    run("COMMIT PREPARED '" + xid.pgGid() + "'");
+                    run("COMMIT PREPARED " + target());
                     state = State.IDLE;
                     return XA_RDONLY;
                 } catch (SQLException e) {
                     return XA_OK; // still prepared: it takes part in the decision like any other.
                 }
             }
-            state = State.PREPARED;
-            try {
-                conn().setAutoCommit(true); // COMMIT PREPARED runs outside a transaction block.
-            } catch (SQLException e) {
-                pooled.discard("setAutoCommit failed: " + e.getMessage());
-            }
             return XA_OK;
         }
 
         @Override
-        public void commit(Xid x, boolean onePhase) throws XAException {
-            checkXid(x, "commit");
-            if (onePhase) {
-                if (state != State.ACTIVE) {
-                    throw xa(XAException.XAER_PROTO, rm + ": one-phase commit of a branch that is " + state, null);
-                }
-                // One round trip: PostgreSQL answers COMMIT of an aborted transaction with a silent
-                // ROLLBACK, so the SELECT goes first; when it fails, the COMMIT is skipped.
-                try (Statement s = conn().createStatement()) {
-                    s.execute("SELECT txid_current_if_assigned() IS NULL; COMMIT");
-                } catch (SQLException e) {
-                    if (lost(e)) {
-                        state = State.IDLE;
-                        pooled.discard("lost: " + e.getMessage());
-                        throw xa(XAException.XAER_RMFAIL, rm + ": COMMIT lost its answer: " + e.getMessage(), e);
-                    }
-                    rollbackOpen();
-                    throw xa(XAException.XA_RBROLLBACK, rm + ": COMMIT failed (or an earlier statement had aborted the transaction): "
-                            + e.getMessage(), e);
-                }
-                toIdle();
-                return;
-            }
-            if (state != State.PREPARED && state != State.IN_DOUBT) {
-                throw xa(XAException.XAER_PROTO, rm + ": commit of a branch that is " + state, null);
-            }
-            try {
-                run("COMMIT PREPARED '" + xid.pgGid() + "'");
+        void commitOpen() throws XAException {
+            // One round trip: PostgreSQL answers COMMIT of an aborted transaction with a silent
+            // ROLLBACK, so the SELECT goes first; when it fails, the COMMIT is skipped.
+            try (Statement s = conn().createStatement()) {
+                s.execute("SELECT txid_current_if_assigned() IS NULL; COMMIT");
             } catch (SQLException e) {
-                if ("42704".equals(e.getSQLState())) {
-                    state = State.IDLE;
-                    throw xa(XAException.XAER_NOTA, rm + ": already committed (" + e.getMessage() + ")", e);
-                }
-                if (lost(e)) {
-                    pooled.discard("lost: " + e.getMessage());
-                    throw xa(XAException.XAER_RMFAIL, rm + ": COMMIT PREPARED lost its answer: " + e.getMessage(), e);
-                }
-                // 55000 "is busy": another session (the server's recovery) is finishing it.
-                throw xa(XAException.XA_RETRY, rm + ": COMMIT PREPARED not done: " + e.getMessage(), e);
+                throw openEndFailed(e, State.IDLE, "COMMIT", "COMMIT failed (or an earlier statement had aborted the transaction)");
             }
-            state = State.IDLE;
+            toIdle();
         }
 
         @Override
-        public void rollback(Xid x) throws XAException {
-            checkXid(x, "rollback");
-            switch (state) {
-                case IDLE -> {
-                    return;
-                }
-                case ACTIVE -> {
-                    rollbackOpen();
-                    return;
-                }
-                default -> {
-                    try {
-                        run("ROLLBACK PREPARED '" + xid.pgGid() + "'");
-                    } catch (SQLException e) {
-                        if (!"42704".equals(e.getSQLState())) {
-                            if (lost(e)) {
-                                pooled.discard("lost: " + e.getMessage());
-                            }
-                            throw xa(XAException.XAER_RMFAIL, rm + ": ROLLBACK PREPARED failed: " + e.getMessage(), e);
-                        }
-                    }
-                    state = State.IDLE;
-                }
+        String finishing(String verb) {
+            return verb + " PREPARED";
+        }
+
+        @Override
+        String target() {
+            return "'" + xid.pgGid() + "'";
+        }
+
+        @Override
+        XAException commitPreparedEnded(SQLException e) {
+            if (UNDEFINED_OBJECT.equals(e.getSQLState())) {
+                return xa(XAException.XAER_NOTA, rm + ": already committed (" + e.getMessage() + ")", e);
+            }
+            return null;
+        }
+
+        @Override
+        boolean gone(SQLException e) {
+            return UNDEFINED_OBJECT.equals(e.getSQLState());
+        }
+
+        @Override
+        void rollbackPreparedFailed(SQLException e) {
+            if (lost(e)) {
+                pooled.discard("lost: " + e.getMessage());
             }
         }
 
         @Override
-        public Xid[] recover(int flag) throws XAException {
-            List<Xid> out = new ArrayList<>();
+        List<DecreeXid> listPrepared() throws SQLException {
+            List<DecreeXid> out = new ArrayList<>();
             try (Statement s = conn().createStatement(); ResultSet r = s.executeQuery(
                     "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'decree:%'")) {
                 while (r.next()) {
@@ -295,22 +404,20 @@ abstract class DbResource implements DecreeResource {
                         // not one of decree's canonical gids.
                     }
                 }
-            } catch (SQLException e) {
-                throw xa(XAException.XAER_RMERR, rm + ": listing prepared transactions failed: " + e.getMessage(), e);
             }
-            return out.toArray(new Xid[0]);
+            return out;
+        }
+
+        @Override
+        String recoverFailed() {
+            return "listing prepared transactions failed";
         }
 
         @Override
         public void abandon() {
             // Any connection to the database may finish a PostgreSQL branch: keep the connection.
             if (state != State.IDLE) {
-                state = State.IDLE;
-                try {
-                    conn().setAutoCommit(true);
-                } catch (SQLException e) {
-                    pooled.discard("setAutoCommit failed: " + e.getMessage());
-                }
+                toIdle();
             }
         }
     }
@@ -340,15 +447,7 @@ abstract class DbResource implements DecreeResource {
         }
 
         @Override
-        public void start(Xid xi, int flags) throws XAException {
-            DecreeXid d = DecreeXid.copyOf(xi);
-            if (flags == TMJOIN || flags == TMRESUME) {
-                checkXid(d, "start");
-                return;
-            }
-            if (state != State.IDLE) {
-                throw xa(XAException.XAER_PROTO, rm + ": the connection already has branch " + xid + " " + state, null);
-            }
+        void begin(DecreeXid d) throws XAException {
             try {
                 if (!conn().getAutoCommit()) {
                     conn().rollback();
@@ -360,18 +459,22 @@ abstract class DbResource implements DecreeResource {
             } catch (SQLException e) {
                 throw xa(XAException.XAER_RMFAIL, rm + ": XA START failed: " + e.getMessage(), e);
             }
-            xid = d;
             xaEnded = false;
-            state = State.ACTIVE;
         }
 
-        private void quietRollbackOpen() {
+        /** {@code XA END}, unless sent already, then {@code statement}. */
+        private void endThen(String statement) throws SQLException {
+            if (!xaEnded) {
+                run("XA END " + x);
+                xaEnded = true;
+            }
+            run(statement);
+        }
+
+        @Override
+        void rollbackOpen() {
             try {
-                if (!xaEnded) {
-                    run("XA END " + x);
-                    xaEnded = true;
-                }
-                run("XA ROLLBACK " + x);
+                endThen("XA ROLLBACK " + x);
             } catch (SQLException e) {
                 pooled.discard("rollback of an open branch failed: " + e.getMessage());
             }
@@ -379,141 +482,85 @@ abstract class DbResource implements DecreeResource {
         }
 
         @Override
-        public int prepare(Xid xi) throws XAException {
-            checkXid(xi, "prepare");
-            if (state != State.ACTIVE) {
-                throw xa(XAException.XAER_PROTO, rm + ": prepare of a branch that is " + state, null);
-            }
+        int prepareOpen() throws XAException {
             try {
-                if (!xaEnded) {
-                    run("XA END " + x);
-                    xaEnded = true;
-                }
-                run("XA PREPARE " + x);
+                endThen("XA PREPARE " + x);
             } catch (SQLException e) {
-                if (lost(e)) {
-                    state = State.IN_DOUBT;
-                    pooled.discard("lost: " + e.getMessage());
-                    throw xa(XAException.XAER_RMFAIL, rm + ": XA PREPARE lost its answer: " + e.getMessage(), e);
-                }
-                quietRollbackOpen();
-                throw xa(XAException.XA_RBROLLBACK, rm + ": XA END/PREPARE failed: " + e.getMessage(), e);
+                throw openEndFailed(e, State.IN_DOUBT, "XA PREPARE", "XA END/PREPARE failed");
             }
             state = State.PREPARED;
             return XA_OK;
         }
 
-        private boolean listed() throws SQLException {
-            try (Statement s = conn().createStatement(); ResultSet r = s.executeQuery("XA RECOVER")) {
-                while (r.next()) {
-                    DecreeXid got = DecreeXid.fromXaRecover(r.getInt(1), r.getInt(2), r.getInt(3), r.getBytes(4));
-                    if (got.equals(name)) {
-                        return true;
-                    }
-                }
-            }
-            return false;
-        }
-
         @Override
-        public void commit(Xid xi, boolean onePhase) throws XAException {
-            checkXid(xi, "commit");
-            if (onePhase) {
-                if (state != State.ACTIVE) {
-                    throw xa(XAException.XAER_PROTO, rm + ": one-phase commit of a branch that is " + state, null);
-                }
-                try {
-                    if (!xaEnded) {
-                        run("XA END " + x);
-                        xaEnded = true;
-                    }
-                    run("XA COMMIT " + x + " ONE PHASE");
-                } catch (SQLException e) {
-                    if (lost(e)) {
-                        state = State.IDLE;
-                        pooled.discard("lost: " + e.getMessage());
-                        throw xa(XAException.XAER_RMFAIL, rm + ": XA COMMIT ONE PHASE lost its answer: " + e.getMessage(), e);
-                    }
-                    quietRollbackOpen();
-                    throw xa(XAException.XA_RBROLLBACK, rm + ": XA COMMIT ONE PHASE failed: " + e.getMessage(), e);
-                }
-                state = State.IDLE;
-                return;
-            }
-            if (state != State.PREPARED && state != State.IN_DOUBT) {
-                throw xa(XAException.XAER_PROTO, rm + ": commit of a branch that is " + state, null);
-            }
+        void commitOpen() throws XAException {
             try {
-                run("XA COMMIT " + x);
+                endThen("XA COMMIT " + x + " ONE PHASE");
             } catch (SQLException e) {
-                int code = e.getErrorCode();
-                if (xaRb(code)) {
-                    state = State.IDLE;
-                    throw xa(XAException.XA_HEURRB, rm + ": rolled back on its own: " + e.getMessage(), e);
-                }
-                if (code == XAER_NOTA) {
-                    try {
-                        if (!listed()) {
-                            state = State.IDLE;
-                            throw xa(XAException.XAER_NOTA, rm + ": already committed (" + e.getMessage() + ")", e);
-                        }
-                    } catch (SQLException e2) {
-                        throw xa(XAException.XA_RETRY, rm + ": XA COMMIT: " + e.getMessage() + "; XA RECOVER failed: " + e2.getMessage(), e);
-                    }
-                }
-                if (lost(e)) {
-                    pooled.discard("lost: " + e.getMessage());
-                    throw xa(XAException.XAER_RMFAIL, rm + ": XA COMMIT lost its answer: " + e.getMessage(), e);
-                }
-                throw xa(XAException.XA_RETRY, rm + ": XA COMMIT failed: " + e.getMessage(), e);
+                throw openEndFailed(e, State.IDLE, "XA COMMIT ONE PHASE", "XA COMMIT ONE PHASE failed");
             }
             state = State.IDLE;
         }
 
         @Override
-        public void rollback(Xid xi) throws XAException {
-            checkXid(xi, "rollback");
-            switch (state) {
-                case IDLE -> {
-                    return;
-                }
-                case ACTIVE -> {
-                    quietRollbackOpen();
-                    return;
-                }
-                default -> {
-                    try {
-                        run("XA ROLLBACK " + x);
-                    } catch (SQLException e) {
-                        int code = e.getErrorCode();
-                        if (!(xaRb(code) || code == XAER_NOTA)) {
-                            // Closing the connection detaches a prepared branch so that the server can roll it back.
-                            pooled.discard("XA ROLLBACK failed: " + e.getMessage());
-                            state = State.IDLE;
-                            throw xa(XAException.XAER_RMFAIL, rm + ": XA ROLLBACK failed: " + e.getMessage(), e);
-                        }
-                    }
-                    state = State.IDLE;
-                }
-            }
+        String finishing(String verb) {
+            return "XA " + verb;
         }
 
         @Override
-        public Xid[] recover(int flag) throws XAException {
-            List<Xid> out = new ArrayList<>();
+        String target() {
+            return x;
+        }
+
+        @Override
+        XAException commitPreparedEnded(SQLException e) throws XAException {
+            int code = e.getErrorCode();
+            if (xaRb(code)) {
+                return xa(XAException.XA_HEURRB, rm + ": rolled back on its own: " + e.getMessage(), e);
+            }
+            if (code == XAER_NOTA) {
+                try {
+                    if (!listPrepared().contains(name)) {
+                        return xa(XAException.XAER_NOTA, rm + ": already committed (" + e.getMessage() + ")", e);
+                    }
+                } catch (SQLException e2) {
+                    throw xa(XAException.XA_RETRY, rm + ": XA COMMIT: " + e.getMessage() + "; XA RECOVER failed: " + e2.getMessage(), e);
+                }
+            }
+            return null;
+        }
+
+        @Override
+        boolean gone(SQLException e) {
+            return xaRb(e.getErrorCode()) || e.getErrorCode() == XAER_NOTA;
+        }
+
+        @Override
+        void rollbackPreparedFailed(SQLException e) {
+            // Closing the connection detaches a prepared branch so that the server can roll it back.
+            pooled.discard("XA ROLLBACK failed: " + e.getMessage());
+            state = State.IDLE;
+        }
+
+        @Override
+        List<DecreeXid> listPrepared() throws SQLException {
+            List<DecreeXid> out = new ArrayList<>();
             try (Statement s = conn().createStatement(); ResultSet r = s.executeQuery("XA RECOVER")) {
                 while (r.next()) {
                     out.add(DecreeXid.fromXaRecover(r.getInt(1), r.getInt(2), r.getInt(3), r.getBytes(4)));
                 }
-            } catch (SQLException e) {
-                throw xa(XAException.XAER_RMERR, rm + ": XA RECOVER failed: " + e.getMessage(), e);
             }
-            return out.toArray(new Xid[0]);
+            return out;
+        }
+
+        @Override
+        String recoverFailed() {
+            return "XA RECOVER failed";
         }
 
         @Override
         public boolean holdsPrepared() {
-            return state == State.PREPARED || state == State.IN_DOUBT;
+            return prepared();
         }
 
         @Override

@@ -10,6 +10,7 @@ import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Set;
+import javax.sql.DataSource;
 
 /**
  * The tables the database tests move money between: {@code decree_java_account} (one row,
@@ -23,7 +24,14 @@ public final class Bank {
         return DriverManager.getConnection(db.jdbcUrl(), db.properties());
     }
 
-    public static void setUp(TestEnv.Db db) throws SQLException {
+    /** Creates the tables in each of {@code dbs} unless there. */
+    public static void setUp(TestEnv.Db... dbs) throws SQLException {
+        for (TestEnv.Db db : dbs) {
+            setUp(db);
+        }
+    }
+
+    private static void setUp(TestEnv.Db db) throws SQLException {
         try (Connection c = plain(db); Statement s = c.createStatement()) {
             s.execute("CREATE TABLE IF NOT EXISTS decree_java_account (id INT PRIMARY KEY, balance BIGINT NOT NULL)");
             s.execute("CREATE TABLE IF NOT EXISTS decree_java_ledger (transfer VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)"
@@ -47,6 +55,24 @@ public final class Bank {
             p.setLong(2, amount);
             p.executeUpdate();
         }
+    }
+
+    /** A transfer {@code transfer} of {@code amount} in the transaction: a leg on a connection of each data source. */
+    public static void transfer(DataSource from, DataSource to, String transfer, long amount) throws SQLException {
+        leg(from, transfer, -amount);
+        leg(to, transfer, amount);
+    }
+
+    /** One leg of a transfer on a connection of {@code ds} in the transaction. */
+    public static void leg(DataSource ds, String transfer, long amount) throws SQLException {
+        try (Connection c = ds.getConnection()) {
+            leg(c, transfer, amount);
+        }
+    }
+
+    /** A pool of {@code max} connections to {@code db}, under its rm name, for {@code tm}'s transactions. */
+    public static DecreeDataSource dataSource(DecreeTransactionManager tm, TestEnv.Db db, int max) {
+        return new DecreeDataSource(tm, db.rm(), db.jdbcUrl(), db.properties(), max);
     }
 
     public static long balance(TestEnv.Db db) throws SQLException {

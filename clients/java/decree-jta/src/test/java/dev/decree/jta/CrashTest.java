@@ -3,15 +3,11 @@ package dev.decree.jta;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.io.BufferedReader;
-import java.io.InputStreamReader;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Path;
-import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.UUID;
-import java.util.concurrent.TimeUnit;
-import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AutoClose;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.CsvSource;
@@ -25,36 +21,18 @@ import org.junit.jupiter.params.provider.CsvSource;
  * attached to the killed JVM's connection).
  */
 class CrashTest {
-    static TestEnv.Db pgA;
-    static TestEnv.Db pgB;
-    static TestEnv.Db maria;
+    /** The databases by rm name: pg-a, pg-b, maria. */
+    static final Map<String, TestEnv.Db> dbs = new LinkedHashMap<>();
+    @AutoClose
     static DecreeServer server;
 
     @BeforeAll
     static void setUp() throws Exception {
-        pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        pgB = TestEnv.pg("pg-b", "DECREE_TEST_PG_B");
-        maria = TestEnv.maria("maria", "DECREE_TEST_MARIADB");
-        for (TestEnv.Db db : List.of(pgA, pgB, maria)) {
+        for (TestEnv.Db db : List.of(TestEnv.pgA(), TestEnv.pgB(), TestEnv.maria())) {
             Bank.setUp(db);
+            dbs.put(db.rm(), db);
         }
-        server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()), new DecreeServer.Rm("maria", "mariadb", maria.dsn())), "").start();
-    }
-
-    @AfterAll
-    static void tearDown() throws Exception {
-        if (server != null) {
-            server.close();
-        }
-    }
-
-    static TestEnv.Db db(String rm) {
-        return switch (rm) {
-            case "pg-a" -> pgA;
-            case "pg-b" -> pgB;
-            default -> maria;
-        };
+        server = DecreeServer.over(dbs.values().toArray(new TestEnv.Db[0])).start();
     }
 
     @ParameterizedTest(name = "{1} to {2}, killed at {0}, parallel branch calls {4}")
@@ -66,33 +44,16 @@ class CrashTest {
         "prepared, pg-a, maria, neither, true", "decided, pg-a, maria, both, true", "phase-two, pg-a, pg-b, both, true"})
     void aKilledJvmsBranchesAreFinishedByTheServer(String step, String fromRm, String toRm, String expected, Boolean parallel)
             throws Exception {
-        TestEnv.Db from = db(fromRm);
-        TestEnv.Db to = db(toRm);
+        TestEnv.Db from = dbs.get(fromRm);
+        TestEnv.Db to = dbs.get(toRm);
         long total = Bank.balance(from) + Bank.balance(to);
         String transfer = "crash-" + UUID.randomUUID();
-        List<String> cmd = new ArrayList<>(List.of(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp",
-                System.getProperty("java.class.path"), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+        CrashWorker.Killed killed = CrashWorker.killAtStep(TestEnv.java("", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-Ddecree.parallel=" + Boolean.TRUE.equals(parallel), CrashWorker.class.getName(),
                 server.endpoint(), step, transfer, from.rm(), from.jdbcUrl(), from.properties().getProperty("user"), to.rm(),
                 to.jdbcUrl(), to.properties().getProperty("user")));
-        Process child = new ProcessBuilder(cmd).redirectErrorStream(true).start();
-        StringBuilder out = new StringBuilder();
-        String stepLine = null;
-        try (BufferedReader r = new BufferedReader(new InputStreamReader(child.getInputStream(), StandardCharsets.UTF_8))) {
-            String line;
-            while ((line = r.readLine()) != null) {
-                out.append(line).append('\n');
-                if (line.startsWith("STEP ")) {
-                    stepLine = line;
-                    child.destroyForcibly(); // SIGKILL
-                    break;
-                }
-            }
-        } finally {
-            child.destroyForcibly();
-            child.waitFor(20, TimeUnit.SECONDS);
-        }
-        assertTrue(stepLine != null && stepLine.startsWith("STEP " + step), "the worker reached " + step + ":\n" + out);
+        String stepLine = killed.stepLine();
+        assertTrue(stepLine != null && stepLine.startsWith("STEP " + step), "the worker reached " + step + ":\n" + killed.out());
         assertEquals(List.of(), Bank.awaitNothingPrepared(server.node, 40, from, to), "the server finished every branch:\n"
                 + server.logTail());
         boolean inFrom = Bank.has(from, transfer);

@@ -15,8 +15,8 @@ import java.util.ArrayList;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.UUID;
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.AutoClose;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -31,6 +31,7 @@ class DatabaseTest {
     static TestEnv.Db pgA;
     static TestEnv.Db pgB;
     static TestEnv.Db maria;
+    @AutoClose
     static DecreeServer server;
     DecreeTransactionManager tm;
     DecreeDataSource a;
@@ -39,30 +40,20 @@ class DatabaseTest {
 
     @BeforeAll
     static void setUp() throws Exception {
-        pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        pgB = TestEnv.pg("pg-b", "DECREE_TEST_PG_B");
-        maria = TestEnv.maria("maria", "DECREE_TEST_MARIADB");
-        for (TestEnv.Db db : List.of(pgA, pgB, maria)) {
-            Bank.setUp(db);
-        }
-        server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()), new DecreeServer.Rm("maria", "mariadb", maria.dsn()),
+        pgA = TestEnv.pgA();
+        pgB = TestEnv.pgB();
+        maria = TestEnv.maria();
+        Bank.setUp(pgA, pgB, maria);
+        server = new DecreeServer(List.of(DecreeServer.Rm.of(pgA), DecreeServer.Rm.of(pgB), DecreeServer.Rm.of(maria),
                 new DecreeServer.Rm("d", "dummy", null)), "").start();
-    }
-
-    @AfterAll
-    static void tearDown() throws Exception {
-        if (server != null) {
-            server.close();
-        }
     }
 
     @BeforeEach
     void connect() throws Exception {
         tm = DecreeTransactionManager.connect(server.endpoint());
-        a = new DecreeDataSource(tm, "pg-a", pgA.jdbcUrl(), pgA.properties(), 4);
-        b = new DecreeDataSource(tm, "pg-b", pgB.jdbcUrl(), pgB.properties(), 4);
-        m = new DecreeDataSource(tm, "maria", maria.jdbcUrl(), maria.properties(), 4);
+        a = Bank.dataSource(tm, pgA, 4);
+        b = Bank.dataSource(tm, pgB, 4);
+        m = Bank.dataSource(tm, maria, 4);
     }
 
     @AfterEach
@@ -78,21 +69,18 @@ class DatabaseTest {
         return "j-" + UUID.randomUUID();
     }
 
-    void transfer(DecreeDataSource from, DecreeDataSource to, String id, long amount) throws SQLException {
-        try (Connection c = from.getConnection()) {
-            Bank.leg(c, id, -amount);
-        }
-        try (Connection c = to.getConnection()) {
-            Bank.leg(c, id, amount);
-        }
+    /** Begins a transaction with a new transfer of {@code amount} in it: the transfer's id. */
+    String beginTransfer(DecreeDataSource from, DecreeDataSource to, long amount) throws Exception {
+        String id = id();
+        tm.begin();
+        Bank.transfer(from, to, id, amount);
+        return id;
     }
 
     @Test
     void aTransferBetweenTwoPostgresDatabasesCommitsInBoth() throws Exception {
         long total = Bank.balance(pgA) + Bank.balance(pgB);
-        String id = id();
-        tm.begin();
-        transfer(a, b, id, 7);
+        String id = beginTransfer(a, b, 7);
         tm.commit();
         assertTrue(Bank.has(pgA, id) && Bank.has(pgB, id));
         assertEquals(total, Bank.balance(pgA) + Bank.balance(pgB));
@@ -100,24 +88,18 @@ class DatabaseTest {
 
     @Test
     void aTransferBetweenPostgresAndMariaDbCommitsInBothAndRollsBackInBoth() throws Exception {
-        String id = id();
-        tm.begin();
-        transfer(a, m, id, 3);
+        String id = beginTransfer(a, m, 3);
         tm.commit();
         assertTrue(Bank.has(pgA, id) && Bank.has(maria, id));
 
-        String id2 = id();
-        tm.begin();
-        transfer(m, a, id2, 3);
+        String id2 = beginTransfer(m, a, 3);
         tm.rollback();
         assertFalse(Bank.has(pgA, id2) || Bank.has(maria, id2));
     }
 
     @Test
     void rollbackOnlyRollsBackBothDatabases() throws Exception {
-        String id = id();
-        tm.begin();
-        transfer(a, b, id, 5);
+        String id = beginTransfer(a, b, 5);
         tm.setRollbackOnly();
         assertThrows(RollbackException.class, tm::commit);
         assertFalse(Bank.has(pgA, id) || Bank.has(pgB, id));
@@ -130,9 +112,7 @@ class DatabaseTest {
             double commits = server.metric("decree_commits_total");
             tm.begin();
             DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();
-            try (Connection c = ds.getConnection()) {
-                Bank.leg(c, id, 1);
-            }
+            Bank.leg(ds, id, 1);
             tm.commit();
             assertTrue(Bank.has(ds == a ? pgA : maria, id));
             assertEquals(commits, server.metric("decree_commits_total"), "no decision for one branch");
@@ -142,15 +122,11 @@ class DatabaseTest {
 
     @Test
     void aFailedStatementRollsBackEveryDatabase() throws Exception {
-        String dup = id();
-        tm.begin();
-        transfer(a, b, dup, 1);
+        String dup = beginTransfer(a, b, 1);
         tm.commit();
         String id = id();
         tm.begin();
-        try (Connection c = m.getConnection()) {
-            Bank.leg(c, id, 1);
-        }
+        Bank.leg(m, id, 1);
         try (Connection c = a.getConnection()) {
             assertThrows(SQLException.class, () -> Bank.leg(c, dup, 1)); // duplicate key: the PostgreSQL transaction is aborted.
         }
@@ -166,12 +142,8 @@ class DatabaseTest {
         try (Connection c = a.getConnection(); Statement s = c.createStatement(); ResultSet r = s.executeQuery("SELECT 1")) {
             r.next();
         }
-        try (Connection c = b.getConnection()) {
-            Bank.leg(c, id, 2);
-        }
-        try (Connection c = m.getConnection()) {
-            Bank.leg(c, id, -2);
-        }
+        Bank.leg(b, id, 2);
+        Bank.leg(m, id, -2);
         tm.commit();
         assertTrue(Bank.has(pgB, id) && Bank.has(maria, id));
     }
@@ -208,7 +180,7 @@ class DatabaseTest {
         tm.begin();
         DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();
         String id = id();
-        transfer(a, m, id, 1);
+        Bank.transfer(a, m, id, 1);
         try (Connection c = m.getConnection(); Statement s = c.createStatement(); ResultSet r = s.executeQuery("SELECT CONNECTION_ID()")) {
             r.next();
             mariaIds.add(r.getLong(1));

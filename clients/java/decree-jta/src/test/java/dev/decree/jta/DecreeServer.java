@@ -30,7 +30,12 @@ import java.util.stream.Stream;
  */
 public final class DecreeServer implements AutoCloseable {
     /** A {@code [[rm]]} entry: name, kind (postgres, mariadb, dummy), DSN (null for dummy). */
-    public record Rm(String name, String kind, String dsn) {}
+    public record Rm(String name, String kind, String dsn) {
+        /** The entry of the test database {@code db}, under its rm name. */
+        public static Rm of(TestEnv.Db db) {
+            return new Rm(db.rm(), db.kind(), db.dsn());
+        }
+    }
 
     public final Path dir;
     public final Path socket;
@@ -69,12 +74,31 @@ public final class DecreeServer implements AutoCloseable {
         Files.writeString(config, String.join("\n", lines) + "\n");
     }
 
+    /** A server (not started) whose resource managers are the test databases {@code dbs}, under their rm names. */
+    public static DecreeServer over(TestEnv.Db... dbs) throws IOException {
+        return over("", dbs);
+    }
+
+    /** The same, with the configuration lines {@code extra}. */
+    public static DecreeServer over(String extra, TestEnv.Db... dbs) throws IOException {
+        List<Rm> rms = new ArrayList<>();
+        for (TestEnv.Db db : dbs) {
+            rms.add(Rm.of(db));
+        }
+        return new DecreeServer(rms, extra);
+    }
+
     public static DecreeServer dummy(String... names) throws IOException {
+        return dummyWith("", names);
+    }
+
+    /** A server whose resource managers are the dummies {@code names}, with the configuration lines {@code extra}. */
+    public static DecreeServer dummyWith(String extra, String... names) throws IOException {
         List<Rm> rms = new ArrayList<>();
         for (String n : names) {
             rms.add(new Rm(n, "dummy", null));
         }
-        return new DecreeServer(rms, "");
+        return new DecreeServer(rms, extra);
     }
 
     public static int freePort() throws IOException {

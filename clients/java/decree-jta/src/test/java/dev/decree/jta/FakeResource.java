@@ -33,6 +33,17 @@ final class FakeResource implements DecreeResource {
         return Collections.synchronizedList(new ArrayList<>());
     }
 
+    /** The journal of a commit of two branches, one after the other. */
+    static final List<String> TWO_PHASE_COMMIT = List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0",
+            "commit 1");
+
+    /** Enlists {@code resources} in the transaction of {@code tm}'s thread, in this order. */
+    static void enlist(DecreeTransactionManager tm, XAResource... resources) throws Exception {
+        for (XAResource r : resources) {
+            tm.getTransaction().enlistResource(r);
+        }
+    }
+
     private String n(Xid xid) {
         return Integer.toString(DecreeXid.copyOf(xid).branchNumber());
     }

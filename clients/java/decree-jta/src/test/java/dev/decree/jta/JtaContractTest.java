@@ -24,11 +24,12 @@ import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
 import javax.transaction.xa.XAException;
 import javax.transaction.xa.XAResource;
 import javax.transaction.xa.Xid;
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.AutoClose;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -39,20 +40,16 @@ import org.junit.jupiter.api.Test;
  * reaches the server (docs/protocol.md, "What a client does").
  */
 class JtaContractTest {
+    @AutoClose
     static DecreeServer server;
     DecreeTransactionManager tm;
     List<String> journal;
+    /** What the synchronizations ({@link Recorder}) of a test were told. */
+    List<String> events;
 
     @BeforeAll
     static void startServer() throws Exception {
         server = DecreeServer.dummy("d1", "d2", "d3").start();
-    }
-
-    @AfterAll
-    static void stopServer() throws Exception {
-        if (server != null) {
-            server.close();
-        }
     }
 
     @BeforeEach
@@ -61,11 +58,31 @@ class JtaContractTest {
         tm.setOutcomeTimeoutMillis(10_000);
         tm.setParallelBranchCalls(false); // the journals below list the calls in their order (the parallel ones say so).
         journal = FakeResource.journal();
+        events = Collections.synchronizedList(new ArrayList<>());
     }
 
     @AfterEach
     void close() {
         tm.close();
+    }
+
+    void enlist(XAResource... resources) throws Exception {
+        FakeResource.enlist(tm, resources);
+    }
+
+    /** Enlists a branch on d1, then one on d2 set up by {@code second}: the d2 resource. */
+    FakeResource enlistTwo(Consumer<FakeResource> second) throws Exception {
+        FakeResource b = res("d2");
+        second.accept(b);
+        enlist(res("d1"), b);
+        return b;
+    }
+
+    /** Begins a transaction that times out after a second (the next ones would not). */
+    void beginTimingOut() throws Exception {
+        tm.setTransactionTimeout(1);
+        tm.begin();
+        tm.setTransactionTimeout(0);
     }
 
     FakeResource res(String rm) {
@@ -165,7 +182,7 @@ class JtaContractTest {
         assertTrue(tm.getTransaction().enlistResource(b));
         assertTrue(tm.getTransaction().enlistResource(a), "enlisting the same resource again is the same branch");
         tm.commit();
-        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+        assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
         assertEquals(commits + 1, server.metric("decree_commits_total"));
         assertEquals(Outcome.COMMITTED, tm.outcome(xid));
         // The branch Xids are decree's: format id, gtrid node|incarnation|session|sequence, bqual = branch number.
@@ -181,10 +198,9 @@ class JtaContractTest {
         tm.begin();
         FakeResource a = res("d1");
         FakeResource a2 = res("d1");
-        tm.getTransaction().enlistResource(a);
-        tm.getTransaction().enlistResource(a2);
+        enlist(a, a2);
         tm.commit();
-        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+        assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
     }
 
     @Test
@@ -193,9 +209,7 @@ class JtaContractTest {
         tm.begin();
         FakeResource ro = res("d1");
         ro.vote = XAResource.XA_RDONLY;
-        tm.getTransaction().enlistResource(ro);
-        tm.getTransaction().enlistResource(res("d2"));
-        tm.getTransaction().enlistResource(res("d3"));
+        enlist(ro, res("d2"), res("d3"));
         tm.commit();
         assertEquals(List.of("start 0", "start 1", "start 2", "end 0", "end 1", "end 2", "prepare 0", "prepare 1", "prepare 2",
                 "commit 1", "commit 2"), journal);
@@ -220,8 +234,7 @@ class JtaContractTest {
         FakeResource a = res("d1");
         FakeResource b = res("d2");
         b.failPrepare = XAException.XA_RBINTEGRITY;
-        tm.getTransaction().enlistResource(a);
-        tm.getTransaction().enlistResource(b);
+        enlist(a, b);
         RollbackException e = assertThrows(RollbackException.class, tm::commit);
         assertTrue(e.getMessage().contains("branch 1 on d2 did not prepare"), e.getMessage());
         assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0"), journal);
@@ -235,8 +248,7 @@ class JtaContractTest {
         FakeResource a = res("d1");
         FakeResource b = res("d2");
         b.failPrepare = XAException.XAER_RMFAIL;
-        tm.getTransaction().enlistResource(a);
-        tm.getTransaction().enlistResource(b);
+        enlist(a, b);
         assertThrows(RollbackException.class, tm::commit);
         assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0", "rollback 1"), journal);
     }
@@ -244,15 +256,13 @@ class JtaContractTest {
     @Test
     void aDecisionNamingAResourceManagerTheServerLacksIsRefusedAndRolledBack() throws Exception {
         tm.begin();
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(res("no-such-rm"));
+        enlist(res("d1"), res("no-such-rm"));
         RollbackException e = assertThrows(RollbackException.class, tm::commit);
         assertTrue(e.getMessage().contains("no-such-rm"), e.getMessage());
         assertTrue(journal.containsAll(List.of("rollback 0", "rollback 1")), journal.toString());
         // The session stays usable (error 11 keeps the connection open).
         tm.begin();
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(res("d2"));
+        enlist(res("d1"), res("d2"));
         tm.commit();
     }
 
@@ -285,9 +295,7 @@ class JtaContractTest {
         tm.begin();
         FakeResource bad = res("d2");
         bad.failPrepare = XAException.XA_RBROLLBACK;
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(bad);
-        tm.getTransaction().enlistResource(res("d3"));
+        enlist(res("d1"), bad, res("d3"));
         RollbackException e = assertThrows(RollbackException.class, tm::commit);
         assertTrue(e.getMessage().contains("branch 1 on d2 did not prepare"), e.getMessage());
         assertTrue(journal.containsAll(List.of("rollback 0", "rollback 2")), journal.toString());
@@ -300,11 +308,9 @@ class JtaContractTest {
 
     @Test
     void rollbackRollsEveryBranchBackAndTellsTheSynchronizations() throws Exception {
-        List<String> events = new ArrayList<>();
         tm.begin();
         tm.getTransaction().registerSynchronization(new Recorder("s", events));
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(res("d2"));
+        enlist(res("d1"), res("d2"));
         tm.rollback();
         assertEquals(List.of("start 0", "start 1", "end 0 fail", "end 1 fail", "rollback 0", "rollback 1"), journal);
         assertEquals(List.of("s after " + Status.STATUS_ROLLEDBACK), events, "no beforeCompletion on rollback");
@@ -313,7 +319,6 @@ class JtaContractTest {
 
     @Test
     void rollbackOnlyMakesCommitRollBackAndRefusesNewWork() throws Exception {
-        List<String> events = new ArrayList<>();
         tm.begin();
         Transaction tx = tm.getTransaction();
         tx.registerSynchronization(new Recorder("s", events));
@@ -364,9 +369,16 @@ class JtaContractTest {
         }
     }
 
+    /** Begins a transaction with {@code synchronizations} registered, in this order. */
+    void beginWith(Recorder... synchronizations) throws Exception {
+        tm.begin();
+        for (Recorder r : synchronizations) {
+            tm.getTransaction().registerSynchronization(r);
+        }
+    }
+
     @Test
     void interposedSynchronizationsRunBeforeCompletionLastAndAfterCompletionFirst() throws Exception {
-        List<String> events = Collections.synchronizedList(new ArrayList<>());
         TransactionSynchronizationRegistry reg = tm.getSynchronizationRegistry();
         tm.begin();
         Transaction tx = tm.getTransaction();
@@ -396,15 +408,10 @@ class JtaContractTest {
 
     @Test
     void aBeforeCompletionThatThrowsRollsBackAndCommitSaysWhy() throws Exception {
-        List<String> events = new ArrayList<>();
-        tm.begin();
         Recorder bad = new Recorder("bad", events);
         bad.before = new IllegalStateException("flush failed");
-        Recorder later = new Recorder("later", events);
-        tm.getTransaction().registerSynchronization(bad);
-        tm.getTransaction().registerSynchronization(later);
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(res("d2"));
+        beginWith(bad, new Recorder("later", events));
+        enlist(res("d1"), res("d2"));
         RollbackException e = assertThrows(RollbackException.class, tm::commit);
         assertInstanceOf(IllegalStateException.class, e.getCause());
         assertEquals(List.of("bad before", "bad after " + Status.STATUS_ROLLEDBACK, "later after " + Status.STATUS_ROLLEDBACK), events);
@@ -413,12 +420,9 @@ class JtaContractTest {
 
     @Test
     void anAfterCompletionThatThrowsChangesNothing() throws Exception {
-        List<String> events = new ArrayList<>();
-        tm.begin();
         Recorder bad = new Recorder("bad", events);
         bad.after = new IllegalStateException("ignored");
-        tm.getTransaction().registerSynchronization(bad);
-        tm.getTransaction().registerSynchronization(new Recorder("next", events));
+        beginWith(bad, new Recorder("next", events));
         tm.getTransaction().enlistResource(res("d1"));
         tm.commit();
         assertEquals(List.of("bad before", "next before", "bad after 3", "next after 3"), events);
@@ -440,8 +444,7 @@ class JtaContractTest {
     void aSuspendedTransactionIsResumedAndCommittedOnAnotherThread() throws Exception {
         tm.begin();
         DecreeXid xid = current();
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(res("d2"));
+        enlist(res("d1"), res("d2"));
         Transaction tx = tm.suspend();
         assertEquals(Status.STATUS_NO_TRANSACTION, tm.getStatus());
         assertNull(tm.getTransaction());
@@ -493,9 +496,9 @@ class JtaContractTest {
     @Test
     void delistWithFailMarksTheTransactionForRollback() throws Exception {
         tm.begin();
-        Transaction tx = tm.getTransaction();
         FakeResource a = res("d1");
-        tx.enlistResource(a);
+        enlist(a);
+        Transaction tx = tm.getTransaction();
         tx.delistResource(a, XAResource.TMFAIL);
         assertEquals(Status.STATUS_MARKED_ROLLBACK, tx.getStatus());
         assertThrows(RollbackException.class, tm::commit);
@@ -505,10 +508,7 @@ class JtaContractTest {
 
     @Test
     void aTransactionPastItsTimeoutIsRolledBackAndItsThreadToldSo() throws Exception {
-        List<String> events = Collections.synchronizedList(new ArrayList<>());
-        tm.setTransactionTimeout(1);
-        tm.begin();
-        tm.setTransactionTimeout(0);
+        beginTimingOut();
         Transaction tx = tm.getTransaction();
         tx.registerSynchronization(new Recorder("s", events));
         tx.enlistResource(res("d1"));
@@ -530,9 +530,7 @@ class JtaContractTest {
 
     @Test
     void rollbackAfterTheTimeoutIsWhatTheThreadExpected() throws Exception {
-        tm.setTransactionTimeout(1);
-        tm.begin();
-        tm.setTransactionTimeout(0);
+        beginTimingOut();
         tm.getTransaction().enlistResource(res("d1"));
         Thread.sleep(1500);
         tm.rollback();
@@ -542,13 +540,8 @@ class JtaContractTest {
     @Test
     void aTimeoutDuringPrepareRollsBackBeforeTheDecisionIsSent() throws Exception {
         double commits = server.metric("decree_commits_total");
-        tm.setTransactionTimeout(1);
-        tm.begin();
-        tm.setTransactionTimeout(0);
-        FakeResource slow = res("d2");
-        slow.onPrepare = () -> sleep(1500);
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(slow);
+        beginTimingOut();
+        FakeResource slow = enlistTwo(r -> r.onPrepare = () -> sleep(1500));
         RollbackException e = assertThrows(RollbackException.class, tm::commit);
         assertTrue(e.getMessage().contains("timed out"), e.getMessage());
         assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "rollback 0", "rollback 1"), journal);
@@ -557,15 +550,10 @@ class JtaContractTest {
 
     @Test
     void aTimeoutAfterTheDecisionLetsTheThreadLearnTheRealOutcome() throws Exception {
-        tm.setTransactionTimeout(1);
-        tm.begin();
-        tm.setTransactionTimeout(0);
-        FakeResource slow = res("d2");
-        slow.onCommit = () -> sleep(1500);
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(slow);
+        beginTimingOut();
+        FakeResource slow = enlistTwo(r -> r.onCommit = () -> sleep(1500));
         tm.commit(); // decided before the timeout: committed, however long phase two takes.
-        assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+        assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
     }
 
     static void sleep(long ms) {
@@ -582,10 +570,7 @@ class JtaContractTest {
     void aBranchThatRolledBackOnItsOwnInPhaseTwoIsHeuristicMixedAndTheServerIsTold() throws Exception {
         tm.begin();
         DecreeXid xid = current();
-        FakeResource b = res("d2");
-        b.failCommit = XAException.XA_HEURRB;
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(b);
+        FakeResource b = enlistTwo(r -> r.failCommit = XAException.XA_HEURRB);
         assertThrows(HeuristicMixedException.class, tm::commit);
         assertTrue(journal.contains("forget 1"), journal.toString());
         assertEquals(Outcome.HEURISTIC, tm.outcome(xid), "CompleteHeuristic reached the server");
@@ -631,10 +616,7 @@ class JtaContractTest {
     void aBranchPhaseTwoCannotCommitIsLeftToTheServerAndTheTransactionIsCommitted() throws Exception {
         tm.begin();
         DecreeXid xid = current();
-        FakeResource b = res("d2");
-        b.failCommit = XAException.XAER_RMFAIL;
-        tm.getTransaction().enlistResource(res("d1"));
-        tm.getTransaction().enlistResource(b);
+        FakeResource b = enlistTwo(r -> r.failCommit = XAException.XAER_RMFAIL);
         DecreeTransaction tx = (DecreeTransaction) tm.getTransaction();
         tm.commit();
         assertEquals(List.of("d2"), tx.phaseTwoPending());
@@ -675,77 +657,76 @@ class JtaContractTest {
                     throw new IllegalStateException(e);
                 }
             };
-            local.getTransaction().enlistResource(a);
-            local.getTransaction().enlistResource(b);
+            FakeResource.enlist(local, a, b);
             RollbackException e = assertThrows(RollbackException.class, local::commit);
             assertTrue(e.getMessage().contains("decision was not sent"), e.getMessage());
             assertTrue(journal.containsAll(List.of("rollback 0", "rollback 1")), journal.toString());
         }
     }
 
+    /**
+     * A manager of {@code own} whose answers time out after 500 ms, that asks {@code Outcome}
+     * for up to {@code outcomeTimeoutMs}, with a transaction begun.
+     */
+    static DecreeTransactionManager impatientIn(DecreeServer own, long outcomeTimeoutMs) throws Exception {
+        DecreeTransactionManager m = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
+                SessionOptions.defaults().withReplyTimeoutMs(500));
+        m.setOutcomeTimeoutMillis(outcomeTimeoutMs);
+        m.setParallelBranchCalls(false);
+        m.begin();
+        return m;
+    }
+
+    interface Step {
+        void run() throws Exception;
+    }
+
+    /** Stops {@code own} (SIGSTOP), and {@code ms} later, on another thread, runs {@code then}. */
+    static Runnable stopFor(DecreeServer own, long ms, Step then) {
+        return () -> {
+            try {
+                own.signal("STOP");
+                CompletableFuture.runAsync(() -> {
+                    sleep(ms);
+                    try {
+                        then.run();
+                    } catch (Exception e) {
+                        throw new IllegalStateException(e);
+                    }
+                });
+            } catch (Exception e) {
+                throw new IllegalStateException(e);
+            }
+        };
+    }
+
     @Test
     void aLostAnswerToDecideIsResolvedWithOutcomeNeverGuessed() throws Exception {
         try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
-                DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
-                        SessionOptions.defaults().withReplyTimeoutMs(500))) {
-            local.setOutcomeTimeoutMillis(20_000);
-            local.setParallelBranchCalls(false);
-            local.begin();
+                DecreeTransactionManager local = impatientIn(own, 20_000)) {
             FakeResource b = res("d2");
             // The server stops (SIGSTOP) before the decision arrives: the Decide waits in its
             // socket, the answer times out, the client closes the session and asks Outcome
             // until the server, continued, has read the decision and answers committed.
-            b.onPrepare = () -> {
-                try {
-                    own.signal("STOP");
-                    CompletableFuture.runAsync(() -> {
-                        sleep(1500);
-                        try {
-                            own.signal("CONT");
-                        } catch (Exception e) {
-                            throw new IllegalStateException(e);
-                        }
-                    });
-                } catch (Exception e) {
-                    throw new IllegalStateException(e);
-                }
-            };
-            local.getTransaction().enlistResource(res("d1"));
-            local.getTransaction().enlistResource(b);
+            b.onPrepare = stopFor(own, 1500, () -> own.signal("CONT"));
+            FakeResource.enlist(local, res("d1"), b);
             local.commit();
-            assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+            assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
         }
     }
 
     @Test
     void aDecisionLostWithTheServersProcessIsOutcomeUnknown() throws Exception {
         try (DecreeServer own = DecreeServer.dummy("d1", "d2").start();
-                DecreeTransactionManager local = new DecreeTransactionManager(Endpoint.parseList(own.endpoint()),
-                        SessionOptions.defaults().withReplyTimeoutMs(500))) {
-            local.setOutcomeTimeoutMillis(15_000);
-            local.setParallelBranchCalls(false);
-            local.begin();
+                DecreeTransactionManager local = impatientIn(own, 15_000)) {
             FakeResource b = res("d2");
             // Stopped, then killed with the decision unread, then restarted: a new incarnation
             // cannot prove what an earlier one never read (rule 6.7: unknown).
-            b.onPrepare = () -> {
-                try {
-                    own.signal("STOP");
-                    CompletableFuture.runAsync(() -> {
-                        sleep(1000);
-                        try {
-                            own.kill();
-                            own.start();
-                        } catch (Exception e) {
-                            throw new IllegalStateException(e);
-                        }
-                    });
-                } catch (Exception e) {
-                    throw new IllegalStateException(e);
-                }
-            };
-            local.getTransaction().enlistResource(res("d1"));
-            local.getTransaction().enlistResource(b);
+            b.onPrepare = stopFor(own, 1000, () -> {
+                own.kill();
+                own.start();
+            });
+            FakeResource.enlist(local, res("d1"), b);
             OutcomeUnknownException e = assertThrows(OutcomeUnknownException.class, local::commit);
             assertTrue(e.getMessage().contains("cannot prove"), e.getMessage());
             assertFalse(journal.contains("commit 0") || journal.contains("rollback 0"), "no branch touched: " + journal);
@@ -766,8 +747,7 @@ class JtaContractTest {
                 try {
                     for (int i = 0; i < 20; i++) {
                         tm.begin();
-                        tm.getTransaction().enlistResource(new FakeResource("d1", FakeResource.journal()));
-                        tm.getTransaction().enlistResource(new FakeResource("d2", FakeResource.journal()));
+                        enlist(new FakeResource("d1", FakeResource.journal()), new FakeResource("d2", FakeResource.journal()));
                         tm.commit();
                     }
                 } catch (Exception e) {

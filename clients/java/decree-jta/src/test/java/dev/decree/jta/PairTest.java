@@ -4,12 +4,12 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import jakarta.transaction.RollbackException;
-import java.sql.Connection;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.UUID;
+import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -19,6 +19,19 @@ import org.junit.jupiter.api.Test;
  * transfers run there under the new epoch; both databases agree, nothing left prepared.
  */
 class PairTest {
+    TestEnv.Db pgA;
+    TestEnv.Db pgB;
+    /** The node of the test's pair. */
+    long node;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        pgA = TestEnv.pgA();
+        pgB = TestEnv.pgB();
+        Bank.setUp(pgA, pgB);
+        node = java.util.concurrent.ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
+    }
+
     /** A new pair secret both members prove on their link (a temporary file is mode 0600 on POSIX). */
     static java.nio.file.Path pairSecret() throws java.io.IOException {
         java.nio.file.Path secret = java.nio.file.Files.createTempFile("decree-pair-", ".secret");
@@ -34,22 +47,27 @@ class PairTest {
                 + "\"\nsecret_file = \"" + secret + "\"\n";
     }
 
-    /** Starts a pair of node {@code node} on the two PostgreSQL databases, member 1 promoted and strict. */
-    static DecreeServer[] pair(long node, TestEnv.Db pgA, TestEnv.Db pgB) throws Exception {
-        List<DecreeServer.Rm> rms = List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()));
+    /** Starts a pair of node {@link #node} on the two PostgreSQL databases, member 1 promoted and strict. */
+    DecreeServer[] pair() throws Exception {
+        List<DecreeServer.Rm> rms = List.of(DecreeServer.Rm.of(pgA), DecreeServer.Rm.of(pgB));
         int linkA = DecreeServer.freePort();
         int linkB = DecreeServer.freePort();
         java.nio.file.Path secret = pairSecret();
         DecreeServer a = new DecreeServer(rms, pairSection(1, linkA, linkB, secret), node);
         DecreeServer b = new DecreeServer(rms, pairSection(2, linkB, linkA, secret), node);
-        a.start();
-        b.start();
-        assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
-        long deadline = System.nanoTime() + 30_000_000_000L;
-        while (!a.control("status", "--format", "json").replace(" ", "").contains("\"strict\":true")) {
-            assertTrue(System.nanoTime() < deadline, "the primary never turned strict");
-            Thread.sleep(50);
+        try {
+            a.start();
+            b.start();
+            assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
+            long deadline = System.nanoTime() + 30_000_000_000L;
+            while (!a.control("status", "--format", "json").replace(" ", "").contains("\"strict\":true")) {
+                assertTrue(System.nanoTime() < deadline, "the primary never turned strict");
+                Thread.sleep(50);
+            }
+        } catch (Throwable t) {
+            try (a; b) {
+                throw t;
+            }
         }
         return new DecreeServer[] {a, b};
     }
@@ -63,30 +81,20 @@ class PairTest {
     @org.junit.jupiter.params.ParameterizedTest(name = "lost: the {0}")
     @org.junit.jupiter.params.provider.ValueSource(strings = {"reply", "decide"})
     void aDecideWhoseAnswerIsLostAtTheFailoverIsResolvedOnTheNewPrimary(String hold) throws Exception {
-        TestEnv.Db pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        TestEnv.Db pgB = TestEnv.pg("pg-b", "DECREE_TEST_PG_B");
-        Bank.setUp(pgA);
-        Bank.setUp(pgB);
-        long node = java.util.concurrent.ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
-        DecreeServer[] members = pair(node, pgA, pgB);
+        DecreeServer[] members = pair();
         DecreeServer a = members[0];
         DecreeServer b = members[1];
         try (a; b; DecideProxy proxy = new DecideProxy(a.socket, a.dir.resolve("proxy.sock"), hold.equals("reply"));
                 DecreeTransactionManager tm = DecreeTransactionManager.connect(proxy.endpoint() + "," + b.endpoint());
-                DecreeDataSource da = new DecreeDataSource(tm, "pg-a", pgA.jdbcUrl(), pgA.properties(), 2);
-                DecreeDataSource db = new DecreeDataSource(tm, "pg-b", pgB.jdbcUrl(), pgB.properties(), 2)) {
+                DecreeDataSource da = Bank.dataSource(tm, pgA, 2);
+                DecreeDataSource db = Bank.dataSource(tm, pgB, 2)) {
             tm.setOutcomeTimeoutMillis(30_000);
             String id = "pair-lost-" + UUID.randomUUID();
             long total = Bank.balance(pgA) + Bank.balance(pgB);
             CompletableFuture<Object> commit = CompletableFuture.supplyAsync(() -> {
                 try {
                     tm.begin();
-                    try (Connection c = da.getConnection()) {
-                        Bank.leg(c, id, -1);
-                    }
-                    try (Connection c = db.getConnection()) {
-                        Bank.leg(c, id, 1);
-                    }
+                    Bank.transfer(da, db, id, 1);
                     proxy.armed = true;
                     tm.commit();
                     return "committed";
@@ -118,29 +126,13 @@ class PairTest {
 
     @Test
     void theTransactionManagerFollowsThePairThroughAFailover() throws Exception {
-        TestEnv.Db pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        TestEnv.Db pgB = TestEnv.pg("pg-b", "DECREE_TEST_PG_B");
-        Bank.setUp(pgA);
-        Bank.setUp(pgB);
-        List<DecreeServer.Rm> rms = List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("pg-b", "postgres", pgB.dsn()));
-        int linkA = DecreeServer.freePort();
-        int linkB = DecreeServer.freePort();
-        long node = java.util.concurrent.ThreadLocalRandom.current().nextLong(1_000_000, 1L << 31);
-        java.nio.file.Path secret = pairSecret();
-        try (DecreeServer a = new DecreeServer(rms, pairSection(1, linkA, linkB, secret), node);
-                DecreeServer b = new DecreeServer(rms, pairSection(2, linkB, linkA, secret), node)) {
-            a.start();
-            b.start();
-            assertTrue(a.control("promote", "--force").contains("leads epoch 1.1"));
-            long deadline = System.nanoTime() + 30_000_000_000L;
-            while (!a.control("status", "--format", "json").replace(" ", "").contains("\"strict\":true")) {
-                assertTrue(System.nanoTime() < deadline, "the primary never turned strict");
-                Thread.sleep(50);
-            }
+        DecreeServer[] members = pair();
+        DecreeServer a = members[0];
+        DecreeServer b = members[1];
+        try (a; b) {
             try (DecreeTransactionManager tm = DecreeTransactionManager.connect(b.endpoint() + "," + a.endpoint());
-                    DecreeDataSource da = new DecreeDataSource(tm, "pg-a", pgA.jdbcUrl(), pgA.properties(), 2);
-                    DecreeDataSource db = new DecreeDataSource(tm, "pg-b", pgB.jdbcUrl(), pgB.properties(), 2)) {
+                    DecreeDataSource da = Bank.dataSource(tm, pgA, 2);
+                    DecreeDataSource db = Bank.dataSource(tm, pgB, 2)) {
                 assertEquals(a.endpoint(), tm.endpoint().toString(), "the backup refused, the primary serves");
                 List<DecreeXid> xids = new ArrayList<>();
                 List<String> ids = new ArrayList<>();
@@ -156,12 +148,7 @@ class PairTest {
                     ids.add(id);
                     tm.begin();
                     xids.add(((DecreeTransaction) tm.getTransaction()).xid());
-                    try (Connection c = da.getConnection()) {
-                        Bank.leg(c, id, -1);
-                    }
-                    try (Connection c = db.getConnection()) {
-                        Bank.leg(c, id, 1);
-                    }
+                    Bank.transfer(da, db, id, 1);
                     tm.commit();
                 }
                 assertEquals(b.endpoint(), tm.endpoint().toString());

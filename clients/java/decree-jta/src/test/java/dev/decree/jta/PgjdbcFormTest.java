@@ -24,7 +24,7 @@ import org.postgresql.xa.PGXADataSource;
 class PgjdbcFormTest {
     @Test
     void pgjdbcWritesTheBase64FormWhichTheServerLeavesPreparedWhileDecreesGidIsFinished() throws Exception {
-        TestEnv.Db pg = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
+        TestEnv.Db pg = TestEnv.pgA();
         Bank.setUp(pg);
         PGXADataSource xads = new PGXADataSource();
         xads.setUrl(pg.jdbcUrl());
@@ -40,7 +40,7 @@ class PgjdbcFormTest {
         DecreeXid example = DecreeXid.of(1, 7, 42, 1).branch(0);
         assertEquals(vector.get("gid"), prepareWithPgjdbc(xads, example, true));
 
-        try (DecreeServer server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pg.dsn())), "").start()) {
+        try (DecreeServer server = DecreeServer.over(pg).start()) {
             // Two branches of an incarnation before this node's first (its process is gone): one under
             // pgjdbc's form, one under decree's gid. Presumed abort applies to both; the server
             // can see only the second.

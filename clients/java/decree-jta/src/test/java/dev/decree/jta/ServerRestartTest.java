@@ -25,20 +25,18 @@ class ServerRestartTest {
 
     @Test
     void transfersStayAtomicWhileTheServerIsKilledAndRestarted() throws Exception {
-        TestEnv.Db pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        TestEnv.Db maria = TestEnv.maria("maria", "DECREE_TEST_MARIADB");
-        Bank.setUp(pgA);
-        Bank.setUp(maria);
+        TestEnv.Db pgA = TestEnv.pgA();
+        TestEnv.Db maria = TestEnv.maria();
+        Bank.setUp(pgA, maria);
         long total = Bank.balance(pgA) + Bank.balance(maria);
         String prefix = "restart-" + UUID.randomUUID().toString().substring(0, 8) + "-";
         Map<String, Result> results = new ConcurrentHashMap<>();
-        try (DecreeServer server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("maria", "mariadb", maria.dsn())), "").start();
+        try (DecreeServer server = DecreeServer.over(pgA, maria).start();
                 DecreeTransactionManager tm = DecreeTransactionManager.connect(server.endpoint(),
                         SessionOptions.defaults().withReplyTimeoutMs(2000))) {
             tm.setOutcomeTimeoutMillis(20_000);
-            DecreeDataSource a = new DecreeDataSource(tm, "pg-a", pgA.jdbcUrl(), pgA.properties(), 4);
-            DecreeDataSource m = new DecreeDataSource(tm, "maria", maria.jdbcUrl(), maria.properties(), 4);
+            DecreeDataSource a = Bank.dataSource(tm, pgA, 4);
+            DecreeDataSource m = Bank.dataSource(tm, maria, 4);
             AtomicBoolean stop = new AtomicBoolean();
             List<Thread> workers = new ArrayList<>();
             for (int t = 0; t < 2; t++) {
@@ -94,12 +92,7 @@ class ServerRestartTest {
             return Result.NOT_BEGUN;
         }
         try {
-            try (Connection c = a.getConnection()) {
-                Bank.leg(c, id, -1);
-            }
-            try (Connection c = m.getConnection()) {
-                Bank.leg(c, id, 1);
-            }
+            Bank.transfer(a, m, id, 1);
         } catch (Exception e) {
             try {
                 if (tm.getStatus() != Status.STATUS_NO_TRANSACTION) {

@@ -3,6 +3,8 @@ package dev.decree.jta;
 import java.net.URI;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Properties;
 import org.junit.jupiter.api.Assertions;
 import org.junit.jupiter.api.Assumptions;
@@ -48,6 +50,14 @@ public final class TestEnv {
         return p;
     }
 
+    /** A JVM like this one that runs {@code args}, with {@code classPathBefore} in front of this one's class path. */
+    public static ProcessBuilder java(String classPathBefore, String... args) {
+        List<String> cmd = new ArrayList<>(List.of(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp",
+                classPathBefore + System.getProperty("java.class.path")));
+        cmd.addAll(List.of(args));
+        return new ProcessBuilder(cmd);
+    }
+
     static String env(String var) {
         String v = System.getenv(var);
         if (v == null || v.isEmpty()) {
@@ -58,6 +68,19 @@ public final class TestEnv {
 
     /** A JDBC database: its URL, its properties, and the server's DSN for the same database. */
     public record Db(String rm, String kind, String dsn, String jdbcUrl, Properties properties) {}
+
+    /** The test databases under the rm names the tests give them: pg-a, pg-b (PostgreSQL), maria (MariaDB). */
+    public static Db pgA() {
+        return pg("pg-a", "DECREE_TEST_PG_A");
+    }
+
+    public static Db pgB() {
+        return pg("pg-b", "DECREE_TEST_PG_B");
+    }
+
+    public static Db maria() {
+        return maria("maria", "DECREE_TEST_MARIADB");
+    }
 
     /** A PostgreSQL DSN {@code host=... port=... user=... dbname=...} as a JDBC database. */
     public static Db pg(String rm, String var) {

@@ -27,8 +27,7 @@ class TlsTest {
         pki = TestPki.make();
         port = DecreeServer.freePort();
         String extra = TestPki.serverConfig(pki, port);
-        server = new DecreeServer(List.of(new DecreeServer.Rm("d1", "dummy", null), new DecreeServer.Rm("d2", "dummy", null)), extra)
-                .start();
+        server = DecreeServer.dummyWith(extra, "d1", "d2").start();
     }
 
     @AfterAll
@@ -53,10 +52,9 @@ class TlsTest {
             List<String> journal = FakeResource.journal();
             tm.begin();
             DecreeXid xid = ((DecreeTransaction) tm.getTransaction()).xid();
-            tm.getTransaction().enlistResource(new FakeResource("d1", journal));
-            tm.getTransaction().enlistResource(new FakeResource("d2", journal));
+            FakeResource.enlist(tm, new FakeResource("d1", journal), new FakeResource("d2", journal));
             tm.commit();
-            assertEquals(List.of("start 0", "start 1", "end 0", "end 1", "prepare 0", "prepare 1", "commit 0", "commit 1"), journal);
+            assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
             assertEquals(Outcome.COMMITTED, tm.outcome(xid));
         }
     }

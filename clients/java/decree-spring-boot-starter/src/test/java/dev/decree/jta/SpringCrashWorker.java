@@ -18,19 +18,7 @@ public final class SpringCrashWorker {
         String transfer = args[1];
         String[] props = java.util.Arrays.copyOfRange(args, 2, args.length);
         ConfigurableApplicationContext ctx = SpringApplication.run(BankApplication.class, props);
-        Hooks.hook = (name, xid) -> {
-            if (name.equals(step)) {
-                System.out.println("STEP " + name + " " + xid);
-                System.out.flush();
-                while (true) {
-                    try {
-                        Thread.sleep(60_000);
-                    } catch (InterruptedException e) {
-                        // wait for SIGKILL
-                    }
-                }
-            }
-        };
+        CrashWorker.stopAt(step);
         ctx.getBean(BankApplication.Transfers.class).move(transfer, 10);
         System.out.println("COMMITTED " + transfer);
         System.out.flush();

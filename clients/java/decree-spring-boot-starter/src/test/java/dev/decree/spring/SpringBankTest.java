@@ -13,7 +13,7 @@ import dev.decree.spring.bank.BankApplication;
 import java.util.List;
 import java.util.UUID;
 import javax.sql.DataSource;
-import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AutoClose;
 import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.beans.factory.annotation.Qualifier;
@@ -31,30 +31,14 @@ import org.springframework.transaction.jta.JtaTransactionManager;
  */
 @SpringBootTest(classes = BankApplication.class)
 class SpringBankTest {
-    static TestEnv.Db pgA;
-    static TestEnv.Db maria;
-    static DecreeServer server;
+    @AutoClose
+    static SpringBanks banks;
 
     @DynamicPropertySource
     static void properties(DynamicPropertyRegistry r) throws Exception {
-        pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        maria = TestEnv.maria("maria", "DECREE_TEST_MARIADB");
-        server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("maria", "mariadb", maria.dsn())), "").start();
-        r.add("decree.endpoint", server::endpoint);
-        r.add("decree.datasource.bankA.url", pgA::jdbcUrl);
-        r.add("decree.datasource.bankA.username", () -> pgA.properties().getProperty("user"));
-        r.add("decree.datasource.bankA.rm", () -> "pg-a");
-        r.add("decree.datasource.bankB.url", maria::jdbcUrl);
-        r.add("decree.datasource.bankB.username", () -> maria.properties().getProperty("user"));
-        r.add("decree.datasource.bankB.rm", () -> "maria");
-    }
-
-    @AfterAll
-    static void stop() throws Exception {
-        if (server != null) {
-            server.close();
-        }
+        banks = new SpringBanks("");
+        r.add("decree.endpoint", banks.server::endpoint);
+        banks.register(r);
     }
 
     @Autowired
@@ -79,7 +63,7 @@ class SpringBankTest {
         String id = UUID.randomUUID().toString();
         transfers.move(id, 5);
         assertTrue(transfers.inA(id) && transfers.inB(id));
-        assertEquals(List.of(), dev.decree.jta.Bank.awaitNothingPrepared(server.node, 10, pgA, maria));
+        assertEquals(List.of(), banks.awaitNothingPrepared());
     }
 
     @Test
@@ -87,6 +71,6 @@ class SpringBankTest {
         String id = UUID.randomUUID().toString();
         assertThrows(IllegalStateException.class, () -> transfers.moveThenFail(id, 5));
         assertFalse(transfers.inA(id) || transfers.inB(id));
-        assertEquals(List.of(), dev.decree.jta.Bank.awaitNothingPrepared(server.node, 10, pgA, maria));
+        assertEquals(List.of(), banks.awaitNothingPrepared());
     }
 }

@@ -27,34 +27,24 @@ import org.springframework.test.context.DynamicPropertySource;
 @SpringBootTest(classes = BankApplication.class)
 class SpringTlsTest {
     static Path pki;
-    static DecreeServer server;
-    static TestEnv.Db pgA;
-    static TestEnv.Db maria;
+    static SpringBanks banks;
 
     @DynamicPropertySource
     static void properties(DynamicPropertyRegistry r) throws Exception {
-        pgA = TestEnv.pg("pg-a", "DECREE_TEST_PG_A");
-        maria = TestEnv.maria("maria", "DECREE_TEST_MARIADB");
         pki = TestPki.make();
         int port = DecreeServer.freePort();
-        server = new DecreeServer(List.of(new DecreeServer.Rm("pg-a", "postgres", pgA.dsn()),
-                new DecreeServer.Rm("maria", "mariadb", maria.dsn())), TestPki.serverConfig(pki, port)).start();
+        banks = new SpringBanks(TestPki.serverConfig(pki, port));
         r.add("decree.endpoint", () -> "tls:127.0.0.1:" + port);
         r.add("decree.tls.ca", () -> pki.resolve("ca.pem").toString());
         r.add("decree.tls.cert", () -> pki.resolve("app-1.pem").toString());
         r.add("decree.tls.key", () -> pki.resolve("app-1.key").toString());
-        r.add("decree.datasource.bankA.url", pgA::jdbcUrl);
-        r.add("decree.datasource.bankA.username", () -> pgA.properties().getProperty("user"));
-        r.add("decree.datasource.bankA.rm", () -> "pg-a");
-        r.add("decree.datasource.bankB.url", maria::jdbcUrl);
-        r.add("decree.datasource.bankB.username", () -> maria.properties().getProperty("user"));
-        r.add("decree.datasource.bankB.rm", () -> "maria");
+        banks.register(r);
     }
 
     @AfterAll
     static void stop() throws Exception {
-        if (server != null) {
-            server.close();
+        if (banks != null) {
+            banks.close();
         }
         if (pki != null) {
             TestPki.delete(pki);
@@ -73,6 +63,6 @@ class SpringTlsTest {
         String id = UUID.randomUUID().toString();
         transfers.move(id, 3);
         assertTrue(transfers.inA(id) && transfers.inB(id));
-        assertEquals(List.of(), Bank.awaitNothingPrepared(server.node, 10, pgA, maria));
+        assertEquals(List.of(), banks.awaitNothingPrepared());
     }
 }

@@ -1,29 +1,16 @@
 package dev.decree.spring.bank.a;
 
+import dev.decree.spring.bank.Entry;
 import jakarta.persistence.Entity;
-import jakarta.persistence.Id;
 import jakarta.persistence.Table;
 
-/** A ledger entry in database A. */
+/** A ledger entry in database A (the persistence unit a scans this package). */
 @Entity
 @Table(name = "decree_spring_entry")
-public class EntryA {
-    @Id
-    private String id;
-    private long amount;
-
+public class EntryA extends Entry {
     protected EntryA() {}
 
     public EntryA(String id, long amount) {
-        this.id = id;
-        this.amount = amount;
-    }
-
-    public String getId() {
-        return id;
-    }
-
-    public long getAmount() {
-        return amount;
+        super(id, amount);
     }
 }

@@ -1,29 +1,16 @@
 package dev.decree.spring.bank.b;
 
+import dev.decree.spring.bank.Entry;
 import jakarta.persistence.Entity;
-import jakarta.persistence.Id;
 import jakarta.persistence.Table;
 
-/** A ledger entry in database B. */
+/** A ledger entry in database B (the persistence unit b scans this package). */
 @Entity
 @Table(name = "decree_spring_entry")
-public class EntryB {
-    @Id
-    private String id;
-    private long amount;
-
+public class EntryB extends Entry {
     protected EntryB() {}
 
     public EntryB(String id, long amount) {
-        this.id = id;
-        this.amount = amount;
-    }
-
-    public String getId() {
-        return id;
-    }
-
-    public long getAmount() {
-        return amount;
+        super(id, amount);
     }
 }
