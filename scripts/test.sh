@@ -12,5 +12,7 @@ trap 'scripts/test-dbs.sh stop' EXIT
 eval "$(scripts/test-dbs.sh env)"
 
 cargo test --workspace --release "$@"
+# Every interleaving of the pair's state changes (crates/decree-pair/src/state_cell.rs).
+cargo test --release -p decree-pair --features loom --lib state_cell
 scripts/test-python.sh
 scripts/test-java.sh

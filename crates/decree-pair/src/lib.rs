@@ -24,7 +24,9 @@ pub mod link;
 pub mod outbox;
 pub mod replica;
 pub mod rules;
+pub mod state_cell;
 pub mod state_file;
+mod sync;
 pub mod wire;
 
 pub use epoch::{Epoch, MemberId};

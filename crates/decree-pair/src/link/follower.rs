@@ -12,6 +12,7 @@ use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStrea
 use crate::epoch::{Epoch, MemberId};
 use crate::replica::{Replica, ReplicaError};
 use crate::rules::{Command, Event, Node, PeerMessage};
+use crate::state_cell::StateCell;
 use crate::state_file::{self, PairState};
 use crate::wire::{LinkMessage, RecordKind};
 use decree_core::Xid;
@@ -55,7 +56,7 @@ pub enum PromoteError {
 /// A backup member: its rules, its durable state and its copy of the decisions.
 pub struct Follower {
     node: Mutex<Node>,
-    state: Mutex<PairState>,
+    state: StateCell,
     replica: Mutex<Replica>,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
@@ -157,7 +158,7 @@ impl Follower {
         };
         Ok(Follower {
             node: Mutex::new(Node::start(member, state.seen)),
-            state: Mutex::new(state),
+            state: StateCell::new(state),
             replica: Mutex::new(replica),
             storage,
             dir,
@@ -218,7 +219,7 @@ impl Follower {
 
     /// The durable state of this member (`PAIR`).
     pub fn pair_state(&self) -> PairState {
-        *self.state.lock()
+        self.state.get()
     }
 
     /// The operator's promotion: steps the rules (refused on a member that has not caught
@@ -229,21 +230,30 @@ impl Follower {
         let log_highest = self.replica.lock().highest_incarnation();
         let mut node = self.node.lock();
         let mut promoted = *node;
-        let commands =
-            promoted.step(Event::Promote { forced, log_highest }).map_err(PromoteError::Refused)?;
-        let mut next = *self.state.lock();
-        for command in commands {
-            match command {
-                Command::PersistSeen(seen) => next.seen = seen,
-                Command::RecordForcedPromotion(epoch) => next.forced = Some(epoch),
-                Command::RecoverThenServe(_) => {}
-                other => unreachable!("a promotion commands no {other:?}"),
-            }
-        }
-        let previous = *self.state.lock();
-        state_file::store(self.storage.as_ref(), &self.dir, Some(&previous), &next)
-            .map_err(|e| PromoteError::Storage(e.to_string()))?;
-        *self.state.lock() = next;
+        self.state.change(
+            |previous| {
+                // A newer epoch the link recorded and the rules have not stepped yet counts
+                // too: the promotion mints above it, never below (issue 32, defect 7).
+                let highest = log_highest.max(previous.seen);
+                let commands = promoted
+                    .step(Event::Promote { forced, log_highest: highest })
+                    .map_err(PromoteError::Refused)?;
+                let mut next = previous;
+                for command in commands {
+                    match command {
+                        Command::PersistSeen(seen) => next.seen = seen,
+                        Command::RecordForcedPromotion(epoch) => next.forced = Some(epoch),
+                        Command::RecoverThenServe(_) => {}
+                        other => unreachable!("a promotion commands no {other:?}"),
+                    }
+                }
+                Ok(Some(next))
+            },
+            |previous, next| {
+                state_file::store(self.storage.as_ref(), &self.dir, Some(previous), next)
+                    .map_err(|e| PromoteError::Storage(e.to_string()))
+            },
+        )?;
         *node = promoted;
         Ok(promoted)
     }
@@ -674,16 +684,13 @@ impl Follower {
     /// Makes `seen` the highest epoch in `PAIR`, durably, before anything else happens
     /// (nothing to do when it is recorded already). Blocks on the state file's syncs.
     pub fn persist_seen(&self, seen: Epoch) -> Result<(), LinkEnd> {
-        let (previous, next) = {
-            let state = self.state.lock();
-            if state.seen >= seen {
-                return Ok(());
-            }
-            (*state, PairState { seen, ..*state })
-        };
-        state_file::store(self.storage.as_ref(), &self.dir, Some(&previous), &next)
-            .map_err(|e| LinkEnd::Storage(e.to_string()))?;
-        *self.state.lock() = next;
+        self.state.change(
+            |state| Ok((state.seen < seen).then_some(PairState { seen, ..state })),
+            |previous, next| {
+                state_file::store(self.storage.as_ref(), &self.dir, Some(previous), next)
+                    .map_err(|e| LinkEnd::Storage(e.to_string()))
+            },
+        )?;
         Ok(())
     }
 }
