@@ -275,18 +275,31 @@ impl Follower {
     /// is closed at once (issue 32, defect 11), not left waiting to become the link later: the
     /// peer is the other member, which dials again every 100 ms, and a link whose peer
     /// vanished ends within [`super::LINK_SILENCE_MAX`].
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: watch::Receiver<bool>) {
+        let mut openings = tokio::task::JoinSet::new();
+        self.clone().accept_links(listener, stop, &mut openings).await;
+        // No opening in flight outlives the serving: each holds this follower, and with it
+        // the log, which a promoted member reopens at once (issue 32, defect 7).
+        openings.shutdown().await;
+    }
+
+    async fn accept_links(
+        self: Arc<Self>,
+        listener: TcpListener,
+        mut stop: watch::Receiver<bool>,
+        openings: &mut tokio::task::JoinSet<()>,
+    ) {
         let (opened_tx, mut opened_rx) = mpsc::channel::<(LinkStream, SocketAddr)>(OPENINGS_MAX);
-        let openings = Arc::new(tokio::sync::Semaphore::new(OPENINGS_MAX));
         let mut served: Option<(ServedLink, SocketAddr)> = None;
         loop {
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 accepted = listener.accept() => {
                     if let Ok((stream, from)) = accepted {
-                        self.clone().open_connection(stream, from, &openings, &opened_tx);
+                        self.clone().open_connection(stream, from, openings, &opened_tx);
                     }
                 }
+                Some(_) = openings.join_next(), if !openings.is_empty() => {}
                 Some((stream, from)) = opened_rx.recv() => {
                     if let Some((_, serving)) = &served {
                         let why = format!("refused a link from {from}: the link from {serving} is open");
@@ -347,19 +360,18 @@ impl Follower {
         self: Arc<Self>,
         stream: tokio::net::TcpStream,
         from: SocketAddr,
-        openings: &Arc<tokio::sync::Semaphore>,
+        openings: &mut tokio::task::JoinSet<()>,
         opened: &mpsc::Sender<(LinkStream, SocketAddr)>,
     ) {
-        let Ok(permit) = openings.clone().try_acquire_owned() else {
+        if openings.len() >= OPENINGS_MAX {
             tracing::warn!(%from, "replication link refused: {OPENINGS_MAX} openings already under way");
             return;
-        };
+        }
         super::tune(&stream);
         let opened = opened.clone();
-        tokio::spawn(async move {
+        openings.spawn(async move {
             let why = match tokio::time::timeout(OPENING_TIMEOUT, self.transport.accept(stream, from)).await {
                 Ok(Ok(stream)) => {
-                    drop(permit);
                     let _ = opened.send((stream, from)).await;
                     return;
                 }

@@ -433,6 +433,31 @@ async fn a_second_connection_while_a_link_is_served_is_closed_unread() {
     linked.stop().await;
 }
 
+/// The bug this guards against (issue 32, defect 7): a connection still in its opening
+/// when the backup stopped serving (a promotion) kept the follower, and with it the log and
+/// its `LOCK`, so the promoted member could not reopen its own log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opening_in_flight_lets_go_of_the_follower_when_the_serving_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stop_tx, stop) = watch::channel(false);
+    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower =
+        Arc::new(Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().into()).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(follower.clone().serve(listener, stop));
+    // Connected and silent: the plaintext transport waits for its first byte.
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    // The test, the serving, its accept loop and the opening.
+    eventually("the opening holds the follower", || Arc::strong_count(&follower) == 4).await;
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), serving).await.expect("the serving ends").unwrap();
+    assert_eq!(Arc::strong_count(&follower), 1, "nothing of the serving holds the follower any more");
+    drop(follower);
+    decree_log::open(&config).expect("the log can be opened again at once");
+}
+
 /// Lazy records (completions, outcomes) wake the link only when nothing awaits an
 /// acknowledgement. The bug this guards against: a completion left in the outbox for good
 /// because no decision and no acknowledgement came after it, so the backup would keep a
