@@ -524,7 +524,10 @@ impl Recorder for Shared {
         Shared::complete(self, xid, heuristic);
     }
 
-    fn heuristic(&self, report: &HeuristicReport) {
+    /// Kept in memory only: an embedded coordinator's heuristics are for its application
+    /// to take ([`TransactionManager::take_heuristics`]), and are not kept across a restart.
+    fn heuristic(&self, report: &HeuristicReport) -> bool {
         self.keep_heuristic(report.clone());
+        true
     }
 }

@@ -239,6 +239,22 @@ impl PrimaryLink {
         let _ = self.leader.ship_lazy(record);
     }
 
+    /// The primary remembers `outcome` for `xid` and must know when the backup holds it too
+    /// (a heuristic, before its branch is forgotten): `held` runs at the backup's
+    /// confirmation, or now on a primary alone (the next live set carries the outcome
+    /// memory); a deposed member never runs it.
+    pub(crate) fn ship_outcome_held(&self, xid: &Xid, outcome: u8, held: Box<dyn FnOnce() + Send>) {
+        let gate = self.leader.decision_gate();
+        match gate.role() {
+            Role::Primary { alone: true } => held(),
+            Role::Primary { alone: false } => {
+                let record = LinkRecord { kind: RecordKind::Outcome, xid: *xid, payload: vec![outcome] };
+                self.ship_pending(&gate, record, Some(held));
+            }
+            Role::Backup => tracing::warn!(%xid, "deposed: a heuristic outcome is not shipped"),
+        }
+    }
+
     /// `xid` is finished: the backup may forget it (lost when the backup is far behind:
     /// the next catch-up forgets it then).
     pub(crate) fn ship_completion(&self, xid: &Xid) {

@@ -159,24 +159,18 @@ impl Recorder for Books<'_> {
             let pass = span.get_or_insert_with(|| t.pass(self.started));
             t.recovered_branch(pass, xid, None, false);
         }
-        match heuristic {
-            None => {
-                state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
-                if state.remembered(xid).is_none() {
-                    state.remember(xid, Remembered::RolledBack, Box::new(|_| {}));
-                }
-            }
-            Some(outcome) => {
-                state.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
-                state.remember(xid, Remembered::Heuristic(outcome), Box::new(|_| {}));
+        // A heuristic was remembered, shipped and counted by `heuristic` before the branch
+        // was forgotten.
+        if heuristic.is_none() {
+            state.metrics.recovery_rollbacks.fetch_add(1, Ordering::Relaxed);
+            if state.remembered(xid).is_none() {
+                state.remember(xid, Remembered::RolledBack, Box::new(|_| {}));
             }
         }
     }
 
-    fn heuristic(&self, report: &HeuristicReport) {
-        // Only an orphan's phase two has an orphan to note it on; a presumed-abort
-        // rollback's heuristic is remembered by `rolled_back`.
-        self.state.orphan_heuristic(&report.xid, report.outcome);
+    fn heuristic(&self, report: &HeuristicReport) -> bool {
+        self.state.heuristic_kept(&report.xid, report.outcome)
     }
 
     fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {

@@ -28,6 +28,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The longest a recovery pass waits for a heuristic outcome to be kept (durable, and in a
+/// pair held by the backup) before it leaves the branch for the next pass.
+pub(crate) const HEURISTIC_KEPT_WAIT: Duration = Duration::from_secs(10);
+
 /// Xids whose decision write failed that are remembered one by one; past this, every
 /// undecided Xid of this incarnation counts as doubtful (the log is fail-stop anyway).
 pub(crate) const DOUBTFUL_MAX: usize = 65_536;
@@ -455,16 +459,49 @@ impl State {
 
     /// Notes a heuristic outcome seen while finishing orphan `xid`, and remembers it at
     /// once (durably, lazily): a restart before the orphan is finished must not lose it.
-    pub(crate) fn orphan_heuristic(&self, xid: &Xid, outcome: HeuristicOutcome) {
+    /// A branch of `xid` decided `outcome` on its own: remembered (with the other branches'
+    /// heuristics, for an orphan), and true once that is durable here and, in a pair, held
+    /// by the backup, waiting at most [`HEURISTIC_KEPT_WAIT`]: only then may its resource
+    /// manager forget the branch (issue 32, defect 7). False leaves the branch to the next
+    /// pass, whose call reports it again.
+    pub(crate) fn heuristic_kept(&self, xid: &Xid, outcome: HeuristicOutcome) -> bool {
         let combined = {
             let mut orphans = self.orphans.lock();
-            let Some(o) = orphans.get_mut(&xid.global()) else { return };
-            let combined = decree_core::protocol::combine_heuristic(o.heuristic, outcome);
-            o.heuristic = Some(combined);
-            combined
+            match orphans.get_mut(&xid.global()) {
+                Some(o) => {
+                    let combined = decree_core::protocol::combine_heuristic(o.heuristic, outcome);
+                    o.heuristic = Some(combined);
+                    combined
+                }
+                // A presumed-abort rollback's: the transaction has no other record.
+                None => match self.remembered(xid) {
+                    Some(Remembered::Heuristic(earlier)) => {
+                        decree_core::protocol::combine_heuristic(Some(earlier), outcome)
+                    }
+                    _ => outcome,
+                },
+            }
         };
         self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
-        self.remember(xid, Remembered::Heuristic(combined), Box::new(|_| {}));
+        let (kept_tx, kept) = std::sync::mpsc::channel::<bool>();
+        let held_tx = kept_tx.clone();
+        let remembered = self.remember_shipped(
+            xid,
+            Remembered::Heuristic(combined),
+            Box::new(move |durable| {
+                let _ = kept_tx.send(durable.is_ok());
+            }),
+            Some(Box::new(move || {
+                let _ = held_tx.send(true);
+            })),
+        );
+        let deadline = std::time::Instant::now() + HEURISTIC_KEPT_WAIT;
+        // Two answers: durable here, and held by the backup.
+        remembered
+            && (0..2).all(|_| {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                kept.recv_timeout(left).unwrap_or(false)
+            })
     }
 
     /// Number of decided transactions whose owner is gone and that are not finished yet.
@@ -588,12 +625,29 @@ impl State {
         outcome: Remembered,
         durable: decree_log::DurableCallback,
     ) -> bool {
+        self.remember_shipped(xid, outcome, durable, None)
+    }
+
+    /// [`State::remember`], and in a pair `held` runs once the backup holds the outcome too
+    /// (at once on a primary alone, whose next live set carries it; never on a deposed one).
+    fn remember_shipped(
+        &self,
+        xid: &Xid,
+        outcome: Remembered,
+        durable: decree_log::DurableCallback,
+        held: Option<Box<dyn FnOnce() + Send>>,
+    ) -> bool {
         let mut id = Vec::with_capacity(40);
         xid.global().encode(&mut id);
         let evicted = match self.outcomes.remember(&id, outcome.to_byte(), durable) {
             Ok(evicted) => {
-                if let Some(pair) = self.pair() {
-                    pair.ship_outcome(&xid.global(), outcome.to_byte());
+                match (self.pair(), held) {
+                    (Some(pair), Some(held)) => {
+                        pair.ship_outcome_held(&xid.global(), outcome.to_byte(), held)
+                    }
+                    (Some(pair), None) => pair.ship_outcome(&xid.global(), outcome.to_byte()),
+                    (None, Some(held)) => held(),
+                    (None, None) => {}
                 }
                 evicted
             }

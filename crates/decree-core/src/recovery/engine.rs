@@ -96,9 +96,10 @@ pub enum Command {
     },
     /// The RM's connection failed: drop it, and skip that RM for the rest of the pass.
     DropConnection(String),
-    /// The RM decided on its own: tell it to forget the branch.
+    /// The RM decided on its own and its report is kept: tell it to forget the branch.
     Forget(BranchRecord),
-    /// Report a heuristic outcome (logged and kept by the runtime's recorder).
+    /// Report a heuristic outcome (logged and kept by the runtime's recorder), then give
+    /// the recorder's answer to [`PhaseTwo::on_heuristic_kept`].
     Heuristic(HeuristicReport),
     /// Every branch is finished: record the completion (with the combined heuristic).
     Complete {
@@ -171,13 +172,31 @@ impl PhaseTwo {
             }
             PhaseTwoStep::Retry => vec![Command::DropConnection(branch.rm.clone())],
             PhaseTwoStep::Heuristic(outcome) => {
-                self.left.remove(at);
+                // The branch stays left until its report is kept: a resource manager told
+                // to forget it first would take the only record of its outcome with it if
+                // this process died before the report was durable, or, in a pair, before
+                // the backup held it (issue 32, defect 7).
                 self.heuristic = Some(protocol::combine_heuristic(self.heuristic, outcome));
                 let report =
                     HeuristicReport { xid: self.xid, rm: branch.rm.clone(), branch: branch.branch, outcome };
-                vec![Command::Forget(branch.clone()), Command::Heuristic(report)]
+                vec![Command::Heuristic(report)]
             }
         }
+    }
+
+    /// The recorder's answer to the `Heuristic` report of `branch`: kept for good (durable,
+    /// and in a pair held by the backup), the branch is finished and its RM told to forget
+    /// it; not kept, it stays left, and the next pass asks its RM again (which reports the
+    /// same outcome until told to forget it).
+    pub fn on_heuristic_kept(&mut self, branch: &BranchRecord, kept: bool) -> Vec<Command> {
+        if !kept {
+            return Vec::new();
+        }
+        let at = self.left.iter().position(|b| b == branch);
+        let at =
+            at.unwrap_or_else(|| panic!("a heuristic report of {branch:?} that {} did not ask", self.xid));
+        self.left.remove(at);
+        vec![Command::Forget(branch.clone())]
     }
 
     /// Ends a pass: complete the transaction when every branch is finished (a rollback
@@ -263,6 +282,31 @@ mod tests {
         assert_eq!(origin_of(&xid().branch(0), 1), xid().origin());
     }
 
+    /// The bug this guards against (issue 32, defect 7): the RM was told to forget a
+    /// heuristic branch before its report was kept, so a crash in between lost the only
+    /// record of what the branch did.
+    #[test]
+    fn a_heuristic_branch_is_forgotten_only_once_its_report_is_kept() {
+        let b = branch("a", 0);
+        let mut p = PhaseTwo::new(xid(), true, vec![b.clone()]);
+        let heuristic = Err(RmError::Heuristic(HeuristicOutcome::RolledBack));
+        let report =
+            HeuristicReport { xid: xid(), rm: "a".into(), branch: 0, outcome: HeuristicOutcome::RolledBack };
+        p.calls();
+        assert_eq!(p.on_answer(&b, &heuristic), vec![Command::Heuristic(report.clone())], "no Forget yet");
+        assert_eq!(p.on_heuristic_kept(&b, false), vec![], "not kept: nothing forgotten");
+        assert_eq!(p.end_pass(), Some(Command::RetryLater));
+        assert_eq!(p.left(), std::slice::from_ref(&b), "asked again next pass");
+        assert_eq!(p.calls(), vec![Command::Call { branch: b.clone(), commit: true }]);
+        assert_eq!(p.on_answer(&b, &heuristic), vec![Command::Heuristic(report)]);
+        assert_eq!(p.on_heuristic_kept(&b, true), vec![Command::Forget(b.clone())]);
+        assert_eq!(
+            p.end_pass(),
+            Some(Command::Complete { xid: xid(), heuristic: Some(HeuristicOutcome::RolledBack) }),
+            "the same outcome twice is that outcome, not mixed"
+        );
+    }
+
     #[test]
     fn each_answer_of_a_commit_or_rollback_emits_its_calls() {
         for commit in [true, false] {
@@ -270,7 +314,10 @@ mod tests {
                 let b = branch("a", 0);
                 let mut p = PhaseTwo::new(xid(), commit, vec![b.clone()]);
                 assert_eq!(p.calls(), vec![Command::Call { branch: b.clone(), commit }]);
-                let out = p.on_answer(&b, &answer);
+                let mut out = p.on_answer(&b, &answer);
+                if let [Command::Heuristic(_)] = out.as_slice() {
+                    out.extend(p.on_heuristic_kept(&b, true));
+                }
                 let end = p.end_pass();
                 let heuristic = match &answer {
                     Err(RmError::Heuristic(h)) => Some(*h),
@@ -291,7 +338,7 @@ mod tests {
                         let report = HeuristicReport { xid: xid(), rm: "a".into(), branch: 0, outcome };
                         assert_eq!(
                             out,
-                            vec![Command::Forget(b.clone()), Command::Heuristic(report)],
+                            vec![Command::Heuristic(report), Command::Forget(b.clone())],
                             "{context}"
                         );
                         assert_eq!(end, Some(Command::Complete { xid: xid(), heuristic }), "{context}");
@@ -312,10 +359,12 @@ mod tests {
         let mut p = PhaseTwo::new(xid(), true, vec![a.clone(), b.clone()]);
         assert_eq!(p.calls().len(), 2);
         p.on_answer(&a, &Err(RmError::Heuristic(HeuristicOutcome::Committed)));
+        p.on_heuristic_kept(&a, true);
         p.on_answer(&b, &Err(RmError::Unavailable("down".into())));
         assert_eq!(p.end_pass(), Some(Command::RetryLater));
         assert_eq!(p.calls(), vec![Command::Call { branch: b.clone(), commit: true }]);
         p.on_answer(&b, &Err(RmError::RolledBack("on its own".into())));
+        p.on_heuristic_kept(&b, true);
         assert_eq!(
             p.end_pass(),
             Some(Command::Complete { xid: xid(), heuristic: Some(HeuristicOutcome::Mixed) })
@@ -350,6 +399,9 @@ mod tests {
                     let calls = p.calls();
                     assert_eq!(calls, vec![Command::Call { branch: b.clone(), commit }], "{context}");
                     let mut emitted = p.on_answer(&b, &answer);
+                    if let [Command::Heuristic(_)] = emitted.as_slice() {
+                        emitted.extend(p.on_heuristic_kept(&b, true));
+                    }
                     emitted.extend(p.end_pass());
                     let expected: Vec<Command> = match (&answer, commit) {
                         (Ok(()) | Err(RmError::UnknownXid(_)), true) => {
@@ -366,8 +418,8 @@ mod tests {
                             };
                             let report = HeuristicReport { xid: xid(), rm: "a".into(), branch: 0, outcome };
                             vec![
-                                Command::Forget(b.clone()),
                                 Command::Heuristic(report),
+                                Command::Forget(b.clone()),
                                 Command::Complete { xid: xid(), heuristic: Some(outcome) },
                             ]
                         }

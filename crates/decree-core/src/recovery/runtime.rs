@@ -22,8 +22,13 @@ pub trait Recorder {
     /// A prepared branch of `xid` without decision was rolled back by presumed abort
     /// (`heuristic`: the RM had decided on its own instead).
     fn rolled_back(&self, _xid: &Xid, _heuristic: Option<HeuristicOutcome>) {}
-    /// A resource manager decided a branch on its own (logged by the runtime already).
-    fn heuristic(&self, _report: &HeuristicReport) {}
+    /// A resource manager decided a branch on its own (logged by the runtime already);
+    /// true once the report is kept for good (durable, and in a pair held by the backup),
+    /// which is when the resource manager may be told to forget the branch. A recorder
+    /// that keeps nothing says true: it has nothing to lose.
+    fn heuristic(&self, _report: &HeuristicReport) -> bool {
+        true
+    }
     /// Branch `xid` on `rm` was committed (`commit`) or rolled back by this call (not
     /// found finished already): for metrics.
     fn branch_finished(&self, _xid: &Xid, _rm: &str, _commit: bool) {}
@@ -147,10 +152,15 @@ pub fn run_phase_two(phase_two: &mut PhaseTwo, conns: &mut Connections, recorder
                     tracing::warn!(xid = %bx, %rm, error = ?result, "phase two failed; will retry");
                     conns.drop_connection(&rm);
                 }
-                Command::Forget(b) => forget(conns, &b.rm, &xid.branch(b.branch)),
                 Command::Heuristic(report) => {
                     tracing::error!(%report, error = ?result, "heuristic outcome");
-                    recorder.heuristic(&report);
+                    let kept = recorder.heuristic(&report);
+                    for forgotten in phase_two.on_heuristic_kept(&branch, kept) {
+                        let Command::Forget(b) = forgotten else {
+                            unreachable!("a report kept leads to Forget")
+                        };
+                        forget(conns, &b.rm, &xid.branch(b.branch));
+                    }
                 }
                 other => unreachable!("an answer does not lead to {other:?}"),
             }
@@ -227,11 +237,13 @@ pub fn scan(
                             tracing::warn!(xid = %bx, %rm, error = ?result, "rollback failed; will retry");
                             conns.drop_connection(rm);
                         }
-                        Command::Forget(_) => forget(conns, rm, &bx),
                         Command::Heuristic(report) => {
                             tracing::error!(%report, "heuristic outcome on a presumed-abort rollback");
-                            recorder.heuristic(&report);
+                            let kept = recorder.heuristic(&report);
                             heuristic = Some(report.outcome);
+                            if !rollback.on_heuristic_kept(&branch, kept).is_empty() {
+                                forget(conns, rm, &bx);
+                            }
                         }
                         other => unreachable!("an answer does not lead to {other:?}"),
                     }
