@@ -642,8 +642,8 @@ def test_the_asyncio_api_refuses_what_it_cannot_drive(server: Server, bank: Bank
                     "pymysql.connections.Connection is driven by tm.transaction(), not tm.atransaction()": maria,
                     "decree.branches.PsycopgBranch (a decree.BranchAdapter) is driven by tm.transaction(), "
                     "not tm.atransaction()": decree.PsycopgBranch(sync_a, "pg-a"),
-                    "cannot enlist a builtins.object in tm.atransaction(): pass a psycopg 3 AsyncConnection, "
-                    "or a decree.AsyncBranchAdapter": object(),
+                    "cannot enlist a builtins.object in tm.atransaction(): pass a psycopg 3 AsyncConnection "
+                    "or an aiomysql Connection, or a decree.AsyncBranchAdapter": object(),
                 }
                 for message, conn in refusals.items():
                     with pytest.raises(decree.UsageError) as refused:
