@@ -158,8 +158,7 @@ class AsyncMySQLBranch(MySQLRules, AsyncBranchAdapter):
 def async_adapter_for(connection: Any, rm: str) -> AsyncBranchAdapter:
     """The adapter of an asynchronous driver's connection, recognised by its class
     (subclasses too): a psycopg 3 ``AsyncConnection``, an aiomysql ``Connection``, or an
-    adapter as is. A connection
-    of the synchronous API, or an unknown object, is refused."""
+    adapter as is. A connection of the synchronous API, or an unknown object, is refused."""
     from .drivers import Driver, driver_of, refusal
 
     driver = driver_of(connection)
