@@ -5,7 +5,7 @@
 #
 # The client is installed into a virtual environment in target/pyvenv (created when
 # missing) the way a user installs it, `pip install ./clients/python`, together with what
-# the tests use (pytest, psycopg 3 with its binary build, PyMySQL, and opentelemetry-sdk for
+# the tests use (pytest, psycopg 3 with its binary build, PyMySQL, aiomysql, and opentelemetry-sdk for
 # test_tracing.py: the client itself only imports OpenTelemetry when it is installed). Extra arguments go to
 # pytest, e.g. `scripts/test-python.sh -k tls -v`. Knobs: PYTHON (default python3, 3.10 or
 # later), DECREE_PY_KILL_CYCLES (kills per protocol point in the crash tests, default 2).
@@ -23,7 +23,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "pytest>=7" "psycopg[binary]>=3.1" "PyMySQL>=1.0" "opentelemetry-sdk>=1.20"
+    "pytest>=7" "psycopg[binary]>=3.1" "PyMySQL>=1.0" "aiomysql>=0.2" "opentelemetry-sdk>=1.20"
 # Reinstalled every run, so that the tests see the client as it is now.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./clients/python
 

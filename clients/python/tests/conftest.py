@@ -256,6 +256,11 @@ def bank_fixture(*rms_b: str) -> Any:
 
 
 @pytest.fixture
-def bank(dsns: dict[str, str]) -> Iterator[Bank]:
-    """The bank between the two PostgreSQL databases."""
-    yield from made_bank(dsns, "pg-b")
+def bank(request: pytest.FixtureRequest, dsns: dict[str, str]) -> Iterator[Bank]:
+    """The bank between the two PostgreSQL databases; a test marked :data:`both_banks`
+    runs once on it and once on the bank between PostgreSQL and MariaDB."""
+    yield from made_bank(dsns, getattr(request, "param", "pg-b"))
+
+
+both_banks = pytest.mark.parametrize("bank", list(BANK_IDS), indirect=True, ids=list(BANK_IDS.values()))
+"""Runs a test that takes :func:`bank` on each database B (pg-b, then maria)."""

@@ -1,11 +1,13 @@
 """The asyncio API (``decree.aconnect``, ``tm.atransaction()``) against a real ``decree
-serve`` and the two test PostgreSQL databases, through psycopg's ``AsyncConnection``: the
-cases of test_transactions.py that apply to psycopg (a transfer in two phases, one phase,
+serve`` and the test databases, through psycopg's ``AsyncConnection`` and aiomysql's
+``Connection``: the cases of test_transactions.py (a transfer in two phases, one phase,
 rollbacks on an exception, a failed prepare and a refused decision, concurrent tasks, the
 decorator, Outcome), a Decide whose answer is lost (resolved with Outcome, never guessed)
-or that cannot be sent (rolled back), the keep-alive, TCP and TLS, cancellations, and the
-refusal of a connection an API cannot drive, in both APIs. Each test runs its own event
-loop with ``asyncio.run``."""
+or that cannot be sent (rolled back), cancellations and a branch the application ended,
+each between two PostgreSQL databases and between PostgreSQL and MariaDB (``both_banks``);
+the keep-alive, TCP and TLS; a MariaDB connection lost before the prepare and the
+MariaDB branch's name; the refusal of a connection an API cannot drive, in both APIs; and
+the guide's asyncio programs. Each test runs its own event loop with ``asyncio.run``."""
 
 from __future__ import annotations
 
@@ -21,16 +23,17 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiomysql
 import psycopg
 import pymysql
 import pytest
 
 import decree
 from bank import Bank, prepared_branches
-from conftest import IDLE_MS, REPO, Server, mysql_kwargs, need, pg_kwargs
+from conftest import IDLE_MS, REPO, Server, both_banks, mysql_kwargs, need, pg_kwargs
 from decree import protocol as p
 from decree.aio_connection import AsyncServerConnection
-from decree.branches import BranchInDoubt
+from decree.branches import DONE, BranchInDoubt
 from decree.connection import NotSent
 from test_guide import bank_server, schema  # noqa: F401  (fixtures)
 from test_tls import tls_config, tls_server  # noqa: F401  (a fixture)
@@ -57,10 +60,48 @@ def server(tcp_server: Server) -> Server:
     return tcp_server
 
 
+class AppMySQLConnection(aiomysql.Connection):  # type: ignore[misc]
+    """An application's own subclass of aiomysql's connection."""
+
+
+async def connect_maria(dsns: dict[str, str], *, autocommit: bool = True, cls: type[Any] | None = None) -> Any:
+    """An aiomysql connection to the test MariaDB database (of class ``cls``, if given)."""
+    kw = mysql_kwargs(dsns["maria"])
+    kw["db"] = kw.pop("database")
+    if cls is None:
+        return await aiomysql.connect(**kw, autocommit=autocommit)
+    conn = cls(**kw, autocommit=autocommit)
+    await conn._connect()  # what aiomysql.connect does with its own class.
+    return conn
+
+
+async def connect_b(
+    bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection, mysql_cls: type[Any] | None = None
+) -> Any:
+    """An async connection to the bank's database B: psycopg's on pg-b, aiomysql's on maria."""
+    if bank.maria:
+        return await connect_maria(bank.dsns, cls=mysql_cls)
+    return await cls.connect(bank.dsns["pg-b"])
+
+
 async def connect_pair(
-    bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection
+    bank: Bank, cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection, mysql_cls: type[Any] | None = None
 ) -> tuple[Any, Any]:
-    return await cls.connect(bank.dsns["pg-a"]), await cls.connect(bank.dsns["pg-b"])
+    return await cls.connect(bank.dsns["pg-a"]), await connect_b(bank, cls, mysql_cls)
+
+
+def rm_of(b: Any) -> str:
+    """The RM name of a connection to database B."""
+    return "maria" if isinstance(b, aiomysql.Connection) else "pg-b"
+
+
+async def execute(conn: Any, sql: str, args: tuple[Any, ...] | None = None) -> None:
+    """``sql`` on an async psycopg or aiomysql connection."""
+    if isinstance(conn, aiomysql.Connection):
+        async with conn.cursor() as cur:
+            await cur.execute(sql, args)
+    else:
+        await conn.execute(sql, args)
 
 
 @contextlib.asynccontextmanager
@@ -80,8 +121,8 @@ async def work(bank: Bank, a: Any, b: Any, tid: int, amount: int, src: int, dst:
     p = bank.prefix
     await a.execute(f"UPDATE {p}_accounts SET balance = balance - %s WHERE id = %s", (amount, src))
     await a.execute(f"INSERT INTO {p}_transfers VALUES (%s, %s)", (tid, amount))
-    await b.execute(f"UPDATE {p}_accounts SET balance = balance + %s WHERE id = %s", (amount, dst))
-    await b.execute(f"INSERT INTO {p}_transfers VALUES (%s, %s)", (tid, amount))
+    await execute(b, f"UPDATE {p}_accounts SET balance = balance + %s WHERE id = %s", (amount, dst))
+    await execute(b, f"INSERT INTO {p}_transfers VALUES (%s, %s)", (tid, amount))
 
 
 async def transfer(
@@ -96,18 +137,21 @@ async def transfer(
 
 async def close_all(*conns: Any) -> None:
     for c in conns:
-        await c.close()
+        closed = c.close()  # aiomysql's close() is a plain call.
+        if closed is not None:
+            await closed
 
 
 async def tx_enlist_both(tx: decree.AsyncTransaction, a: Any, b: Any) -> None:
-    """Enlists the bank's two connections, ``a`` on pg-a and ``b`` on pg-b, in that order."""
+    """Enlists the bank's two connections, ``a`` on pg-a and ``b`` on pg-b or maria, in that order."""
     await tx.enlist(a, "pg-a")
-    await tx.enlist(b, "pg-b")
+    await tx.enlist(b, rm_of(b))
 
 
 # --- the cases of the synchronous API ---------------------------------------------------------
 
 
+@both_banks
 def test_a_transfer_commits_in_both_databases_and_tells_the_server(server: Server, bank: Bank) -> None:
     before = server.metrics()
 
@@ -126,24 +170,27 @@ def test_a_transfer_commits_in_both_databases_and_tells_the_server(server: Serve
     assert after["decree_phase_two_commits_total"] == before["decree_phase_two_commits_total"], "the client committed"
 
 
+@both_banks
 def test_one_branch_commits_in_one_phase_and_sends_nothing(server: Server, bank: Bank) -> None:
     before = server.metrics()
 
     async def scenario() -> decree.AsyncTransaction:
         async with decree.aconnect(server.endpoint) as tm:
-            a = await psycopg.AsyncConnection.connect(bank.dsns["pg-a"])
+            b = await connect_b(bank)
             async with tm.atransaction() as tx:
-                await tx.enlist(a, "pg-a")
-                await a.execute(f"INSERT INTO {bank.prefix}_transfers VALUES (5, 0)")
-            await a.close()
+                await tx.enlist(b, bank.rm_b)
+                await execute(b, f"INSERT INTO {bank.prefix}_transfers VALUES (5, 0)")
+            await close_all(b)
         return tx
 
     tx = run(scenario())
     assert tx.report is not None and tx.report.kind == "one_phase" and tx.state == "committed"
-    assert bank.snapshot(server.node).in_a == {5}
+    snap = bank.snapshot(server.node)
+    assert (snap.in_a, snap.in_b, snap.prepared) == (set(), {5}, [])
     assert server.metrics()["decree_commits_total"] == before["decree_commits_total"]
 
 
+@both_banks
 def test_an_exception_in_the_block_rolls_both_back_and_propagates(server: Server, bank: Bank) -> None:
     async def scenario() -> None:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -162,12 +209,13 @@ def test_an_exception_in_the_block_rolls_both_back_and_propagates(server: Server
     assert bank.snapshot(server.node).violations(bank.total, {10}) == []
 
 
+@both_banks
 def test_a_branch_that_cannot_prepare_rolls_every_branch_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.RolledBack:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
             with pytest.raises(decree.RolledBack) as refused:
                 async with tm.atransaction() as tx:
-                    await tx.enlist(b, "pg-b")
+                    await tx.enlist(b, bank.rm_b)  # branch 0, prepared first.
                     await tx.enlist(a, "pg-a")
                     await work(bank, a, b, 11, 5, 1, 2)
                     try:
@@ -177,11 +225,12 @@ def test_a_branch_that_cannot_prepare_rolls_every_branch_back(server: Server, ba
         return refused.value
 
     error = run(scenario())
-    assert error.rm == "pg-a" and error.branch == 1 and "aborted" in str(error)
+    assert error.rm == "pg-a" and error.branch == 1 and "aborted" in str(error) and error.rollback_errors == []
     snap = bank.snapshot(server.node)
     assert snap.violations(bank.total, set()) == [] and not snap.in_a and not snap.in_b
 
 
+@both_banks
 def test_a_decision_naming_an_unknown_rm_is_refused_and_rolled_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.RolledBack:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -199,6 +248,7 @@ def test_a_decision_naming_an_unknown_rm_is_refused_and_rolled_back(server: Serv
     assert snap.violations(bank.total, set()) == [] and not snap.in_a
 
 
+@both_banks
 def test_concurrent_tasks_share_one_manager_and_keep_the_total(server: Server, bank: Bank) -> None:
     tasks, per_task = 8, 15
 
@@ -227,6 +277,7 @@ def test_concurrent_tasks_share_one_manager_and_keep_the_total(server: Server, b
     assert snap.in_a == snap.in_b == acknowledged
 
 
+@both_banks
 def test_the_decorator_commits_on_return_and_rolls_back_on_raise(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.Outcome:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -268,6 +319,7 @@ def test_outcome_answers_rolled_back_for_a_closed_session_that_never_decided(ser
     run(scenario())
 
 
+@both_banks
 def test_the_transaction_logs_through_logging(server: Server, bank: Bank, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> decree.CommitReport:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -433,6 +485,7 @@ class DecideProxy:
             w.close()
 
 
+@both_banks
 @pytest.mark.parametrize("hold", ["reply", "decide"])
 def test_a_decide_whose_answer_is_lost_is_resolved_with_outcome(server: Server, bank: Bank, hold: str) -> None:
     """``reply``: the server decided and its answer is lost; ``decide``: the server never
@@ -474,6 +527,7 @@ def test_a_decide_whose_answer_is_lost_is_resolved_with_outcome(server: Server, 
     assert snap.in_a == snap.in_b == acknowledged, "the databases agree with the answer"
 
 
+@both_banks
 def test_a_decide_is_not_written_on_a_session_the_server_closed(server: Server, bank: Bank) -> None:
     """The session ends between the prepares and the Decide: the client sees it before it
     writes (docs/protocol.md, step 5), sends nothing and reports the transaction rolled
@@ -518,6 +572,7 @@ class SlowBranch(decree.AsyncPsycopgBranch):
         return await super().commit_prepared()
 
 
+@both_banks
 def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.AsyncTransaction:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -527,7 +582,7 @@ def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: B
             async def commit() -> None:
                 async with tx:
                     await tx.enlist(SlowBranch(a, "pg-a", started), "pg-a")
-                    await tx.enlist(b, "pg-b")
+                    await tx.enlist(b, bank.rm_b)
                     await work(bank, a, b, 50, 5, 1, 2)
 
             task = asyncio.ensure_future(commit())
@@ -544,6 +599,7 @@ def test_a_commit_cancelled_in_phase_two_runs_to_its_end(server: Server, bank: B
     assert bank.snapshot(server.node).violations(bank.total, {50}) == []
 
 
+@both_banks
 def test_a_cancellation_inside_the_block_rolls_back(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.AsyncTransaction:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -576,11 +632,14 @@ def test_a_cancellation_inside_the_block_rolls_back(server: Server, bank: Bank) 
 def test_the_synchronous_api_refuses_an_async_connection(server: Server, bank: Bank) -> None:
     """Issue 31: a psycopg AsyncConnection was accepted by ``tm.transaction()`` (its module
     is psycopg), its tpc_* coroutines were never awaited, the report said two-phase
-    committed, and neither database changed. It is refused at enlist now."""
+    committed, and neither database changed. It is refused at enlist now; so are aiomysql's
+    connections."""
 
     async def scenario() -> None:
         a, b = await connect_pair(bank)
         sub = await AppAsyncConnection.connect(bank.dsns["pg-a"])
+        m = await connect_maria(bank.dsns)
+        sub_m = await connect_maria(bank.dsns, cls=AppMySQLConnection)
         try:
             with decree.connect(server.endpoint) as tm:
                 with tm.transaction() as tx:
@@ -594,11 +653,25 @@ def test_the_synchronous_api_refuses_an_async_connection(server: Server, bank: B
                         tx.enlist(sub, "pg-a")
                     with pytest.raises(decree.UsageError, match="driven by tm.atransaction"):
                         tx.enlist(decree.AsyncPsycopgBranch(b, "pg-b"), "pg-b")
+                    refusals = {
+                        "aiomysql.connection.Connection is driven by tm.atransaction(), not tm.transaction()": m,
+                        "test_asyncio.AppMySQLConnection (a aiomysql.connection.Connection) is driven by "
+                        "tm.atransaction(), not tm.transaction()": sub_m,
+                        "decree.aio_branches.AsyncMySQLBranch (a decree.AsyncBranchAdapter) is driven by "
+                        "tm.atransaction(), not tm.transaction()": decree.AsyncMySQLBranch(m, "maria"),
+                    }
+                    for message, conn in refusals.items():
+                        with pytest.raises(decree.UsageError) as refused:
+                            tx.enlist(conn, "maria")
+                        assert str(refused.value) == message
                 assert tx.report is not None and tx.report.kind == "empty"
             for conn in (a, b, sub):
                 assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE, "nothing was begun"
+            for conn in (m, sub_m):  # XA START fails (XAER_RMFAIL) while a branch is open.
+                for sql in ("XA START 'probe'", "XA END 'probe'", "XA ROLLBACK 'probe'"):
+                    await execute(conn, sql)
         finally:
-            await close_all(a, b, sub)
+            await close_all(a, b, sub, m, sub_m)
 
     run(scenario())
 
@@ -615,10 +688,11 @@ def test_the_synchronous_api_takes_a_subclass_of_psycopg_connection(server: Serv
     assert bank.snapshot(server.node).violations(bank.total, {60}) == []
 
 
+@both_banks
 def test_the_asyncio_api_takes_a_subclass_of_async_connection(server: Server, bank: Bank) -> None:
     async def scenario() -> decree.CommitReport:
         async with decree.aconnect(server.endpoint) as tm:
-            a, b = await connect_pair(bank, AppAsyncConnection)
+            a, b = await connect_pair(bank, AppAsyncConnection, AppMySQLConnection)
             report = await transfer(tm, bank, a, b, tid=61)
             await close_all(a, b)
             return report
@@ -642,8 +716,8 @@ def test_the_asyncio_api_refuses_what_it_cannot_drive(server: Server, bank: Bank
                     "pymysql.connections.Connection is driven by tm.transaction(), not tm.atransaction()": maria,
                     "decree.branches.PsycopgBranch (a decree.BranchAdapter) is driven by tm.transaction(), "
                     "not tm.atransaction()": decree.PsycopgBranch(sync_a, "pg-a"),
-                    "cannot enlist a builtins.object in tm.atransaction(): pass a psycopg 3 AsyncConnection, "
-                    "or a decree.AsyncBranchAdapter": object(),
+                    "cannot enlist a builtins.object in tm.atransaction(): pass a psycopg 3 AsyncConnection "
+                    "or an aiomysql Connection, or a decree.AsyncBranchAdapter": object(),
                 }
                 for message, conn in refusals.items():
                     with pytest.raises(decree.UsageError) as refused:
@@ -679,6 +753,18 @@ def test_misuse_is_refused_before_anything_is_sent(server: Server, bank: Bank) -
         async with tm.atransaction() as tx:
             with pytest.raises(decree.UsageError, match="the psycopg connection is closed; enlist an open one"):
                 await tx.enlist(closed, "pg-a")
+        manual = await connect_maria(bank.dsns, autocommit=False)
+        closed_m = await connect_maria(bank.dsns)
+        closed_m.close()
+        async with tm.atransaction() as tx:
+            with pytest.raises(decree.UsageError, match="open the aiomysql connection with autocommit=True"):
+                await tx.enlist(manual, "maria")
+            with pytest.raises(decree.UsageError, match="the aiomysql connection is closed; enlist an open one"):
+                await tx.enlist(closed_m, "maria")
+        await execute(manual, "XA START 'probe'")  # nothing was begun on it.
+        await execute(manual, "XA END 'probe'")
+        await execute(manual, "XA ROLLBACK 'probe'")
+        manual.close()
         await tm.aclose()
         with pytest.raises(decree.UsageError, match="closed"):
             await tm.atransaction()
@@ -906,11 +992,12 @@ def test_a_one_phase_notice_that_cannot_be_written_rolls_the_branch_back(server:
 # --- the guide's asyncio program --------------------------------------------------------------
 
 
-def guide_asyncio_program() -> str:
+def guide_asyncio_program(marker: str = "guide-asyncio") -> str:
+    """The code block after ``<!-- marker:`` in docs/guide.md."""
     text = (REPO / "docs" / "guide.md").read_text()
-    after = text[text.index("<!-- guide-asyncio:"):]
+    after = text[text.index(f"<!-- {marker}:"):]
     match = re.search(r"```python\n(.*?)\n```", after, re.S)
-    assert match is not None, "no python block after the guide-asyncio marker"
+    assert match is not None, f"no python block after the {marker} marker"
     return match.group(1) + "\n"
 
 
@@ -969,9 +1056,25 @@ def test_the_guide_asyncio_program_moves_money(
 
 
 async def insert(bank: Bank, conn: Any, tid: int) -> None:
-    await conn.execute(f"INSERT INTO {bank.prefix}_transfers VALUES (%s, 1)", (tid,))
+    await execute(conn, f"INSERT INTO {bank.prefix}_transfers VALUES (%s, 1)", (tid,))
 
 
+async def end_branch(conn: Any, tx: decree.AsyncTransaction, number: int, how: str) -> None:
+    """What an application might do by mistake: end the branch on ``conn`` itself. psycopg
+    refuses ``commit()`` during a two-phase transaction, so the SQL is sent as text; MariaDB
+    refuses COMMIT and ROLLBACK in an XA branch, so the application ends it with XA."""
+    if not isinstance(conn, aiomysql.Connection):
+        await conn.execute("COMMIT" if how == "commit" else "ROLLBACK")
+        return
+    assert tx.xid is not None
+    async with conn.cursor() as cur:
+        await cur.execute("SELECT CONNECTION_ID()")
+        name = tx.xid.branch(number).mariadb_name(int((await cur.fetchone())[0])).mysql_xid()
+        await cur.execute(f"XA END {name}")
+        await cur.execute(f"XA COMMIT {name} ONE PHASE" if how == "commit" else f"XA ROLLBACK {name}")
+
+
+@both_banks
 @pytest.mark.parametrize("how", ["commit", "rollback"])
 @pytest.mark.parametrize("ended", ["a", "b"])
 def test_a_branch_ended_by_the_application_is_reported_as_not_safe_to_retry(
@@ -984,13 +1087,13 @@ def test_a_branch_ended_by_the_application_is_reported_as_not_safe_to_retry(
                     await tx_enlist_both(tx, a, b)
                     await insert(bank, a, 1)
                     await insert(bank, b, 1)
-                    await (a if ended == "a" else b).execute("COMMIT" if how == "commit" else "ROLLBACK")
+                    await end_branch(a if ended == "a" else b, tx, 0 if ended == "a" else 1, how)
             await transfer(tm, bank, a, b, tid=2)  # both connections serve the next transaction.
         return raised.value, tx
 
     e, tx = run(scenario())
     assert not isinstance(e, (decree.RolledBack, decree.OutcomeUnknown)) and tx.state == "failed"
-    assert (e.rm, e.branch, e.xid) == (("pg-a", 0) if ended == "a" else ("pg-b", 1)) + (tx.xid,)
+    assert (e.rm, e.branch, e.xid) == (("pg-a", 0) if ended == "a" else (bank.rm_b, 1)) + (tx.xid,)
     assert "not safe to retry" in str(e) and str(e.rm) in str(e)
     snap = bank.snapshot(server.node)
     committed_by_app = {1} if how == "commit" else set()
@@ -999,24 +1102,26 @@ def test_a_branch_ended_by_the_application_is_reported_as_not_safe_to_retry(
     assert snap.prepared == []
 
 
+@both_banks
 @pytest.mark.parametrize("how", ["commit", "rollback"])
 def test_the_only_branch_ended_by_the_application_is_reported_too(server: Server, bank: Bank, how: str) -> None:
     async def scenario() -> decree.BranchEndedByApplication:
         async with decree.aconnect(server.endpoint) as tm:
-            b = await psycopg.AsyncConnection.connect(bank.dsns["pg-b"])
+            b = await connect_b(bank)
             with pytest.raises(decree.BranchEndedByApplication) as raised:
                 async with tm.atransaction() as tx:
-                    await tx.enlist(b, "pg-b")
+                    await tx.enlist(b, bank.rm_b)
                     await insert(bank, b, 3)
-                    await b.execute("COMMIT" if how == "commit" else "ROLLBACK")
-            await b.close()
+                    await end_branch(b, tx, 0, how)
+            await close_all(b)
             return raised.value
 
     e = run(scenario())
-    assert (e.rm, e.branch) == ("pg-b", 0)
+    assert (e.rm, e.branch) == (bank.rm_b, 0)
     assert bank.snapshot(server.node).in_b == ({3} if how == "commit" else set())
 
 
+@both_banks
 def test_a_branch_enlisted_with_no_sql_yet_commits_normally(server: Server, bank: Bank) -> None:
     async def scenario() -> tuple[decree.AsyncTransaction, decree.AsyncTransaction]:
         async with pair_on(server.endpoint, bank) as (tm, a, b):
@@ -1024,7 +1129,7 @@ def test_a_branch_enlisted_with_no_sql_yet_commits_normally(server: Server, bank
                 await tx_enlist_both(two, a, b)
                 await insert(bank, b, 4)
             async with tm.atransaction() as one:  # one branch, no SQL at all
-                await one.enlist(b, "pg-b")
+                await one.enlist(b, bank.rm_b)
         return two, one
 
     two, one = run(scenario())
@@ -1032,3 +1137,103 @@ def test_a_branch_enlisted_with_no_sql_yet_commits_normally(server: Server, bank
     assert one.report is not None and one.report.kind == "one_phase"
     snap = bank.snapshot(server.node)
     assert (snap.in_a, snap.in_b, snap.prepared) == (set(), {4}, [])
+
+
+# --- MariaDB through aiomysql: what only its adapter does ---------------------------------------
+
+
+@pytest.mark.parametrize("bank", ["maria"], indirect=True, ids=["pg-mariadb"])
+def test_a_mariadb_connection_lost_before_the_prepare_rolls_every_branch_back(server: Server, bank: Bank) -> None:
+    async def scenario() -> decree.RolledBack:
+        async with pair_on(server.endpoint, bank) as (tm, a, m):
+            killer = pymysql.connect(**mysql_kwargs(bank.dsns["maria"]), autocommit=True)
+            with pytest.raises(decree.RolledBack) as refused:
+                async with tm.atransaction() as tx:
+                    await tx_enlist_both(tx, a, m)
+                    await work(bank, a, m, 13, 5, 1, 2)
+                    with killer.cursor() as cur:
+                        cur.execute(f"KILL {m.server_thread_id[0]}")
+                    await asyncio.sleep(0.2)
+            killer.close()
+        return refused.value
+
+    error = run(scenario())
+    assert error.rm == "maria" and error.branch == 1 and "did not prepare" in str(error), error
+    snap = bank.settled(server.node, set())
+    assert snap.violations(bank.total, set()) == [] and not snap.in_a and not snap.in_b
+
+
+@pytest.mark.parametrize("bank", ["maria"], indirect=True, ids=["pg-mariadb"])
+def test_a_mariadb_branch_is_named_with_the_connection_that_prepares_it(server: Server, bank: Bank) -> None:
+    """The server waits for the connection named in a MariaDB branch before it finishes
+    the branch by name (docs/protocol.md); the asyncio adapter writes the same name as
+    PyMySQL's (test_transactions.py)."""
+
+    async def scenario() -> tuple[list[decree.Xid], decree.Xid, int]:
+        m = await connect_maria(bank.dsns)
+        other = pymysql.connect(**mysql_kwargs(bank.dsns["maria"]), autocommit=True)
+        try:
+            async with m.cursor() as cur:
+                await cur.execute("SELECT CONNECTION_ID()")
+                connection_id = int((await cur.fetchone())[0])
+            xid = decree.Xid.decree(0x00C0_0013, int(time.time()), 1, 1).branch(1)
+            branch = decree.AsyncMySQLBranch(m, "maria")
+            await branch.start(xid)
+            await insert(bank, m, 7)
+            await branch.prepare()
+            with other.cursor() as cur:
+                cur.execute("XA RECOVER")
+                listed = [
+                    decree.Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in cur.fetchall()
+                ]
+            assert await branch.commit_prepared() == DONE
+        finally:
+            other.close()
+            m.close()
+        return listed, xid, connection_id
+
+    listed, xid, connection_id = run(scenario())
+    assert xid.mariadb_name(connection_id) in listed, listed
+    assert [n.from_mariadb_name() for n in listed if n.gtrid == xid.gtrid] == [(xid, connection_id)]
+    assert bank.snapshot(server.node).in_b == {7}
+
+
+def test_the_guide_asyncio_mariadb_program_pays_an_order(dsns: dict[str, str], schema: str) -> None:  # noqa: F811
+    bank_a = f"{dsns['pg-a']} options='-c search_path={schema}'"
+    with psycopg.connect(bank_a, autocommit=True) as db:
+        db.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0))")
+        db.execute("INSERT INTO accounts VALUES (1, 100)")
+    paid = f"paid_{schema}"
+    maria = pymysql.connect(**mysql_kwargs(dsns["maria"]), autocommit=True)
+    server = Server([("bank-a", "postgres", dsns["pg-a"]), ("orders", "mariadb", dsns["maria"])])
+    try:
+        with maria.cursor() as cur:
+            cur.execute(f"CREATE TABLE {paid} (id int PRIMARY KEY, amount bigint NOT NULL) ENGINE=InnoDB")
+        server.start()
+        program: dict[str, Any] = {"__name__": "guide_asyncio_mariadb"}
+        source = guide_asyncio_program("guide-asyncio-mariadb").replace("INTO paid ", f"INTO {paid} ")
+        exec(compile(source, "docs/guide.md (aiomysql)", "exec"), program)
+        orders = mysql_kwargs(dsns["maria"])
+        orders["db"] = orders.pop("database")
+        program["BANK_A"], program["ORDERS"] = bank_a, orders
+
+        async def scenario() -> decree.CommitReport:
+            async with decree.aconnect(server.endpoint) as tm:
+                report: decree.CommitReport = await program["pay"](tm, 1, 30)
+                with pytest.raises(psycopg.errors.CheckViolation):
+                    await program["pay"](tm, 2, 1000)  # more than account 1 holds: both roll back.
+            return report
+
+        report = run(scenario())
+        assert report.kind == "two_phase"
+        with psycopg.connect(bank_a, autocommit=True) as db:
+            assert db.execute("SELECT balance FROM accounts WHERE id = 1").fetchone() == (70,)
+        with maria.cursor() as cur:
+            cur.execute(f"SELECT id, amount FROM {paid}")
+            assert cur.fetchall() == ((1, 30),)
+        assert prepared_branches(dsns, server.node) == []
+    finally:
+        server.cleanup()
+        with maria.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {paid}")
+        maria.close()

@@ -6,7 +6,7 @@ docs/protocol.md is the protocol this package implements.
 """
 
 from .aio import AsyncTransaction, AsyncTransactionManager, aconnect
-from .aio_branches import AsyncBranchAdapter, AsyncPsycopgBranch
+from .aio_branches import AsyncBranchAdapter, AsyncMySQLBranch, AsyncPsycopgBranch
 from .aio_connection import AsyncServerConnection
 from .branches import (
     BranchAdapter,
@@ -36,6 +36,7 @@ from .tm import CommitReport, Transaction, TransactionManager, connect
 
 __all__ = [
     "AsyncBranchAdapter",
+    "AsyncMySQLBranch",
     "AsyncPsycopgBranch",
     "AsyncServerConnection",
     "AsyncTransaction",

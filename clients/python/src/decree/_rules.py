@@ -29,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _tracing
 from . import protocol as p
+from ._engine import Call as Call
+from ._engine import Driven as Driven
+from ._engine import Steps as Steps
 from ._session import SessionState
 from .branches import BranchEnded, BranchFailed, BranchInDoubt, PhaseTwo, Step
 from .connection import Endpoint, Options, TlsConfig
@@ -76,57 +78,6 @@ class CommitReport:
     """Branches that committed on their own (agreeing with the decision)."""
     resolved_by_outcome: bool = False
     """The answer to ``Decide`` was lost and ``Outcome`` said committed."""
-
-
-class Call(NamedTuple):
-    """One thing the runtime does for an engine: ``target.method(*args)``, awaited when it
-    returns an awaitable (asyncio). Its result is sent back to the engine, or its exception
-    thrown back in. (A tuple: several are made per commit, and a tuple is made fastest.)"""
-
-    target: Any
-    method: str
-    args: tuple[Any, ...] = ()
-
-    def invoke(self) -> Any:
-        return getattr(self.target, self.method)(*self.args)
-
-
-Steps = Generator[Call, Any, T]
-"""An engine: yields calls, is sent their results, returns its own."""
-
-
-class Driven(Generic[T]):
-    """An engine being carried out: :attr:`call` is what it asks for now, ``None`` once it
-    returned :attr:`value`. The runtime makes the call and hands over its result
-    (:meth:`answer`) or exception (:meth:`fail`); the engine's own exceptions come out of
-    these."""
-
-    __slots__ = ("_steps", "call", "_value")
-
-    def __init__(self, steps: Steps[T]) -> None:
-        self._steps = steps
-        self.call: Call | None = None
-        self._value: Any = None
-        self.answer(None)  # a generator's first step takes None.
-
-    @property
-    def value(self) -> T:
-        """What the engine returned."""
-        assert self.call is None, "the engine has not returned yet"
-        value: T = self._value
-        return value
-
-    def answer(self, result: Any) -> None:
-        try:
-            self.call = self._steps.send(result)
-        except StopIteration as done:
-            self.call, self._value = None, done.value
-
-    def fail(self, error: BaseException) -> None:
-        try:
-            self.call = self._steps.throw(error)
-        except StopIteration as done:
-            self.call, self._value = None, done.value
 
 
 # --- a transaction ------------------------------------------------------------------------

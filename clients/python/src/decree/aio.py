@@ -1,10 +1,10 @@
 """The asyncio API: the same coordinator as :mod:`decree.tm`, for ``async`` applications
-(FastAPI, Starlette, aiohttp) and psycopg 3's ``AsyncConnection``::
+(FastAPI, Starlette, aiohttp), psycopg 3's ``AsyncConnection`` and aiomysql's ``Connection``::
 
     tm = await decree.aconnect("unix:/run/decree/decree.sock")   # or: async with decree.aconnect(...) as tm
     async with tm.atransaction() as tx:
         await tx.enlist(ledger, "ledger")     # psycopg.AsyncConnection, autocommit off
-        await tx.enlist(orders, "orders")
+        await tx.enlist(orders, "orders")     # aiomysql.Connection, autocommit=True
         await ledger.execute("UPDATE ...")
         await orders.execute("INSERT ...")
     # committed here; an exception inside the block rolls both back and propagates
@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
-from ._rules import CommitReport, Driven, ManagerRules, Steps, TransactionRules, settings
+from ._engine import run_awaited as _run
+from ._rules import CommitReport, ManagerRules, Steps, TransactionRules, settings
 from .aio_branches import async_adapter_for
 from .aio_connection import AsyncServerConnection
 from .connection import Endpoint, Options, TlsConfig
@@ -57,23 +57,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 __all__ = ["AsyncTransaction", "AsyncTransactionManager", "aconnect"]
-
-
-async def _run(steps: Steps[T]) -> T:
-    """Carries out an engine of :mod:`decree._rules` on the event loop, awaiting each call
-    that returns an awaitable and handing its result, or exception, back to the engine;
-    returns what it returns."""
-    driven = Driven(steps)
-    while driven.call is not None:
-        try:
-            result = driven.call.invoke()
-            if inspect.isawaitable(result):
-                result = await result
-        except BaseException as e:
-            driven.fail(e)
-        else:
-            driven.answer(result)
-    return driven.value
 
 
 class _LoopClock:
@@ -292,7 +275,8 @@ class AsyncTransaction(TransactionRules):
 
     async def enlist(self, connection: Any, rm: str) -> int:
         """Makes ``connection``'s work a branch of this transaction (a psycopg 3
-        ``AsyncConnection`` or an :class:`~decree.aio_branches.AsyncBranchAdapter`); ``rm``
+        ``AsyncConnection``, an aiomysql ``Connection`` opened with ``autocommit=True``, or
+        an :class:`~decree.aio_branches.AsyncBranchAdapter`); ``rm``
         is the server's ``[[rm]]`` name of its database. Enlist before the connection's
         first statement. Returns the branch number (the same when enlisted again)."""
         self._check_active("enlist")

@@ -9,9 +9,14 @@ and the same :class:`~decree.branches.PhaseTwo` answers, awaited:
   ``tpc_rollback`` are awaited. The connection must not be in autocommit mode. What its
   status and errors mean is :class:`~decree.branches.PsycopgRules`', the same code as
   :class:`decree.PsycopgBranch`'s; this class only awaits the driver's calls.
+- :class:`AsyncMySQLBranch`, for aiomysql's ``Connection`` (MariaDB, MySQL; opened with
+  ``autocommit=True``): the adapter sends ``XA START/END/PREPARE/COMMIT/ROLLBACK`` itself,
+  awaited. Its statements and what their errors mean are
+  :class:`~decree.branches.MySQLRules`', the same code as :class:`decree.PyMySQLBranch`'s
+  (aiomysql raises PyMySQL's errors); this class only awaits the queries.
 
 Write an :class:`AsyncBranchAdapter` for another asynchronous driver. A connection the
-synchronous API drives (psycopg ``Connection``, PyMySQL) is refused here, by
+synchronous API drives (psycopg ``Connection``, PyMySQL ``Connection``) is refused here, by
 :func:`async_adapter_for`, with a :class:`~decree.UsageError` that says so.
 """
 
@@ -22,12 +27,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .branches import DONE, PhaseTwo, PsycopgRules, _Adapter
+from ._engine import run_awaited
+from .branches import DONE, MySQLRules, PhaseTwo, PsycopgRules, _Adapter
 from .protocol import Xid
 
 log = logging.getLogger("decree")
 
-__all__ = ["AsyncBranchAdapter", "AsyncPsycopgBranch", "async_adapter_for"]
+__all__ = ["AsyncBranchAdapter", "AsyncMySQLBranch", "AsyncPsycopgBranch", "async_adapter_for"]
 
 
 class AsyncBranchAdapter(_Adapter, abc.ABC):
@@ -115,10 +121,44 @@ class AsyncPsycopgBranch(PsycopgRules, AsyncBranchAdapter):
                 raise
 
 
+class AsyncMySQLBranch(MySQLRules, AsyncBranchAdapter):
+    """A MariaDB/MySQL branch on an aiomysql ``Connection``: the adapter sends the XA
+    statements of :class:`decree.branches.MySQLRules`, as :class:`decree.PyMySQLBranch`
+    does, and awaits them. Open the connection with ``autocommit=True``."""
+
+    _DRIVER = "aiomysql"
+
+    def _is_open(self) -> bool:
+        return not self.connection.closed
+
+    async def _query(self, sql: str) -> Any:
+        async with self.connection.cursor() as cur:
+            await cur.execute(sql)
+            return await cur.fetchall()
+
+    async def start(self, xid: Xid) -> None:
+        await run_awaited(self._start_steps(xid))
+
+    async def prepare(self) -> None:
+        await run_awaited(self._prepare_steps())
+
+    async def commit_one_phase(self) -> None:
+        await run_awaited(self._commit_one_phase_steps())
+
+    async def commit_prepared(self) -> PhaseTwo:
+        return await run_awaited(self._commit_prepared_steps())
+
+    async def rollback(self) -> None:
+        await run_awaited(self._rollback_steps())
+
+    async def abandon(self) -> None:
+        await run_awaited(self._abandon_steps())
+
+
 def async_adapter_for(connection: Any, rm: str) -> AsyncBranchAdapter:
     """The adapter of an asynchronous driver's connection, recognised by its class
-    (subclasses too): a psycopg 3 ``AsyncConnection``, or an adapter as is. A connection
-    of the synchronous API, or an unknown object, is refused."""
+    (subclasses too): a psycopg 3 ``AsyncConnection``, an aiomysql ``Connection``, or an
+    adapter as is. A connection of the synchronous API, or an unknown object, is refused."""
     from .drivers import Driver, driver_of, refusal
 
     driver = driver_of(connection)
@@ -126,4 +166,6 @@ def async_adapter_for(connection: Any, rm: str) -> AsyncBranchAdapter:
         return connection  # type: ignore[no-any-return]
     if driver == Driver.PSYCOPG_ASYNC:
         return AsyncPsycopgBranch(connection, rm)
+    if driver == Driver.AIOMYSQL:
+        return AsyncMySQLBranch(connection, rm)
     raise refusal(connection, "tm.atransaction()")

@@ -13,6 +13,8 @@ the branch:
   the adapter sends ``XA START/END/PREPARE/COMMIT/ROLLBACK`` with the xid in decree's
   form itself. The connection must be in autocommit mode (``autocommit=True``): with it
   off, MariaDB answers ``XAER_OUTSIDE`` instead of "unknown XID" to a commit by name.
+  Its statements, and what their errors mean, are :class:`MySQLRules`', which the asyncio
+  :class:`decree.AsyncMySQLBranch` (aiomysql) runs as well.
 
 Each call ends in one of three ways, which the coordinator turns into the transaction's
 outcome: it succeeded, it failed and the branch is rolled back (:class:`BranchFailed`), or
@@ -35,6 +37,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ._engine import Call, Steps, run_blocking
 from .errors import UsageError
 from .protocol import Heuristic, Xid
 
@@ -276,7 +279,8 @@ class PsycopgBranch(PsycopgRules, BranchAdapter):
 
 
 _CONNECTION_IDS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
-"""Per PyMySQL connection: its handshake thread id and its full ``CONNECTION_ID()``."""
+"""Per MariaDB connection (PyMySQL or aiomysql): its handshake thread id and its full
+``CONNECTION_ID()``."""
 
 _MYSQL_CONNECTION_LOST = frozenset({0, 2006, 2013, 2014, 2045, 2055})
 _XAER_NOTA = 1397
@@ -289,31 +293,46 @@ def _mysql_code(e: BaseException) -> int:
     return args[0] if args and isinstance(args[0], int) else 0
 
 
-class PyMySQLBranch(BranchAdapter):
-    """A MariaDB/MySQL branch on a PyMySQL connection: the adapter sends the XA statements."""
+class MySQLRules:
+    """A MariaDB/MySQL branch driven with ``XA`` statements the adapter sends itself: the
+    whole of :class:`PyMySQLBranch` and :class:`decree.AsyncMySQLBranch` but the IO. Each
+    call is an engine (:mod:`decree._engine`) that yields the statements to run and is sent
+    their rows (or has the driver's error thrown in); the blocking adapter runs them with
+    PyMySQL, the asyncio one awaits them with aiomysql, which raises PyMySQL's errors. What
+    the errors mean (a lost connection, a branch the application ended, an XA name already
+    gone), the branch's name carrying the connection id and its states are decided here.
+
+    An adapter sets :attr:`_DRIVER` (its name in messages) and provides
+    ``_query(sql) -> rows`` (blocking or a coroutine) and :meth:`_is_open`."""
+
+    connection: Any
+    rm: str
+    xid: Xid | None
+    _DRIVER = "PyMySQL"
 
     def __init__(self, connection: Any, rm: str) -> None:
-        super().__init__(connection, rm)
+        super().__init__(connection, rm)  # type: ignore[call-arg]  # the adapter's base class (_Adapter).
         self._state = "idle"
         self._name: Xid | None = None
         self._thread = 0
         self._x = ""
 
-    def _run(self, sql: str) -> None:
-        with self.connection.cursor() as cur:
-            cur.execute(sql)
+    def _is_open(self) -> bool:
+        return bool(getattr(self.connection, "open", True))
 
-    def _connection_id(self) -> int:
+    def _sql(self, sql: str) -> Call:
+        return Call(self, "_query", (sql,))
+
+    def _connection_id_steps(self) -> Steps[int]:
         """The connection's full ``CONNECTION_ID()``, which names its branches: read once
-        per server connection, since the handshake's thread id (which tells when PyMySQL
+        per server connection, since the handshake's thread id (which tells when the driver
         reconnected) holds only its low 32 bits, and through a proxy not even those."""
         handshake = self.connection.thread_id()
         known = _CONNECTION_IDS.get(self.connection)
         if known is not None and known[0] == handshake:
             return known[1]
-        with self.connection.cursor() as cur:
-            cur.execute("SELECT CONNECTION_ID()")
-            full = int(cur.fetchone()[0])
+        rows = yield self._sql("SELECT CONNECTION_ID()")
+        full = int(rows[0][0])
         _CONNECTION_IDS[self.connection] = (handshake, full)
         return full
 
@@ -326,7 +345,7 @@ class PyMySQLBranch(BranchAdapter):
         """BranchEnded when ``XA END`` found no XA transaction on the connection although
         the branch is still active here: the application sent ``XA END`` and ``XA COMMIT``
         or ``XA ROLLBACK`` itself (MariaDB refuses plain COMMIT and ROLLBACK in a branch).
-        A connection PyMySQL reconnected lost the branch with its old session instead."""
+        A connection the driver reconnected lost the branch with its old session instead."""
         gone = _mysql_code(e) == _XAER_RMFAIL and "NON-EXISTING" in str(e)
         if self._state != "active" or not gone or self.connection.thread_id() != self._thread:
             return
@@ -336,28 +355,28 @@ class PyMySQLBranch(BranchAdapter):
             f"the application committed or rolled it back itself ({e})"
         ) from e
 
-    def start(self, xid: Xid) -> None:
-        if not getattr(self.connection, "open", True):
-            raise UsageError(f"{self.rm}: the PyMySQL connection is closed; enlist an open one")
+    def _start_steps(self, xid: Xid) -> Steps[None]:
+        if not self._is_open():
+            raise UsageError(f"{self.rm}: the {self._DRIVER} connection is closed; enlist an open one")
         if not self.connection.get_autocommit():
             raise UsageError(
-                f"{self.rm}: open the PyMySQL connection with autocommit=True; XA branches need it "
+                f"{self.rm}: open the {self._DRIVER} connection with autocommit=True; XA branches need it "
                 "(MariaDB answers XAER_OUTSIDE to a commit by name otherwise)"
             )
         self.xid = xid
-        self._name = xid.mariadb_name(self._connection_id())
+        self._name = xid.mariadb_name((yield from self._connection_id_steps()))
         self._thread = self.connection.thread_id()
         self._x = self._name.mysql_xid()
-        self._run(f"XA START {self._x}")
+        yield self._sql(f"XA START {self._x}")
         self._state = "active"
 
-    def prepare(self) -> None:
+    def _prepare_steps(self) -> Steps[None]:
         import pymysql
 
         try:
-            self._run(f"XA END {self._x}")
+            yield self._sql(f"XA END {self._x}")
             self._state = "ended"
-            self._run(f"XA PREPARE {self._x}")
+            yield self._sql(f"XA PREPARE {self._x}")
         except pymysql.err.Error as e:
             if self._lost(e):
                 self._state = "in_doubt"
@@ -367,37 +386,38 @@ class PyMySQLBranch(BranchAdapter):
             raise BranchFailed(f"{self.rm}: XA END/PREPARE failed: {e}") from e
         self._state = "prepared"
 
-    def commit_one_phase(self) -> None:
+    def _commit_one_phase_steps(self) -> Steps[None]:
         import pymysql
 
         try:
-            self._run(f"XA END {self._x}")
+            yield self._sql(f"XA END {self._x}")
             self._state = "ended"
-            self._run(f"XA COMMIT {self._x} ONE PHASE")
+            yield self._sql(f"XA COMMIT {self._x} ONE PHASE")
         except pymysql.err.Error as e:
             if self._lost(e):
                 self._state = "idle"
                 raise BranchInDoubt(f"{self.rm}: XA COMMIT ONE PHASE lost its answer: {e}") from e
             self._check_not_ended(e)
-            self.rollback_quietly()
+            try:
+                yield from self._rollback_steps()
+            except Exception as e2:
+                log.debug("%s: rollback after a failed commit: %s", self.rm, e2)
             raise BranchFailed(f"{self.rm}: XA COMMIT ONE PHASE failed: {e}") from e
         self._state = "idle"
 
-    def _listed(self) -> bool:
+    def _listed_steps(self) -> Steps[bool]:
         """Whether XA RECOVER (on this connection) still lists the branch."""
         assert self._name is not None
-        with self.connection.cursor() as cur:
-            cur.execute("XA RECOVER")
-            rows = cur.fetchall()
+        rows = yield self._sql("XA RECOVER")
         return any(
             Xid.from_xa_recover(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) == self._name for r in rows
         )
 
-    def commit_prepared(self) -> PhaseTwo:
+    def _commit_prepared_steps(self) -> Steps[PhaseTwo]:
         import pymysql
 
         try:
-            self._run(f"XA COMMIT {self._x}")
+            yield self._sql(f"XA COMMIT {self._x}")
         except pymysql.err.Error as e:
             code = _mysql_code(e)
             if code in _XA_RB:
@@ -405,7 +425,7 @@ class PyMySQLBranch(BranchAdapter):
                 return PhaseTwo(Step.HEURISTIC, f"{self.rm}: rolled back on its own: {e}", Heuristic.ROLLED_BACK)
             if code == _XAER_NOTA:
                 try:
-                    listed = self._listed()
+                    listed = yield from self._listed_steps()
                 except pymysql.err.Error as e2:
                     return PhaseTwo(Step.PENDING, f"{self.rm}: XA COMMIT: {e}; XA RECOVER failed: {e2}")
                 if not listed:
@@ -415,7 +435,7 @@ class PyMySQLBranch(BranchAdapter):
         self._state = "idle"
         return DONE
 
-    def rollback(self) -> None:
+    def _rollback_steps(self) -> Steps[None]:
         import pymysql
 
         state, self._state = self._state, "idle"
@@ -425,32 +445,26 @@ class PyMySQLBranch(BranchAdapter):
             # Not prepared: XA ROLLBACK, or else closing the session rolls it back.
             try:
                 if state == "active":
-                    self._run(f"XA END {self._x}")
-                self._run(f"XA ROLLBACK {self._x}")
+                    yield self._sql(f"XA END {self._x}")
+                yield self._sql(f"XA ROLLBACK {self._x}")
             except pymysql.err.Error as e:
                 log.debug("%s: rollback of a branch that was not prepared: %s; closing the connection", self.rm, e)
-                self._close()
+                yield from self._close_steps()
             return
         try:
-            self._run(f"XA ROLLBACK {self._x}")
+            yield self._sql(f"XA ROLLBACK {self._x}")
         except pymysql.err.Error as e:
             if _mysql_code(e) in _XA_RB or _mysql_code(e) == _XAER_NOTA:
                 return  # rolled back already (on its own connection, "unknown" means gone).
             self._state = state
-            self._close()  # detaches a prepared branch so that the server can roll it back.
+            yield from self._close_steps()  # detaches a prepared branch so that the server can roll it back.
             raise
-
-    def rollback_quietly(self) -> None:
-        try:
-            self.rollback()
-        except Exception as e:
-            log.debug("%s: rollback after a failed commit: %s", self.rm, e)
 
     @property
     def holds_prepared(self) -> bool:
         return self._state in ("prepared", "in_doubt", "ended")
 
-    def abandon(self) -> None:
+    def _abandon_steps(self) -> Steps[None]:
         """Closes the connection of a prepared (or possibly prepared) branch, which stays
         attached to it (MariaDB lets no other connection finish it), so that the server can
         finish it by name. The server first waits until the connection named in the branch
@@ -459,19 +473,49 @@ class PyMySQLBranch(BranchAdapter):
         if not self.holds_prepared:
             return
         self._state = "idle"
-        self._close()
+        yield from self._close_steps()
 
-    def _close(self) -> None:
+    def _close_steps(self) -> Steps[None]:
+        """Closes the connection (both drivers' ``close()`` is a plain call)."""
         try:
-            self.connection.close()
+            yield Call(self.connection, "close")
         except Exception as e:
             log.debug("%s: closing the connection: %s", self.rm, e)
+
+
+class PyMySQLBranch(MySQLRules, BranchAdapter):
+    """A MariaDB/MySQL branch on a PyMySQL connection: the adapter sends the XA statements
+    (:class:`MySQLRules`), blocking."""
+
+    def _query(self, sql: str) -> Any:
+        with self.connection.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetchall()
+
+    def start(self, xid: Xid) -> None:
+        run_blocking(self._start_steps(xid))
+
+    def prepare(self) -> None:
+        run_blocking(self._prepare_steps())
+
+    def commit_one_phase(self) -> None:
+        run_blocking(self._commit_one_phase_steps())
+
+    def commit_prepared(self) -> PhaseTwo:
+        return run_blocking(self._commit_prepared_steps())
+
+    def rollback(self) -> None:
+        run_blocking(self._rollback_steps())
+
+    def abandon(self) -> None:
+        run_blocking(self._abandon_steps())
 
 
 def adapter_for(connection: Any, rm: str) -> BranchAdapter:
     """The adapter of a driver's connection, recognised by its class (subclasses too):
     psycopg 3 or PyMySQL, or an adapter as is. Anything else, such as a psycopg
-    ``AsyncConnection`` (``tm.atransaction()`` drives it), is refused."""
+    ``AsyncConnection`` or an aiomysql connection (``tm.atransaction()`` drives them), is
+    refused."""
     from .drivers import Driver, driver_of, refusal
 
     driver = driver_of(connection)

@@ -22,6 +22,7 @@ class Driver(enum.Enum):
     PSYCOPG = ("psycopg.Connection", "sync")
     PSYCOPG_ASYNC = ("psycopg.AsyncConnection", "async")
     PYMYSQL = ("pymysql.connections.Connection", "sync")
+    AIOMYSQL = ("aiomysql.connection.Connection", "async")
     BRANCH_ADAPTER = ("decree.BranchAdapter", "sync")
     ASYNC_BRANCH_ADAPTER = ("decree.AsyncBranchAdapter", "async")
 
@@ -53,6 +54,7 @@ def driver_of(connection: Any) -> Driver | None:
         (Driver.PSYCOPG, "psycopg", "Connection"),
         (Driver.PSYCOPG_ASYNC, "psycopg", "AsyncConnection"),
         (Driver.PYMYSQL, "pymysql.connections", "Connection"),
+        (Driver.AIOMYSQL, "aiomysql.connection", "Connection"),
     ):
         cls = _class(module, name)
         if cls is not None and isinstance(connection, cls):
@@ -73,7 +75,7 @@ def refusal(connection: Any, api: str) -> UsageError:
     if driver is None:
         accepted = "a psycopg 3 or PyMySQL connection, or a decree.BranchAdapter"
         if api == "tm.atransaction()":
-            accepted = "a psycopg 3 AsyncConnection, or a decree.AsyncBranchAdapter"
+            accepted = "a psycopg 3 AsyncConnection or an aiomysql Connection, or a decree.AsyncBranchAdapter"
         return UsageError(f"cannot enlist a {name} in {api}: pass {accepted}")
     shown = driver.class_name if name == driver.class_name else f"{name} (a {driver.class_name})"
     return UsageError(f"{shown} is driven by {driver.api}, not {api}")

@@ -40,7 +40,8 @@ from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
 from ._rules import CommitReport as CommitReport
-from ._rules import Driven, ManagerRules, Steps, TransactionRules, settings
+from ._engine import run_blocking as _run
+from ._rules import ManagerRules, TransactionRules, settings
 from .branches import adapter_for
 from .connection import Endpoint, Options, ServerConnection, TlsConfig
 from .errors import UsageError
@@ -49,20 +50,6 @@ log = logging.getLogger("decree")
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-def _run(steps: Steps[T]) -> T:
-    """Carries out an engine of :mod:`decree._rules` with blocking calls, handing each
-    result, or exception, back to it; returns what it returns."""
-    driven = Driven(steps)
-    while driven.call is not None:
-        try:
-            result = driven.call.invoke()
-        except BaseException as e:
-            driven.fail(e)
-        else:
-            driven.answer(result)
-    return driven.value
 
 
 def connect(
