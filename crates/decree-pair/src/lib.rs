@@ -19,6 +19,7 @@
 //! - a member starts as a backup, and promotion refuses a member that has not caught up
 //!   since it started or rejoined, unless forced (and a forced promotion is recorded).
 
+pub mod election;
 pub mod epoch;
 pub mod link;
 pub mod outbox;

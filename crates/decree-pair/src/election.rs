@@ -1,0 +1,301 @@
+//! Who leads a pair when etcd chooses (issue 33): the keys, the records and the etcd
+//! transactions of the election, as pure functions the runtime carries out and the
+//! simulator runs against its model of etcd ([`model`]).
+//!
+//! Per pair, under `{prefix}/{pair}/`:
+//!
+//! | key | written by | lease | holds |
+//! |---|---|---|---|
+//! | `leader` | the member taking the lead | the leader's | [`Leader`]: member, run id, epoch |
+//! | `sync` | the leader only (and the first leader of a new pair) | none: it must outlive its writer | [`SyncRecord`]: the epoch, the members holding every decision acknowledged in it, each with its run id |
+//! | `epoch` | the member taking the lead | none | the count of the latest epoch |
+//! | `members/{id}` | each member | its own | [`Registration`]: run id, addresses |
+//!
+//! The rules, each a transaction (etcd's compare-and-swap on several keys at once):
+//! - **Taking the lead** ([`campaign`]): the leader key is absent, the sync record names this
+//!   member with its current run id for the latest epoch, the counter is what was read. It
+//!   creates the leader key under this member's lease, raises the counter to
+//!   `max(counter, own highest epoch's count) + 1` and rewrites the sync record as "the new
+//!   epoch, this member alone". The new leader may acknowledge alone at once (the old one is
+//!   presumed dead: that is the failover) until a backup catches up and is recorded.
+//! - **Every write of the sync record by a leader** ([`record_sync`]) also requires the
+//!   leader key to hold the writer's lease: a primary paused past its lease cannot land a
+//!   late "backup out of sync" after the backup has taken over, go alone and acknowledge
+//!   what the new primary will presume aborted.
+//! - A member is in sync only while the record names its **current run id**: a backup that
+//!   restarted (and in `received` mode lost what it acknowledged from memory) is out of sync
+//!   until it catches up again and the leader records it.
+//! - A **new pair** (no counter, no sync record) may be led by a member whose log holds no
+//!   epoch. A member whose log holds one finds etcd without the pair's records: etcd lost
+//!   them, and only the operator (`decree promote --force`) may choose who leads.
+//! - **Self-fencing** ([`lease_alive`]): a member acknowledges, answers `Outcome` and calls a
+//!   resource manager only while its lease provably lives: from when its last successful
+//!   keepalive was sent, on a clock that counts suspension, for the TTL etcd answered, less
+//!   a margin.
+
+pub mod model;
+
+use crate::epoch::{Epoch, MemberId, MEMBER_BITS};
+use serde::{Deserialize, Serialize};
+
+/// A process's run id: new at every start, so that a restarted member is not taken for the
+/// one that was in sync.
+pub type RunId = String;
+
+/// An etcd lease id.
+pub type LeaseId = i64;
+
+/// The keys of one pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// The leader key.
+    pub leader: String,
+    /// The sync record's key.
+    pub sync: String,
+    /// The epoch counter's key.
+    pub epoch: String,
+    /// The prefix of the members' registrations.
+    pub members: String,
+}
+
+impl Keys {
+    /// The keys of pair `pair` under `prefix` (no trailing slash needed).
+    pub fn new(prefix: &str, pair: &str) -> Keys {
+        let base = format!("{}/{pair}", prefix.trim_end_matches('/'));
+        Keys {
+            leader: format!("{base}/leader"),
+            sync: format!("{base}/sync"),
+            epoch: format!("{base}/epoch"),
+            members: format!("{base}/members/"),
+        }
+    }
+
+    /// Member `member`'s registration key.
+    pub fn member(&self, member: MemberId) -> String {
+        format!("{}{}", self.members, member.get())
+    }
+}
+
+/// A member and the run id of its current process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InSync {
+    /// The member's id.
+    pub member: u8,
+    /// Its process's run id.
+    pub run: RunId,
+}
+
+/// The sync record: who holds every decision acknowledged in `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRecord {
+    /// The epoch (raw value) the record speaks of.
+    pub epoch: u64,
+    /// The members holding every decision acknowledged in it, the leader first.
+    pub members: Vec<InSync>,
+}
+
+impl SyncRecord {
+    /// Whether the record names `member` with run id `run`.
+    pub fn names(&self, member: MemberId, run: &str) -> bool {
+        self.members.iter().any(|m| m.member == member.get() && m.run == run)
+    }
+}
+
+/// The leader key's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    /// The leading member.
+    pub member: u8,
+    /// Its process's run id.
+    pub run: RunId,
+    /// The epoch it leads (raw value).
+    pub epoch: u64,
+}
+
+/// A member's registration (under its own lease): what the others and `decree status` see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// Its process's run id.
+    pub run: RunId,
+    /// Where it listens for its primary's link.
+    pub link: String,
+    /// Where its clients connect.
+    pub clients: String,
+}
+
+/// A value as read, with the key's modification revision (0: the key is absent), which a
+/// transaction compares so that nothing changed in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read<T> {
+    /// The value, if the key exists.
+    pub value: Option<T>,
+    /// Its modification revision; 0 when absent.
+    pub mod_revision: i64,
+}
+
+impl<T> Read<T> {
+    /// An absent key.
+    pub fn absent() -> Read<T> {
+        Read { value: None, mod_revision: 0 }
+    }
+}
+
+/// What a member read of its pair's keys before campaigning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// The leader key.
+    pub leader: Read<Leader>,
+    /// The sync record.
+    pub sync: Read<SyncRecord>,
+    /// The epoch counter.
+    pub counter: Read<u64>,
+}
+
+/// A member asking to lead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The member.
+    pub member: MemberId,
+    /// Its process's run id.
+    pub run: RunId,
+    /// Its lease, under which the leader key is created.
+    pub lease: LeaseId,
+    /// The highest epoch its log and its `PAIR` record hold.
+    pub highest: Epoch,
+}
+
+/// One condition of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compare {
+    /// The key's modification revision is this (0: the key is absent).
+    ModRevision(String, i64),
+    /// The key exists and is held by this lease.
+    Lease(String, LeaseId),
+}
+
+/// One write of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Puts `value` at `key`, under `lease` when given.
+    Put { key: String, value: String, lease: Option<LeaseId> },
+    /// Deletes `key`.
+    Delete(String),
+}
+
+/// An etcd transaction: if every compare holds, every op is applied, atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Txn {
+    /// The conditions.
+    pub compares: Vec<Compare>,
+    /// The writes, when they hold.
+    pub ops: Vec<Op>,
+}
+
+/// Why a member may not campaign now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotNow {
+    /// Someone leads.
+    #[error("member {0} leads epoch {1}")]
+    Led(u8, Epoch),
+    /// The sync record does not name this member's current process for the latest epoch.
+    #[error("this member is not in sync for epoch {0}: only a member named in the sync record may lead")]
+    OutOfSync(Epoch),
+    /// The pair's records are missing while this member's log holds an epoch.
+    #[error(
+        "etcd holds no record of this pair but this member's log holds epoch {0}: etcd lost its data; \
+         only the operator may choose who leads (decree promote --force)"
+    )]
+    RecordsLost(Epoch),
+    /// The records do not parse, or disagree (a counter below the sync record's epoch).
+    #[error("the pair's records in etcd are inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+/// The epoch of count `count` minted by `member`.
+pub fn epoch_of(count: u64, member: MemberId) -> Epoch {
+    Epoch::from_raw((count << MEMBER_BITS) | u64::from(member.get()))
+}
+
+/// The transaction that makes `me` the leader, and the epoch it will lead, or why it may
+/// not try now. The transaction fails (someone else moved first) unless every key is still
+/// as `view` read it.
+pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch), NotNow> {
+    if let Some(leader) = &view.leader.value {
+        return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)));
+    }
+    let counter = match (&view.sync.value, view.counter.value) {
+        (None, None) if me.highest == Epoch::NONE => 0,
+        (None, None) => return Err(NotNow::RecordsLost(me.highest)),
+        (Some(sync), Some(counter)) => {
+            let epoch = Epoch::from_raw(sync.epoch);
+            if epoch.count() != counter {
+                return Err(NotNow::Inconsistent(format!(
+                    "the sync record speaks of epoch {epoch} and the counter is at {counter}"
+                )));
+            }
+            if !sync.names(me.member, &me.run) {
+                return Err(NotNow::OutOfSync(epoch));
+            }
+            counter
+        }
+        (Some(_), None) => return Err(NotNow::Inconsistent("a sync record without a counter".into())),
+        (None, Some(counter)) => {
+            return Err(NotNow::Inconsistent(format!("a counter at {counter} without a sync record")))
+        }
+    };
+    let epoch = epoch_of(counter.max(me.highest.count()) + 1, me.member);
+    let leader = Leader { member: me.member.get(), run: me.run.clone(), epoch: epoch.raw() };
+    let sync = SyncRecord {
+        epoch: epoch.raw(),
+        members: vec![InSync { member: me.member.get(), run: me.run.clone() }],
+    };
+    let txn = Txn {
+        compares: vec![
+            Compare::ModRevision(keys.leader.clone(), 0),
+            Compare::ModRevision(keys.sync.clone(), view.sync.mod_revision),
+            Compare::ModRevision(keys.epoch.clone(), view.counter.mod_revision),
+        ],
+        ops: vec![
+            Op::Put { key: keys.leader.clone(), value: to_json(&leader), lease: Some(me.lease) },
+            Op::Put { key: keys.epoch.clone(), value: epoch.count().to_string(), lease: None },
+            Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
+        ],
+    };
+    Ok((txn, epoch))
+}
+
+/// The transaction by which the leader `leader` (holding `lease`) records who is in sync
+/// for its epoch: itself and, when `backup` is given, the backup's current process (once it
+/// caught up); without one, the leader alone (the backup is out of sync: only after this
+/// succeeds may the leader acknowledge alone). It fails unless the leader key still holds
+/// the writer's lease.
+pub fn record_sync(keys: &Keys, leader: &Leader, lease: LeaseId, backup: Option<InSync>) -> Txn {
+    let mut members = vec![InSync { member: leader.member, run: leader.run.clone() }];
+    members.extend(backup);
+    let sync = SyncRecord { epoch: leader.epoch, members };
+    Txn {
+        compares: vec![Compare::Lease(keys.leader.clone(), lease)],
+        ops: vec![Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None }],
+    }
+}
+
+/// Whether a lease is provably alive at `now`: its last successful keepalive was sent at
+/// `sent`, etcd answered `ttl`, and `margin` covers clock drift and the time etcd took to
+/// act on the keepalive. All in nanoseconds of one monotonic clock that counts suspension
+/// (CLOCK_BOOTTIME): a process paused or a machine suspended does not stop it.
+pub fn lease_alive(sent: u64, ttl: u64, margin: u64, now: u64) -> bool {
+    now >= sent && now - sent < ttl.saturating_sub(margin)
+}
+
+/// A record's JSON, as it is stored in etcd (readable with `etcdctl get`).
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("the records serialize")
+}
+
+/// A record read from etcd, or what is wrong with it (naming the key).
+pub fn from_json<T: for<'de> Deserialize<'de>>(key: &str, text: &str) -> Result<T, NotNow> {
+    serde_json::from_str(text).map_err(|e| NotNow::Inconsistent(format!("{key} holds {text:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests;

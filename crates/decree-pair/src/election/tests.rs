@@ -1,0 +1,243 @@
+//! The election's rules against the model of etcd: the sequences of issue 33 (a new pair, a
+//! failover, a restarted backup, a late out-of-sync write, an alone primary whose lease
+//! lapsed, etcd's data lost) and the lease's fence.
+
+use super::model::Etcd;
+use super::*;
+
+const SECOND: u64 = 1_000_000_000;
+const TTL: u64 = SECOND;
+
+fn keys() -> Keys {
+    Keys::new("/decree/", "orders")
+}
+
+fn m(id: u8) -> MemberId {
+    MemberId::new(id).unwrap()
+}
+
+/// What a member reads of its pair's keys at `now`.
+fn view(etcd: &mut Etcd, now: u64) -> View {
+    let k = keys();
+    let read = |etcd: &mut Etcd, key: &str| etcd.get(now, key);
+    let leader = read(etcd, &k.leader);
+    let sync = read(etcd, &k.sync);
+    let counter = read(etcd, &k.epoch);
+    View {
+        leader: Read {
+            value: leader.as_ref().map(|e| from_json(&k.leader, &e.value).unwrap()),
+            mod_revision: leader.map_or(0, |e| e.mod_revision),
+        },
+        sync: Read {
+            value: sync.as_ref().map(|e| from_json(&k.sync, &e.value).unwrap()),
+            mod_revision: sync.map_or(0, |e| e.mod_revision),
+        },
+        counter: Read {
+            value: counter.as_ref().map(|e| e.value.parse().unwrap()),
+            mod_revision: counter.map_or(0, |e| e.mod_revision),
+        },
+    }
+}
+
+fn candidate(etcd: &mut Etcd, now: u64, id: u8, run: &str, highest: Epoch) -> Candidate {
+    Candidate { member: m(id), run: run.into(), lease: etcd.grant(now, TTL), highest }
+}
+
+/// `me` campaigns at `now`: the epoch it leads, or why not.
+fn campaign_at(etcd: &mut Etcd, now: u64, me: &Candidate) -> Result<Epoch, NotNow> {
+    let (txn, epoch) = campaign(&view(etcd, now), me, &keys())?;
+    assert!(etcd.txn(now, &txn), "nobody moved between the read and the transaction");
+    Ok(epoch)
+}
+
+fn sync_record(etcd: &mut Etcd, now: u64) -> SyncRecord {
+    from_json(&keys().sync, &etcd.get(now, &keys().sync).expect("a sync record").value).unwrap()
+}
+
+fn leader_of(epoch: Epoch, run: &str) -> Leader {
+    Leader { member: epoch.member().unwrap().get(), run: run.into(), epoch: epoch.raw() }
+}
+
+#[test]
+fn a_new_pair_is_led_by_the_first_fresh_member_and_the_second_is_told_who_leads() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let epoch = campaign_at(&mut etcd, 0, &a).unwrap();
+    assert_eq!(epoch.to_string(), "1.1");
+    assert_eq!(campaign_at(&mut etcd, 0, &b), Err(NotNow::Led(1, epoch)));
+    assert_eq!(
+        sync_record(&mut etcd, 0),
+        SyncRecord { epoch: epoch.raw(), members: vec![InSync { member: 1, run: "run-a".into() }] }
+    );
+    assert_eq!(etcd.get(0, &keys().epoch).unwrap().value, "1");
+    assert_eq!(
+        etcd.get(0, &keys().leader).unwrap().lease,
+        Some(a.lease),
+        "the leader key lives with its lease"
+    );
+}
+
+#[test]
+fn two_members_campaigning_from_the_same_view_elect_one() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let seen = view(&mut etcd, 0);
+    let (txn_a, _) = campaign(&seen, &a, &keys()).unwrap();
+    let (txn_b, _) = campaign(&seen, &b, &keys()).unwrap();
+    assert!(etcd.txn(0, &txn_b));
+    assert!(!etcd.txn(0, &txn_a), "the second transaction finds the keys moved");
+    assert_eq!(view(&mut etcd, 0).leader.value.unwrap().member, 2);
+}
+
+#[test]
+fn the_in_sync_backup_takes_over_when_the_leaders_lease_expires_with_a_higher_epoch() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    assert_eq!(campaign_at(&mut etcd, 0, &b), Err(NotNow::Led(1, one)));
+    // The backup caught up: the leader records it.
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup))));
+    // The leader dies: no keepalive; the backup's lease is kept alive.
+    assert!(etcd.keep_alive(b.lease, TTL / 2, TTL));
+    let later = TTL + 1;
+    assert!(etcd.keep_alive(b.lease, later, TTL));
+    let two = campaign_at(&mut etcd, later, &b).unwrap();
+    assert_eq!(two.to_string(), "2.2");
+    assert_eq!(
+        sync_record(&mut etcd, later).members,
+        vec![InSync { member: 2, run: "run-b".into() }],
+        "alone at first"
+    );
+}
+
+#[test]
+fn the_new_epoch_is_above_the_members_own_highest_epoch() {
+    let mut etcd = Etcd::default();
+    // A member whose log holds 7.2 (a forced promotion etcd never recorded) leads a new
+    // pair's first epoch above it, so that 7.2's Xids are an older incarnation's to it.
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    campaign_at(&mut etcd, 0, &a).unwrap();
+    let b = candidate(&mut etcd, 0, 2, "run-b", epoch_of(7, m(2)));
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(epoch_of(1, m(1)), "run-a"), a.lease, Some(backup))));
+    etcd.revoke(a.lease);
+    assert_eq!(campaign_at(&mut etcd, 0, &b).unwrap().to_string(), "8.2");
+}
+
+#[test]
+fn a_restarted_backup_is_out_of_sync_until_recorded_again() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup))));
+    etcd.revoke(a.lease);
+    // The backup restarted (in `received` mode it lost what it acknowledged from memory).
+    let b = candidate(&mut etcd, 0, 2, "run-b2", Epoch::NONE);
+    assert_eq!(campaign_at(&mut etcd, 0, &b), Err(NotNow::OutOfSync(one)));
+    assert!(etcd.get(0, &keys().leader).is_none(), "nobody leads: the operator decides");
+}
+
+/// The bug this rule prevents: a primary paused past its lease lands a late "backup out of
+/// sync" after the backup took over, then goes alone and acknowledges decisions the new
+/// primary will presume aborted.
+#[test]
+fn a_late_out_of_sync_write_of_a_deposed_leader_is_refused() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup))));
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let later = TTL + 1; // A was paused past its lease.
+    assert!(etcd.keep_alive(b.lease, TTL / 2, TTL));
+    assert!(etcd.keep_alive(b.lease, later, TTL));
+    let two = campaign_at(&mut etcd, later, &b).unwrap();
+    // A resumes and records its backup out of sync, to go alone.
+    let late = record_sync(&keys(), &leader_of(one, "run-a"), a.lease, None);
+    assert!(!etcd.txn(later, &late), "the leader key is not A's any more");
+    assert_eq!(sync_record(&mut etcd, later).epoch, two.raw());
+    // Even with a fresh lease: the leader key holds B's.
+    let fresh = etcd.grant(later, TTL);
+    assert!(!etcd.txn(later, &record_sync(&keys(), &leader_of(one, "run-a"), fresh, None)));
+}
+
+#[test]
+fn a_primary_alone_whose_lease_lapsed_can_lead_again_and_its_out_of_sync_backup_cannot() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    // The link was cut: the leader records itself alone, then acknowledges alone.
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, None)));
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let later = TTL + 1;
+    assert!(etcd.keep_alive(b.lease, TTL / 2, TTL));
+    assert!(etcd.keep_alive(b.lease, later, TTL));
+    assert_eq!(
+        campaign_at(&mut etcd, later, &b),
+        Err(NotNow::OutOfSync(one)),
+        "B lacks what A acknowledged alone"
+    );
+    // A returns (the same process, paused past its lease): still named, it leads again.
+    let again = Candidate { lease: etcd.grant(later, TTL), ..a.clone() };
+    assert_eq!(campaign_at(&mut etcd, later, &again).unwrap().to_string(), "2.1");
+}
+
+#[test]
+fn a_member_with_an_epoch_finding_no_records_leaves_the_choice_to_the_operator() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", epoch_of(3, m(1)));
+    assert_eq!(campaign_at(&mut etcd, 0, &a), Err(NotNow::RecordsLost(epoch_of(3, m(1)))));
+    assert!(etcd.get(0, &keys().leader).is_none());
+}
+
+#[test]
+fn inconsistent_or_unreadable_records_are_named() {
+    let k = keys();
+    let sync =
+        SyncRecord { epoch: epoch_of(4, m(1)).raw(), members: vec![InSync { member: 2, run: "r".into() }] };
+    let v = View {
+        leader: Read::absent(),
+        sync: Read { value: Some(sync), mod_revision: 5 },
+        counter: Read { value: Some(3), mod_revision: 6 },
+    };
+    let me = Candidate { member: m(2), run: "r".into(), lease: 1, highest: Epoch::NONE };
+    let e = campaign(&v, &me, &k).unwrap_err().to_string();
+    assert!(e.contains("epoch 4.1") && e.contains("counter is at 3"), "{e}");
+    let e = from_json::<SyncRecord>(&k.sync, "{\"epoch\":1}").unwrap_err().to_string();
+    assert!(e.contains("/decree/orders/sync") && e.contains("members"), "{e}");
+}
+
+#[test]
+fn a_lease_is_alive_only_within_its_ttl_less_the_margin_from_when_its_keepalive_was_sent() {
+    let margin = SECOND / 5;
+    for (sent, now, alive) in [
+        (0, 0, true),
+        (0, TTL - margin - 1, true),
+        (0, TTL - margin, false),
+        (0, TTL, false),
+        (10 * SECOND, 10 * SECOND + SECOND / 2, true),
+        (10 * SECOND, 9 * SECOND, false), // a clock that went back proves nothing
+    ] {
+        assert_eq!(lease_alive(sent, TTL, margin, now), alive, "sent {sent}, now {now}");
+    }
+    assert!(!lease_alive(0, margin, margin, 0), "a margin as long as the TTL leaves nothing");
+}
+
+#[test]
+fn the_keys_sit_under_the_prefix_and_the_pair() {
+    let k = keys();
+    assert_eq!(
+        (k.leader.as_str(), k.sync.as_str(), k.epoch.as_str(), k.member(m(2))),
+        (
+            "/decree/orders/leader",
+            "/decree/orders/sync",
+            "/decree/orders/epoch",
+            "/decree/orders/members/2".to_string()
+        )
+    );
+}
