@@ -675,6 +675,54 @@ fn an_impostor_on_the_link_ports_deposes_no_one_and_a_wrong_secret_never_links()
     assert_eq!((sa["epoch"].as_str(), &sa["caught_up"]), (Some("1.1"), &false.into()), "never linked: {sa}");
 }
 
+/// The bug this guards against (issue 32, defect 14, found by the simulator): the member
+/// that led the newest epoch lost its disk, the survivor was forced to lead and minted a
+/// lower epoch, and the branches prepared under the lost epoch looked like a later
+/// incarnation's to it: never rolled back, their locks held for good. A promotion now mints
+/// above the newest incarnation among this node's prepared branches, and recovery rolls
+/// those back (no decision survives anywhere).
+#[test]
+fn pg_a_promotion_mints_above_a_lost_epochs_prepared_branch_and_recovery_rolls_it_back() {
+    use decree_core::ResourceManager;
+    let Ok(dsn) = std::env::var("DECREE_TEST_PG_A") else {
+        eprintln!("skipped: DECREE_TEST_PG_A is not set (scripts/test-dbs.sh)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node: u32 = rand_node();
+    let rm = format!("[[rm]]\nname = \"pg-a\"\nkind = \"postgres\"\ndsn = \"{dsn}\"\n");
+    let (link_a, link_b) = (free_port(), free_port());
+    let b = member_with(dir.path(), "b", 2, link_b, link_a, "a", &rm);
+    let text = std::fs::read_to_string(&b.config).unwrap().replace("node = 5\n", &format!("node = {node}\n"));
+    std::fs::write(&b.config, text).unwrap();
+    // Prepared under epoch 9.1 by a primary whose disk is gone: no log holds that epoch.
+    let lost = Xid::decree(Origin { node, incarnation: (9 << 8) | 1, session: 1, sequence: 1 }).branch(0);
+    let mut pg = decree_rm::PgRm::connect("pg-a", &dsn).unwrap();
+    // A branch that wrote nothing would be read-only: committed at its prepare.
+    pg.client().unwrap().batch_execute("CREATE TABLE IF NOT EXISTS lost_epoch (id bigint)").unwrap();
+    pg.start(&lost).unwrap();
+    pg.client().unwrap().batch_execute("INSERT INTO lost_epoch VALUES (1)").unwrap();
+    pg.end(&lost).unwrap();
+    pg.prepare(&lost).unwrap();
+    let prepared = |pg: &decree_rm::PgRm| -> i64 {
+        let row = pg
+            .client()
+            .unwrap()
+            .query_one("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", &[&lost.to_gid()]);
+        row.unwrap().get(0)
+    };
+    assert_eq!(prepared(&pg), 1);
+    let _server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &b);
+    assert!(ok && text.contains("leads epoch 10.2"), "minted above the lost epoch 9.1: {text}");
+    eventually("recovery rolls the lost epoch's branch back", || prepared(&pg) == 0);
+}
+
+fn rand_node() -> u32 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    1_000_000 + nanos % 1_000_000_000
+}
+
 /// Gives `m` a metrics endpoint on `port` (a top-level key, so before the sections).
 fn with_metrics(m: Member, port: u16) -> Member {
     let text = std::fs::read_to_string(&m.config).unwrap();

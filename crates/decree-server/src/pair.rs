@@ -362,7 +362,11 @@ pub(crate) async fn run(
                 // When the operator asked, not when the member started: `decree status`
                 // shows how long ago it was promoted and how long the promotion took.
                 let asked = (std::time::SystemTime::now(), std::time::Instant::now());
-                match follower.promote(forced) {
+                let listing = (factories.clone(), config.node);
+                let prepared = tokio::task::spawn_blocking(move || prepared_highest(&listing.0, listing.1))
+                    .await
+                    .unwrap_or(Epoch::NONE);
+                match follower.promote(forced, prepared) {
                     Ok(node) => break (node, reply, forced, asked),
                     Err(e) => { let _ = reply.send(format!("refused: {e}")); }
                 }
@@ -409,6 +413,31 @@ pub(crate) async fn run(
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
     }
+}
+
+/// The newest incarnation among node `node`'s prepared branches in the resource managers.
+/// A promotion mints above it, so that the branches of an epoch this member never heard of
+/// (its leader's disk was lost, then this member was forced to lead) are an older
+/// incarnation's to it, which recovery rolls back, instead of a newer one's, which nobody
+/// ever would (issue 32, defect 14). A resource manager that cannot be listed is named in
+/// the log and skipped: its branches of such an epoch stay prepared.
+pub(crate) fn prepared_highest(factories: &[Arc<dyn RmFactory>], node: u32) -> Epoch {
+    let mut highest = Epoch::NONE;
+    for factory in factories {
+        match factory.connect().and_then(|mut rm| rm.recover()) {
+            Ok(prepared) => {
+                let ours = prepared.iter().filter_map(|x| x.origin()).filter(|o| o.node == node);
+                highest = ours.map(|o| Epoch::from_raw(o.incarnation)).fold(highest, Epoch::max);
+            }
+            Err(e) => tracing::warn!(
+                rm = factory.name(),
+                error = %e,
+                "the promotion cannot list this resource manager's prepared branches: branches of an epoch \
+                 this member never heard of, if it holds any, will stay prepared"
+            ),
+        }
+    }
+    highest
 }
 
 /// Keeps the link address `link` this member's as a primary: an old primary that dials it

@@ -186,3 +186,9 @@ pub fn follow(
     let pair = config.pair.as_ref().expect("a pair member has a [pair]");
     crate::pair::follow(config, pair, log, outcomes, storage)
 }
+
+/// The newest incarnation among node `node`'s prepared branches in the resource managers
+/// of `factories`, which a promotion mints above, as `pair.rs` computes it.
+pub fn prepared_highest(factories: &[Arc<dyn decree_core::rm::RmFactory>], node: u32) -> decree_pair::Epoch {
+    crate::pair::prepared_highest(factories, node)
+}

@@ -315,7 +315,10 @@ impl World {
     pub fn promote(&mut self, index: usize, forced: bool, why: &str) -> bool {
         let Proc::Backup(backup) = &self.members[index].proc else { return false };
         let follower = backup.follower.clone();
-        let node = match follower.promote(forced) {
+        // As `pair.rs` does: above the newest incarnation among this node's prepared branches.
+        let prepared =
+            decree_server::sim_api::prepared_highest(&self.databases.factories(index as u8 + 1), NODE);
+        let node = match follower.promote(forced, prepared) {
             Ok(node) => node,
             Err(e) => {
                 let line = format!("member {}: promotion refused: {e}", index + 1);

@@ -223,18 +223,21 @@ impl Follower {
     }
 
     /// The operator's promotion: steps the rules (refused on a member that has not caught
-    /// up, unless `forced`) with the highest epoch the copy's Xids carry, and makes the new
+    /// up, unless `forced`) with the highest epoch the copy's Xids carry, or this node's
+    /// prepared branches in the resource managers (`prepared_highest`), and makes the new
     /// epoch (and a forced promotion) durable in `PAIR` before returning the node, which
     /// now leads. The caller stops this follower before it serves anything.
-    pub fn promote(&self, forced: bool) -> Result<Node, PromoteError> {
+    pub fn promote(&self, forced: bool, prepared_highest: Epoch) -> Result<Node, PromoteError> {
         let log_highest = self.replica.lock().highest_incarnation();
         let mut node = self.node.lock();
         let mut promoted = *node;
         self.state.change(
             |previous| {
                 // A newer epoch the link recorded and the rules have not stepped yet counts
-                // too: the promotion mints above it, never below (issue 32, defect 7).
-                let highest = log_highest.max(previous.seen);
+                // too: the promotion mints above it, never below (issue 32, defect 7). So
+                // does the newest incarnation among this node's prepared branches: an epoch
+                // whose leader's disk was lost is known only there (defect 14).
+                let highest = log_highest.max(previous.seen).max(prepared_highest);
                 let commands = promoted
                     .step(Event::Promote { forced, log_highest: highest })
                     .map_err(PromoteError::Refused)?;
