@@ -116,16 +116,22 @@ async fn a_wrong_secret_is_refused_on_both_ends_with_the_reason() {
     assert!(accepted.contains("closed the link while proving"), "{accepted}");
 }
 
-#[tokio::test]
-async fn a_dialler_that_answers_wrongly_gets_a_refusal_verdict() {
-    // A dialler that skips the listener's proof and answers with a made-up MAC.
+/// A listener with the right secret accepting one connection, and that connection: the
+/// test speaks for the dialler by hand.
+async fn listener_with_the_right_secret() -> (TcpStream, tokio::task::JoinHandle<Result<(), String>>) {
     let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = socket.local_addr().unwrap();
     let accepting = tokio::spawn(async move {
         let (stream, from) = socket.accept().await.unwrap();
         SharedSecret(secret(RIGHT)).accept(stream, from).await.map(|_| ())
     });
-    let mut stream = TcpStream::connect(addr).await.unwrap();
+    (TcpStream::connect(addr).await.unwrap(), accepting)
+}
+
+#[tokio::test]
+async fn a_dialler_that_answers_wrongly_gets_a_refusal_verdict() {
+    // A dialler that skips the listener's proof and answers with a made-up MAC.
+    let (mut stream, accepting) = listener_with_the_right_secret().await;
     write_frame(&mut stream, &AuthFrame::Challenge { nonce: [7; NONCE_BYTES] }).await.unwrap();
     assert!(matches!(read_frame(&mut stream).await.unwrap(), AuthFrame::Proof { .. }));
     write_frame(&mut stream, &AuthFrame::Answer { mac: [9; 32] }).await.unwrap();
@@ -142,13 +148,7 @@ async fn a_hello_without_proof_and_a_tls_handshake_are_refused_by_name() {
         (vec![0x16, 3, 1, 0, 200, 1], "speaks TLS"),
         (vec![0, 1, 0, 0, 1, 1], "where an authentication frame"),
     ] {
-        let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = socket.local_addr().unwrap();
-        let accepting = tokio::spawn(async move {
-            let (stream, from) = socket.accept().await.unwrap();
-            SharedSecret(secret(RIGHT)).accept(stream, from).await.map(|_| ())
-        });
-        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let (mut stream, accepting) = listener_with_the_right_secret().await;
         stream.write_all(&first).await.unwrap();
         let refused = accepting.await.unwrap().unwrap_err();
         assert!(refused.contains(expected), "{refused}");
