@@ -68,24 +68,7 @@ install_missing() {
     service etcd stop >/dev/null 2>&1 || true
 }
 
-# True when a server could not bind 127.0.0.1:$1: something accepts connections there, or
-# (seen with ss) any TCP socket holds it as its local port.
-port_busy() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
-}
-
-free_port_from() {
-    local p=$1 i
-    for ((i = 0; i < PORT_TRIES_MAX; i++)); do
-        if ! port_busy "$p"; then echo "$p"; return; fi
-        p=$((p + 1))
-    done
-    die "no free TCP port in $1..$p on 127.0.0.1"
-}
-
-# The last lines of a member's log, for an error that says why it did not start.
-log_tail() { [ -f "$1" ] && tail -n 15 "$1" | sed 's/^/    /' || true; }
+. "$(dirname "$0")/test-ports.sh"
 
 client_port() { cat "$BASE/$1.client-port" 2>/dev/null; }
 peer_port() { cat "$BASE/$1.peer-port" 2>/dev/null; }

@@ -34,10 +34,15 @@ pub fn prefix(test: &str) -> String {
     format!("/decree-test/{test}/{}-{nanos}/", std::process::id())
 }
 
+/// The script that runs the test cluster (`env` names it; else this source tree's).
+pub fn script() -> String {
+    std::env::var("DECREE_TEST_ETCD_SCRIPT")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/test-etcd.sh").to_string())
+}
+
 /// Runs `scripts/test-etcd.sh` (kill or restart members), failing the test if it fails.
 pub fn members(args: &[&str]) {
-    let script = std::env::var("DECREE_TEST_ETCD_SCRIPT")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/test-etcd.sh").to_string());
+    let script = script();
     let status = std::process::Command::new(&script).args(args).status().expect("run scripts/test-etcd.sh");
     assert!(status.success(), "{script} {} failed: {status}", args.join(" "));
 }
