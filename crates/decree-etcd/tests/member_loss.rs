@@ -19,12 +19,7 @@ impl Drop for RestartOnDrop {
         if std::thread::panicking() {
             let mut args = vec!["restart"];
             args.extend_from_slice(self.0);
-            let _ = std::process::Command::new(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../scripts/test-etcd.sh"
-            ))
-            .args(&args)
-            .status();
+            let _ = std::process::Command::new(common::script()).args(&args).status();
         }
     }
 }
