@@ -163,11 +163,12 @@ impl Etcd {
     }
 
     /// Runs one etcd request under the request timeout, naming the operation in its error.
-    /// An idempotent request (`Retry::Yes`) that fails because a connection is down is sent
-    /// again until the deadline: the client meets a dead member's connection once before it
-    /// stops using it, and one member down must change nothing for the pair. A transaction
-    /// is never sent twice: a first attempt may have been applied, and its compares would
-    /// fail on the second, turning success into an apparent failure.
+    /// A request that never left (no connection could be made to the member the client
+    /// picked) is sent again until the deadline, and so is an idempotent one (`Retry::Yes`)
+    /// whose connection failed under it: the client meets a dead member's connection before
+    /// it stops using it, and one member down must change nothing for the pair. A
+    /// transaction lost with its connection is not sent again: it may have been applied, and
+    /// its compares would fail the second time, turning success into an apparent failure.
     pub(crate) async fn call<T, F>(
         &self,
         operation: Operation,
@@ -182,7 +183,7 @@ impl Etcd {
             let attempt = tokio::time::timeout_at(deadline, request(self.client.clone())).await;
             match attempt {
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e)) if retry == Retry::Yes && connection_failed(&e) => {
+                Ok(Err(e)) if never_sent(&e) || (retry == Retry::Yes && connection_failed(&e)) => {
                     if tokio::time::Instant::now() + RETRY_PAUSE >= deadline {
                         let cause = Cause::Unreachable { timeout: self.request_timeout, last: e };
                         return Err(self.error(operation, cause));
@@ -257,9 +258,6 @@ pub(crate) enum Retry {
 /// The pause between two attempts of an idempotent request.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// gRPC's UNAVAILABLE status code (tonic's `Code::Unavailable`).
-const GRPC_UNAVAILABLE: i32 = 14;
-
 /// True when `e` says a connection failed (refused, reset, closed), not that etcd refused the
 /// request: sending it again, on another connection, may succeed.
 pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
@@ -269,10 +267,24 @@ pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
         etcd_client::Error::LeaseKeepAliveError(_) => true,
         // tonic reports a request lost with its connection as UNKNOWN "transport error".
         etcd_client::Error::GRpcStatus(status) => {
-            status.code() as i32 == GRPC_UNAVAILABLE || status.message() == "transport error"
+            status.code() == tonic::Code::Unavailable || status.message() == "transport error"
         }
         _ => false,
     }
+}
+
+/// True when `e` says no connection could be made (tonic's `ConnectError` in the chain): the
+/// request never reached etcd, so even a transaction may be sent again.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else { return false };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    while let Some(err) = cause {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 fn tls_options(paths: &TlsPaths) -> Result<TlsOptions, Cause> {

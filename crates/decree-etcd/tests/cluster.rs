@@ -165,3 +165,24 @@ async fn next_events(watch: &mut decree_etcd::PrefixWatch) -> Vec<WatchEvent> {
         .expect("a watch event within 10 s")
         .unwrap()
 }
+
+#[tokio::test]
+async fn streams_outlive_the_request_timeout() {
+    let Some(endpoints) = common::endpoints() else { return };
+    let mut config = decree_etcd::EtcdConfig::new(endpoints);
+    config.request_timeout = Duration::from_millis(500);
+    let etcd = decree_etcd::Etcd::connect(&config).await.unwrap();
+    let prefix = common::prefix("quiet");
+    let mut watch = etcd.watch_prefix(prefix.clone(), None).await.unwrap();
+    let lease = etcd.grant_lease(Duration::from_secs(10)).await.unwrap();
+    let mut keepalive = etcd.keep_alive(lease.id);
+    keepalive.renew().await.unwrap();
+    // A backup watches the leader key for as long as its primary lives, and a lease is
+    // renewed every third of its TTL: both streams stay quiet far longer than a request.
+    tokio::time::sleep(config.request_timeout * 3).await;
+    keepalive.renew().await.expect("a keepalive after a quiet spell");
+    assert!(etcd.txn(&[], &[put(&format!("{prefix}k"), "v")], &[]).await.unwrap().succeeded);
+    let events = next_events(&mut watch).await;
+    assert!(matches!(&events[..], [WatchEvent::Put(e)] if e.value == b"v"), "{events:?}");
+    etcd.revoke_lease(lease.id).await.unwrap();
+}
