@@ -315,3 +315,42 @@ fn to_txn_op(op: &Op) -> etcd_client::TxnOp {
         Op::Get(key) => etcd_client::TxnOp::get(key.clone(), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connect_names_a_missing_tls_file_and_refuses_no_endpoints() {
+        let mut config = EtcdConfig::new(["https://127.0.0.1:1"]);
+        let missing = PathBuf::from("/nonexistent/decree-etcd-ca.pem");
+        config.tls = Some(TlsPaths { ca: missing.clone(), cert: missing.clone(), key: missing });
+        let Err(e) = Etcd::connect(&config).await else { panic!("connected with a missing CA file") };
+        assert!(matches!(e.cause, Cause::TlsFile { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with(
+                "etcd at https://127.0.0.1:1: connect failed: cannot read /nonexistent/decree-etcd-ca.pem: "
+            ),
+            "{e}"
+        );
+
+        let Err(e) = Etcd::connect(&EtcdConfig::new(Vec::<String>::new())).await else {
+            panic!("connected to nothing")
+        };
+        assert!(matches!(e.cause, Cause::Invalid(_)), "{e}");
+    }
+
+    #[test]
+    fn a_refused_connection_is_never_sent_and_a_refusal_is_not_a_connection_failure() {
+        let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        ))));
+        let refused = etcd_client::Error::GRpcStatus(refused);
+        assert!(never_sent(&refused) && connection_failed(&refused), "{refused}");
+        let lost = etcd_client::Error::GRpcStatus(tonic::Status::unknown("transport error"));
+        assert!(!never_sent(&lost) && connection_failed(&lost), "{lost}");
+        let refusal =
+            etcd_client::Error::GRpcStatus(tonic::Status::failed_precondition("etcdserver: no leader"));
+        assert!(!never_sent(&refusal) && !connection_failed(&refusal), "{refusal}");
+    }
+}
