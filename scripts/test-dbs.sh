@@ -99,28 +99,10 @@ install_missing() {
     apt-get install -y -qq "${pkgs[@]}" >/dev/null
 }
 
-# True when a server could not bind 127.0.0.1:$1: something accepts connections there, or
-# (seen with ss) any TCP socket holds it as its local port, such as one end of an open
-# connection whose ephemeral port it is (the defaults lie in Linux's ephemeral range).
-port_busy() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
-}
-
-# The last lines of a server's log, for an error that says why it did not start.
-log_tail() { [ -f "$1" ] && tail -n 15 "$1" | sed 's/^/    /' || true; }
+. "$(dirname "$0")/test-ports.sh"
 
 # Start attempts, for a server stopped by a port taken between the check and its bind.
 START_TRIES_MAX=3
-
-free_port_from() {
-    local p=$1 i
-    for ((i = 0; i < PORT_TRIES_MAX; i++)); do
-        if ! port_busy "$p"; then echo "$p"; return; fi
-        p=$((p + 1))
-    done
-    die "no free TCP port in $1..$p on 127.0.0.1"
-}
 
 prepare_base() {
     mkdir -p "$BASE"

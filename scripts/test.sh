@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: starts throwaway PostgreSQL and MariaDB servers on loopback
-# (installing them from the distribution's packages when missing and running as root),
-# runs every workspace test against them, then the Python client's tests
+# Runs the whole test suite: starts throwaway PostgreSQL and MariaDB servers and a 3-member
+# etcd cluster on loopback (installing them from the distribution's packages when missing and
+# running as root), runs every workspace test against them, then the Python client's tests
 # (scripts/test-python.sh: a real `decree serve` and the same databases), and stops the
-# databases again, whatever the outcome. Arguments go to `cargo test`.
+# databases and etcd again, whatever the outcome. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-dbs.sh start
 trap 'scripts/test-dbs.sh stop' EXIT
 eval "$(scripts/test-dbs.sh env)"
+# A 3-member etcd cluster on loopback for the pair's election (installs etcd-server and
+# protobuf-compiler, which the etcd client crate's build runs, when missing and root).
+scripts/test-etcd.sh start
+trap 'scripts/test-etcd.sh stop; scripts/test-dbs.sh stop' EXIT
+eval "$(scripts/test-etcd.sh env)"
 
 cargo test --workspace --release "$@"
 # Every interleaving of the pair's state changes (crates/decree-pair/src/state_cell.rs).
