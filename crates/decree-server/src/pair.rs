@@ -324,13 +324,7 @@ pub(crate) async fn run(
     let pair = config.pair.clone().expect("pair mode has a [pair]");
     let log_config = config.log_config()?;
     let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
-    let transport: Arc<dyn Transport> = match (&pair.tls, &pair.secret_file) {
-        (Some(tls), _) => Arc::new(crate::link_tls::LinkTls::load(tls)?),
-        (None, Some(secret)) => Arc::new(crate::link_secret::SharedSecret(Arc::new(
-            crate::link_secret::LinkSecret::load(secret)?,
-        ))),
-        (None, None) => unreachable!("validate_pair refuses a pair whose link is not authenticated"),
-    };
+    let transport = link_transport(&pair)?;
     let follower = open_follower(&config, &log_config, &pair, transport.clone())?;
     let member = Arc::new(Mutex::new(Member::Backup(follower.clone(), pair.ack)));
     let (promote_tx, mut promote_rx) = mpsc::channel::<PromoteRequest>(4);
@@ -413,6 +407,18 @@ pub(crate) async fn run(
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
     }
+}
+
+/// How the link proves each member to the other: TLS with the pair's certificates, or the
+/// pair's secret (validation refuses a pair with neither).
+fn link_transport(pair: &PairConfig) -> Result<Arc<dyn Transport>, ServerError> {
+    Ok(match (&pair.tls, &pair.secret_file) {
+        (Some(tls), _) => Arc::new(crate::link_tls::LinkTls::load(tls)?),
+        (None, Some(secret)) => Arc::new(crate::link_secret::SharedSecret(Arc::new(
+            crate::link_secret::LinkSecret::load(secret)?,
+        ))),
+        (None, None) => unreachable!("validate_pair refuses a pair whose link is not authenticated"),
+    })
 }
 
 /// The newest incarnation among node `node`'s prepared branches in the resource managers.
