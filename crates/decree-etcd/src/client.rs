@@ -69,6 +69,9 @@ pub enum Compare {
     /// The key holds exactly this value: the counter and the sync record are rewritten only
     /// if they still hold what was read.
     ValueIs(Vec<u8>, Vec<u8>),
+    /// The key's last write was at this revision (0: the key is absent): nothing wrote it
+    /// since it was read, which the election's `campaign` asks of every key it read.
+    ModRevisionIs(Vec<u8>, i64),
 }
 
 /// One operation of a transaction's branch.
@@ -301,6 +304,9 @@ fn to_compare(compare: &Compare) -> etcd_client::Compare {
         Compare::LeaseIs(key, lease) => etcd_client::Compare::lease(key.clone(), CompareOp::Equal, lease.0),
         Compare::ValueIs(key, value) => {
             etcd_client::Compare::value(key.clone(), CompareOp::Equal, value.clone())
+        }
+        Compare::ModRevisionIs(key, revision) => {
+            etcd_client::Compare::mod_revision(key.clone(), CompareOp::Equal, *revision)
         }
     }
 }

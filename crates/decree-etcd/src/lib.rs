@@ -21,6 +21,7 @@
 
 mod boot_clock;
 mod client;
+pub mod election;
 mod error;
 mod lease;
 mod watch;
