@@ -24,7 +24,9 @@
 //!   what the new primary will presume aborted.
 //! - A member is in sync only while the record names its **current run id**: a backup that
 //!   restarted (and in `received` mode lost what it acknowledged from memory) is out of sync
-//!   until it catches up again and the leader records it.
+//!   until it catches up again and the leader records it. The leader that wrote the record
+//!   is the exception ([`SyncRecord::led_by`]): its own log holds what it acknowledged, so
+//!   it may lead again from a new process, as long as its log knows the record's epoch.
 //! - A **new pair** (no counter, no sync record) may be led by a member whose log holds no
 //!   epoch. A member whose log holds one finds etcd without the pair's records: etcd lost
 //!   them, and only the operator (`decree promote --force`) may choose who leads.
@@ -98,6 +100,18 @@ impl SyncRecord {
     /// Whether the record names `member` with run id `run`.
     pub fn names(&self, member: MemberId, run: &str) -> bool {
         self.members.iter().any(|m| m.member == member.get() && m.run == run)
+    }
+
+    /// Whether `candidate` is the leader that wrote this record, back in any process: the
+    /// record's epoch is one it minted, it is named first, and its log and `PAIR` know the
+    /// epoch (a member whose disk was lost does not). Its own log holds every decision it
+    /// acknowledged (rpo = 0), whatever its run id, so it may lead again: a primary running
+    /// alone whose process died is not locked out of its pair.
+    pub fn led_by(&self, candidate: &Candidate) -> bool {
+        let epoch = Epoch::from_raw(self.epoch);
+        self.members.first().is_some_and(|first| first.member == candidate.member.get())
+            && epoch.member() == Some(candidate.member)
+            && candidate.highest >= epoch
     }
 }
 
@@ -233,7 +247,7 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
                     "the sync record speaks of epoch {epoch} and the counter is at {counter}"
                 )));
             }
-            if !sync.names(me.member, &me.run) {
+            if !sync.names(me.member, &me.run) && !sync.led_by(me) {
                 return Err(NotNow::OutOfSync(epoch));
             }
             counter

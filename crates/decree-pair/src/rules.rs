@@ -71,6 +71,10 @@ pub enum Event {
     /// highest epoch found in the member's log (in Xids' incarnations); `forced` skips the
     /// caught-up check.
     Promote { forced: bool, log_highest: Epoch },
+    /// etcd elected this member to lead `epoch` (its campaign's transaction succeeded,
+    /// which required the sync record to name it in sync: the election, not this member's
+    /// memory of a link, says it holds every acknowledged decision).
+    Elected { epoch: Epoch },
     /// A message of the replication link, tagged with its sender's epoch.
     Peer { epoch: Epoch, message: PeerMessage },
     /// The primary's backup has confirmed the live set and the stream: strict again.
@@ -130,6 +134,8 @@ pub enum PromoteRefused {
     /// The member has not caught up since it started or rejoined: it may lack
     /// acknowledged decisions (`--force` overrides, at that risk).
     NotCaughtUp { seen: Epoch },
+    /// An elected epoch that is not this member's or not above every epoch it has seen.
+    NotAbove { seen: Epoch, elected: Epoch },
 }
 
 impl std::fmt::Display for PromoteRefused {
@@ -141,6 +147,10 @@ impl std::fmt::Display for PromoteRefused {
                 "this member has not caught up with the primary of epoch {seen} since it started or rejoined, \
                  so it may lack acknowledged decisions; promote the other member, or force it if that one's \
                  disk is lost"
+            ),
+            PromoteRefused::NotAbove { seen, elected } => write!(
+                f,
+                "the elected epoch {elected} is not this member's or not above the epoch {seen} it has seen"
             ),
         }
     }
@@ -178,6 +188,7 @@ impl Node {
     pub fn step(&mut self, event: Event) -> Result<Vec<Command>, PromoteRefused> {
         let commands = match event {
             Event::Promote { forced, log_highest } => self.promote(forced, log_highest)?,
+            Event::Elected { epoch } => self.elected(epoch)?,
             Event::Peer { epoch, message } => self.receive(epoch, message),
             Event::BackupCaughtUp => match self.role {
                 Role::Primary { alone: true } => {
@@ -214,6 +225,20 @@ impl Node {
         self.caught_up = false;
         self.next_sequence = 1;
         Ok(commands)
+    }
+
+    fn elected(&mut self, epoch: Epoch) -> Result<Vec<Command>, PromoteRefused> {
+        if let Role::Primary { .. } = self.role {
+            return Err(PromoteRefused::AlreadyPrimary(self.seen));
+        }
+        if epoch <= self.seen || epoch.member() != Some(self.member) {
+            return Err(PromoteRefused::NotAbove { seen: self.seen, elected: epoch });
+        }
+        self.seen = epoch;
+        self.role = Role::Primary { alone: true };
+        self.caught_up = false;
+        self.next_sequence = 1;
+        Ok(vec![Command::PersistSeen(epoch), Command::RecoverThenServe(epoch)])
     }
 
     fn receive(&mut self, epoch: Epoch, message: PeerMessage) -> Vec<Command> {

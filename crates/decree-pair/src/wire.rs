@@ -69,8 +69,11 @@ pub struct LinkRecord {
 /// A message of the replication link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkMessage {
-    /// When a link opens, each way: who the sender is and what it knows.
-    Hello { epoch: Epoch, member: MemberId, node: u32, next_sequence: u64 },
+    /// When a link opens, each way: who the sender is and what it knows. `run` names the
+    /// sender's process (new at every start): a primary elected on etcd records its
+    /// backup in sync by it, so that a restarted backup is never taken for the one that
+    /// caught up (0: no run id).
+    Hello { epoch: Epoch, member: MemberId, node: u32, next_sequence: u64, run: u64 },
     /// Primary to backup: the records of one batch (shared with the primary's copy kept
     /// for a resend, so that sending copies no record).
     Batch { epoch: Epoch, sequence: u64, records: Arc<[LinkRecord]> },
@@ -122,11 +125,12 @@ impl LinkMessage {
         out.push(LINK_VERSION);
         out.push(self.type_byte());
         match self {
-            LinkMessage::Hello { epoch, member, node, next_sequence } => {
+            LinkMessage::Hello { epoch, member, node, next_sequence, run } => {
                 out.extend_from_slice(&epoch.raw().to_be_bytes());
                 out.push(member.get());
                 out.extend_from_slice(&node.to_be_bytes());
                 out.extend_from_slice(&next_sequence.to_be_bytes());
+                out.extend_from_slice(&run.to_be_bytes());
             }
             LinkMessage::Batch { epoch, sequence, records } => {
                 assert!(records.len() <= BATCH_RECORDS_MAX, "a batch of {} records", records.len());
@@ -186,6 +190,7 @@ impl LinkMessage {
                 member: MemberId::new(body.u8("member")?).ok_or_else(|| LinkError("member id 0".into()))?,
                 node: body.u32("node")?,
                 next_sequence: body.u64("next_sequence")?,
+                run: body.u64("run")?,
             },
             2 => {
                 let (epoch, sequence) = (body.epoch()?, body.u64("sequence")?);
@@ -269,7 +274,13 @@ mod tests {
     fn samples() -> Vec<LinkMessage> {
         let epoch = Epoch::from_raw(0x301);
         vec![
-            LinkMessage::Hello { epoch, member: MemberId::new(2).unwrap(), node: 7, next_sequence: 12 },
+            LinkMessage::Hello {
+                epoch,
+                member: MemberId::new(2).unwrap(),
+                node: 7,
+                next_sequence: 12,
+                run: 0xfeed,
+            },
             LinkMessage::Batch { epoch, sequence: 1, records: Vec::new().into() },
             LinkMessage::Batch {
                 epoch,
@@ -311,9 +322,11 @@ mod tests {
             member: MemberId::new(2).unwrap(),
             node: 7,
             next_sequence: 12,
+            run: 0x0123_4567_89ab_cdef,
         }
         .encode(&mut buf);
-        let expected = "00000017 01 01 0000000000000301 02 00000007 000000000000000c".replace(' ', "");
+        let expected =
+            "0000001f 01 01 0000000000000301 02 00000007 000000000000000c 0123456789abcdef".replace(' ', "");
         let hex: String = buf.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, expected);
     }

@@ -47,6 +47,7 @@ fn message(kind: &str, f: &Value) -> LinkMessage {
             member: MemberId::new(num(f, "member") as u8).unwrap(),
             node: num(f, "node") as u32,
             next_sequence: num(f, "next_sequence"),
+            run: num(f, "run"),
         },
         "Batch" => LinkMessage::Batch {
             epoch: epoch(),

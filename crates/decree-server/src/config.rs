@@ -330,6 +330,9 @@ pub struct PairConfig {
     /// flow: for a backup with a core to spare. At most 10,000.
     #[serde(default)]
     pub busy_poll_us: u64,
+    /// The pair elects its primary on etcd (issue 33): without it, `decree promote` does.
+    #[serde(default)]
+    pub etcd: Option<crate::etcd_config::PairEtcdConfig>,
 }
 
 /// The longest `pair.busy_poll_us` accepted: the backup's own limit.
@@ -632,6 +635,15 @@ impl ServerConfig {
         }
         if self.engine_kind()? == EngineKind::Volatile {
             return Err(ConfigError("a pair member needs a durable engine, not volatile".into()));
+        }
+        if let Some(etcd) = &pair.etcd {
+            etcd.validate(self.insecure_plaintext)?;
+            if !cfg!(feature = "etcd") {
+                return Err(ConfigError(
+                    "[pair.etcd] is set but this decree was built without etcd support: build it with                      `cargo build --release -p decree-cli --features etcd` (needs protoc: Debian's                      protobuf-compiler)"
+                        .into(),
+                ));
+            }
         }
         Ok(())
     }

@@ -121,7 +121,7 @@ pub(crate) async fn serve<R, W>(
     let accepted = peer.accepted;
     let inflight_max = state.limits.inflight_per_connection_max;
     let (tx, rx) = mpsc::channel(inflight_max as usize);
-    let writer_task = tokio::spawn(write_responses(writer, rx));
+    let writer_task = tokio::spawn(write_responses(writer, rx, state.fence().cloned()));
     let mut conn = Conn {
         state: state.clone(),
         total,
@@ -485,7 +485,16 @@ impl Conn {
 
 /// Writes responses, coalescing those that are ready into one write, until every sender
 /// is gone; after a write error or a closing response, it discards the rest.
-async fn write_responses<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<Response>) {
+///
+/// Under an election on etcd (`fence`), an acknowledgement or a known outcome leaves only
+/// while the member's lease provably lives, checked just before the write: while it does
+/// not, the answers wait for the next successful keepalive, and a member that stepped down
+/// closes the connection unanswered (its client asks the new primary).
+async fn write_responses<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::Receiver<Response>,
+    fence: Option<Arc<crate::fence::Fence>>,
+) {
     let mut buf = Vec::with_capacity(4096);
     let mut open = true;
     while let Some(first) = rx.recv().await {
@@ -494,12 +503,20 @@ async fn write_responses<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Rec
         }
         buf.clear();
         let mut close = first.close;
+        let mut fenced = is_fenced_answer(&first.message);
         encode_frame(&mut buf, first.request_id, &first.message);
         drop(first);
         while !close && buf.len() < WRITE_BATCH_BYTES_MAX {
             let Ok(next) = rx.try_recv() else { break };
             close = next.close;
+            fenced |= is_fenced_answer(&next.message);
             encode_frame(&mut buf, next.request_id, &next.message);
+        }
+        if let Some(fence) = fence.as_ref().filter(|f| fenced && !f.alive()) {
+            if !fence.reopened().await {
+                open = false;
+                continue;
+            }
         }
         // The flush matters for TLS, whose writer may keep the end of a record back.
         if writer.write_all(&buf).await.is_err()
@@ -513,6 +530,16 @@ async fn write_responses<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Rec
         }
     }
     let _ = writer.shutdown().await;
+}
+
+/// Whether `message` is an act a member's lease must cover: an acknowledgement, or an
+/// outcome that says more than "unknown".
+fn is_fenced_answer(message: &Message) -> bool {
+    match message {
+        Message::DecideOk => true,
+        Message::OutcomeIs(outcome) => *outcome != decree_core::Outcome::Unknown,
+        _ => false,
+    }
 }
 
 /// Refuses a connection over the limit with a `Busy` error frame.

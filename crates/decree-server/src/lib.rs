@@ -16,10 +16,15 @@ pub mod admin;
 pub mod config;
 mod connection;
 mod crash_points;
+#[cfg(feature = "etcd")]
+mod election;
+pub mod etcd_config;
+mod fence;
 mod link_secret;
 mod link_tls;
 mod metrics;
 mod pair;
+mod pair_election;
 mod recheck;
 mod recovery;
 mod rules;
@@ -151,8 +156,19 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
 
 /// Runs the server until SIGTERM or SIGINT; `factories` finish the phase two of dead
 /// sessions and recover prepared branches (one per configured `[[rm]]`, by name).
+///
+/// A pair member whose election on etcd deposed it rejoins as a backup in the same process
+/// (its log reopened, a new run id): the election, not an operator, names the primary.
 pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
-    start_inner(config, factories, true, None)?.wait()
+    let elected = config.pair.as_ref().is_some_and(|pair| pair.etcd.is_some());
+    loop {
+        match start_inner(config.clone(), factories.clone(), true, None)?.wait() {
+            Err(ServerError::Deposed(epoch)) if elected => {
+                tracing::warn!(%epoch, "stepped down: rejoining the pair as a backup");
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Starts the server on its own threads and returns once it listens.
@@ -354,7 +370,8 @@ async fn serve(
     );
     let _ = ready.send((bound.clone(), state.node, state.incarnation));
 
-    wait_for_stop(&mut stop_rx, signals).await;
+    let mut signals = signals;
+    wait_for_stop(&mut stop_rx, &mut signals).await;
     let _ = stop.send(true);
     for task in &tasks {
         task.abort();
@@ -520,7 +537,7 @@ async fn accept_failed(e: std::io::Error) {
 
 /// SIGTERM and SIGINT streams, installed before the first listener is bound: a signal
 /// that arrives once a client can connect must stop the server cleanly, never kill it.
-type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+pub(crate) type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
 
 fn install_signals() -> Option<Signals> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -533,8 +550,10 @@ fn install_signals() -> Option<Signals> {
     }
 }
 
-async fn wait_for_stop(stop: &mut watch::Receiver<bool>, signals: Option<Signals>) {
-    let Some((mut term, mut int)) = signals else {
+/// Waits for `stop` or a signal; the signals stay installed for the next wait (a backup
+/// waits again after each refused promotion).
+async fn wait_for_stop(stop: &mut watch::Receiver<bool>, signals: &mut Option<Signals>) {
+    let Some((term, int)) = signals.as_mut() else {
         let _ = stop.wait_for(|s| *s).await;
         return;
     };

@@ -22,6 +22,7 @@
 use crate::config::{PairAck, PairConfig, ServerConfig};
 use crate::crash_points::{self, CrashPoint};
 use crate::metrics::{PairFigures, PairRole};
+use crate::pair_election;
 use crate::state::State;
 use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
@@ -278,6 +279,13 @@ impl PrimaryLink {
         *self.shared.deposed.lock()
     }
 
+    /// The election on etcd took the lead away (the lease is gone, or a member leads the
+    /// `newer` epoch): this member stops as a deposed one does, and rejoins as a backup.
+    pub(crate) fn step_down(&self, newer: Option<Epoch>) {
+        let seen = newer.unwrap_or_else(|| self.leader.node().seen);
+        LiveSet::deposed(&*self.shared, seen);
+    }
+
     /// At shutdown: the pending decides are answered by nobody (their clients see the
     /// connection close and ask `Outcome`), so that their connections can end.
     pub(crate) fn abandon_pending(&self) {
@@ -311,8 +319,18 @@ struct Promotion {
 /// A promotion asked through the control socket, and where its answer goes.
 type PromoteRequest = (bool, oneshot::Sender<String>);
 
-/// Runs a pair member until stopped (or deposed): the backup phase, then, once promoted,
-/// the primary phase.
+/// How this member came to lead: the new node, when it was asked (wall clock and monotonic,
+/// for `decree status`), whether it was forced, and where the operator's answer goes (none
+/// when etcd elected it).
+struct Promoted {
+    node: decree_pair::rules::Node,
+    asked: (std::time::SystemTime, std::time::Instant),
+    forced: bool,
+    reply: Option<oneshot::Sender<String>>,
+}
+
+/// Runs a pair member until stopped (or deposed): the backup phase, then, once promoted
+/// (by `decree promote`, or by etcd's election under `[pair.etcd]`), the primary phase.
 pub(crate) async fn run(
     config: ServerConfig,
     factories: Vec<Arc<dyn RmFactory>>,
@@ -325,11 +343,14 @@ pub(crate) async fn run(
     let log_config = config.log_config()?;
     let io = |what: &str, e: &dyn std::fmt::Display| ServerError::Io(format!("{what}: {e}"));
     let transport = link_transport(&pair)?;
-    let follower = open_follower(&config, &log_config, &pair, transport.clone())?;
+    let run_id = pair_election::new_run_id();
+    let follower = open_follower(&config, &log_config, &pair, transport.clone(), run_id)?;
+    let election = pair_election::start(&pair, run_id, clients_address(&config), stop_rx.clone()).await?;
     let member = Arc::new(Mutex::new(Member::Backup(follower.clone(), pair.ack)));
-    let (promote_tx, mut promote_rx) = mpsc::channel::<PromoteRequest>(4);
+    let (promote_tx, promote_rx) = mpsc::channel::<PromoteRequest>(4);
     let control = bind_control(&config.log_dir)?;
-    tokio::spawn(serve_control(control, member.clone(), promote_tx));
+    let answers = ControlAnswers { member: member.clone(), election: election.clone() };
+    tokio::spawn(serve_control(control, answers, promote_tx));
     // Bound once for both roles: a backup's figures are what an operator watches too.
     let (metrics_addr, _metrics) = serve_metrics(&config, member.clone()).await?;
 
@@ -343,31 +364,25 @@ pub(crate) async fn run(
     tracing::info!(member = pair.member, epoch = %follower.pair_state().seen, "pair member started as a backup");
     let _ = ready.send((bound.clone(), config.node, 0));
 
-    let mut signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
-    let (node, reply, forced, asked) = loop {
-        tokio::select! {
-            _ = crate::wait_for_stop(&mut stop_rx, signals.take()) => {
-                let _ = follower_stop.send(true);
-                let _ = following.await;
-                remove_socket(&bound);
-                return Ok(());
-            }
-            Some((forced, reply)) = promote_rx.recv() => {
-                // When the operator asked, not when the member started: `decree status`
-                // shows how long ago it was promoted and how long the promotion took.
-                let asked = (std::time::SystemTime::now(), std::time::Instant::now());
-                let listing = (factories.clone(), config.node);
-                let prepared = tokio::task::spawn_blocking(move || prepared_highest(&listing.0, listing.1))
-                    .await
-                    .unwrap_or(Epoch::NONE);
-                match follower.promote(forced, prepared) {
-                    Ok(node) => break (node, reply, forced, asked),
-                    Err(e) => { let _ = reply.send(format!("refused: {e}")); }
-                }
-            }
-        }
+    let (campaign_stop, campaign_stop_rx) = watch::channel(false);
+    let won = pair_election::campaign(&election, &follower, &factories, config.node, campaign_stop_rx);
+    let signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
+    let waiting = Waiting {
+        follower: &follower,
+        factories: &factories,
+        node: config.node,
+        elected: election.is_some(),
     };
-    let epoch = node.seen;
+    let promoted = waiting.promotion(promote_rx, won, &mut stop_rx, signals).await;
+    let _ = campaign_stop.send(true);
+    let Some(promoted) = promoted else {
+        let _ = follower_stop.send(true);
+        let _ = following.await;
+        remove_socket(&bound);
+        pair_election::resign(&election).await;
+        return Ok(());
+    };
+    let (node, epoch) = (promoted.node, promoted.node.seen);
     *member.lock() = Member::Changing;
     let _ = follower_stop.send(true);
     let _ = following.await;
@@ -379,6 +394,11 @@ pub(crate) async fn run(
     let (pair_state, backup_link) = (follower.pair_state(), follower.link_report());
     drop(follower);
     let state = Arc::new(crate::open_state(&config, &log_config, factories, None, Some(epoch.raw()))?);
+    // Elected on etcd: every act waits for the lease (a forced promotion, which an
+    // operator makes when etcd is gone for good, is fenced by nothing).
+    if let Some(fence) = pair_election::fence(&election).filter(|_| !promoted.forced) {
+        state.set_fence(fence);
+    }
     let deposed = Deposed {
         stop: stop.clone(),
         storage: Arc::new(StdStorage),
@@ -387,25 +407,99 @@ pub(crate) async fn run(
     };
     let primary = lead(&state, node, config.node, transport, deposed, &backup_link, OutboxLimits::default());
     let leader = primary.leader.clone();
-    let promotion = Promotion { at: asked.0, took: asked.1.elapsed(), forced };
+    if !promoted.forced {
+        let stepping_down = primary.clone();
+        let step_down = Box::new(move |newer: Option<Epoch>| stepping_down.step_down(newer));
+        pair_election::lead(&election, &leader, epoch, step_down, stop_rx.clone());
+    }
+    let promotion =
+        Promotion { at: promoted.asked.0, took: promoted.asked.1.elapsed(), forced: promoted.forced };
     *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
     listen_as_primary(&leader, pair.link, &stop_rx).await;
-    tracing::warn!(member = pair.member, %epoch, "promoted: this member leads the pair");
+    tracing::warn!(member = pair.member, %epoch, elected = promoted.reply.is_none(), "promoted: this member leads the pair");
     // Answered once the client listeners are bound: a client told "promoted" connects at once.
     let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();
     let answer = format!("promoted: member {} leads epoch {epoch}", pair.member);
+    let reply = promoted.reply;
     tokio::task::spawn_blocking(move || {
-        if bound_rx.recv().is_ok() {
+        if let (Ok(_), Some(reply)) = (bound_rx.recv(), reply) {
             let _ = reply.send(answer);
         }
     });
     // The metrics endpoint bound above goes on serving, the state's figures now included.
     let config = ServerConfig { metrics: None, ..config };
-    crate::serve(config, state, stop, stop_rx, listening, listeners).await?;
+    let served = crate::serve(config, state, stop, stop_rx, listening, listeners).await;
+    // Decisions in flight are answered: the lease goes now, and the backup campaigns at once.
+    pair_election::resign(&election).await;
+    served?;
     match primary.deposed_by() {
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
+    }
+}
+
+/// Where this member's clients connect, as `NotPrimary` names it (`tcp:` first).
+fn clients_address(config: &ServerConfig) -> String {
+    match (&config.tcp, &config.unix) {
+        (Some(addr), _) => format!("tcp:{addr}"),
+        (None, Some(path)) => format!("unix:{}", path.display()),
+        (None, None) => String::new(),
+    }
+}
+
+/// A backup waiting to lead.
+struct Waiting<'a> {
+    follower: &'a Arc<Follower>,
+    factories: &'a [Arc<dyn RmFactory>],
+    node: u32,
+    /// Whether etcd elects this pair's primary (the operator's unforced promotion is then
+    /// refused: the election decides).
+    elected: bool,
+}
+
+impl Waiting<'_> {
+    /// Waits for the operator's promotion or etcd's election (`won`); `None` on a stop.
+    async fn promotion(
+        &self,
+        mut promote_rx: mpsc::Receiver<PromoteRequest>,
+        mut won: mpsc::Receiver<Epoch>,
+        stop_rx: &mut watch::Receiver<bool>,
+        mut signals: Option<crate::Signals>,
+    ) -> Option<Promoted> {
+        loop {
+            tokio::select! {
+                _ = crate::wait_for_stop(stop_rx, &mut signals) => return None,
+                Some(epoch) = won.recv() => {
+                    let asked = (std::time::SystemTime::now(), std::time::Instant::now());
+                    match self.follower.promote_elected(epoch) {
+                        Ok(node) => return Some(Promoted { node, asked, forced: false, reply: None }),
+                        // Its leader key lapses with no one behind it; the other member (or
+                        // this one, restarted) campaigns again above the newer epoch.
+                        Err(e) => tracing::error!(%epoch, error = %e, "elected on etcd but cannot lead that epoch"),
+                    }
+                }
+                Some((forced, reply)) = promote_rx.recv() => {
+                    if self.elected && !forced {
+                        let why = "refused: this pair elects its primary on etcd ([pair.etcd]); `decree promote --force` \
+                                   only if etcd is gone for good";
+                        let _ = reply.send(why.to_string());
+                        continue;
+                    }
+                    // When the operator asked, not when the member started: `decree status`
+                    // shows how long ago it was promoted and how long the promotion took.
+                    let asked = (std::time::SystemTime::now(), std::time::Instant::now());
+                    let listing = (self.factories.to_vec(), self.node);
+                    let prepared = tokio::task::spawn_blocking(move || prepared_highest(&listing.0, listing.1))
+                        .await
+                        .unwrap_or(Epoch::NONE);
+                    match self.follower.promote(forced, prepared) {
+                        Ok(node) => return Some(Promoted { node, asked, forced, reply: Some(reply) }),
+                        Err(e) => { let _ = reply.send(format!("refused: {e}")); }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -619,6 +713,7 @@ fn open_follower(
     log_config: &decree_log::LogConfig,
     pair: &PairConfig,
     transport: Arc<dyn Transport>,
+    run: u64,
 ) -> Result<Arc<Follower>, ServerError> {
     let log = decree_log::open(log_config)?;
     // The backup keeps the outcomes the primary remembers, in the file its own state opens
@@ -627,6 +722,7 @@ fn open_follower(
     let outcomes = crate::open_outcomes(log_config, None, capacity, crate::OUTCOME_FLUSH_DELAY)?;
     let follower = follow(config, pair, Arc::from(log), outcomes, Arc::new(StdStorage))?
         .with_transport(transport)
+        .with_run(run)
         .with_busy_poll(std::time::Duration::from_micros(pair.busy_poll_us));
     Ok(Arc::new(follower))
 }
@@ -758,11 +854,12 @@ fn bind_control(dir: &Path) -> Result<UnixListener, ServerError> {
 /// <name>:<nth>`, which arms a crash point: see `crash_points.rs`).
 async fn serve_control(
     listener: UnixListener,
-    member: Arc<Mutex<Member>>,
+    answers: ControlAnswers,
     promote: mpsc::Sender<PromoteRequest>,
 ) {
     while let Ok((stream, _)) = listener.accept().await {
-        let (member, promote) = (member.clone(), promote.clone());
+        let (answers, promote) = (answers.clone(), promote.clone());
+        let member = answers.member.clone();
         tokio::spawn(async move {
             let (reader, mut writer) = stream.into_split();
             let mut line = String::new();
@@ -771,7 +868,7 @@ async fn serve_control(
                 return;
             }
             let answer = match line.trim() {
-                "status" => status_line(&member.lock()),
+                "status" => status_line(&member.lock(), &answers.election),
                 "promote" | "promote --force" => {
                     let forced = line.trim().ends_with("--force");
                     let already = match &*member.lock() {
@@ -803,9 +900,16 @@ async fn serve_control(
     }
 }
 
+/// What the control socket reports on.
+#[derive(Clone)]
+struct ControlAnswers {
+    member: Arc<Mutex<Member>>,
+    election: Option<Arc<pair_election::Election>>,
+}
+
 /// The member's state as one JSON line: role, epoch, whether the peer is in sync, the
-/// link, the replication lag (on a primary) and this member's promotion.
-fn status_line(member: &Member) -> String {
+/// link, the replication lag (on a primary), this member's promotion and its election.
+fn status_line(member: &Member, election: &Option<Arc<pair_election::Election>>) -> String {
     let (node, report, mut status) = match member {
         Member::Backup(follower, ack) => {
             let node = follower.node();
@@ -851,6 +955,9 @@ fn status_line(member: &Member) -> String {
     });
     if let (Some(status), serde_json::Value::Object(common)) = (status.as_object_mut(), common) {
         status.extend(common);
+        if let Some(etcd) = pair_election::status(election) {
+            status.insert("etcd".into(), etcd);
+        }
     }
     status.to_string()
 }

@@ -96,7 +96,9 @@ fn pass_with(state: &State, stop: &AtomicBool, books: &Books<'_>) -> bool {
     let mut connections = Connections::new(&state.factories);
     let mut clean = true;
     for orphan in state.orphans() {
-        if stop.load(Ordering::SeqCst) {
+        // Checked before each transaction: a member whose lease lapsed calls no resource
+        // manager (issue 33's self-fencing).
+        if stop.load(Ordering::SeqCst) || !state.fence_alive() {
             return false;
         }
         let decision = orphan.decision;
@@ -108,7 +110,10 @@ fn pass_with(state: &State, stop: &AtomicBool, books: &Books<'_>) -> bool {
     let liveness = |origin: &Origin| state.owner_is_gone(origin);
     let role = state.pair_role();
     let decision = |xid: &Xid| {
-        if state.is_decided(xid) {
+        if !state.fence_alive() {
+            // Before each branch: a member whose lease lapsed touches none.
+            DecisionFact::InDoubt
+        } else if state.is_decided(xid) {
             DecisionFact::Commit
         } else if !decree_pair::rules::may_presume_abort(role, state.is_doubtful(xid)) {
             // Written or sent and not confirmed, or this member no longer leads.
@@ -119,7 +124,7 @@ fn pass_with(state: &State, stop: &AtomicBool, books: &Books<'_>) -> bool {
     };
     let rules = ScanRules { node: state.node, liveness: &liveness, decision: &decision };
     for rm in connections.names() {
-        if stop.load(Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) || !state.fence_alive() {
             return false;
         }
         match runtime::scan(&rm, &mut connections, &rules, books) {

@@ -185,6 +185,8 @@ pub(crate) struct State {
     closed_unknown: Mutex<ClosedUnknown>,
     /// Spans, when `[tracing]` is configured (`None`: off, nothing allocated).
     pub(crate) trace: Option<crate::trace::ServerTrace>,
+    /// The member's lease under an election on etcd (always open without one).
+    fence: std::sync::OnceLock<Arc<crate::fence::Fence>>,
 }
 
 impl State {
@@ -244,7 +246,24 @@ impl State {
             unconfirmed: Mutex::new(HashSet::new()),
             closed_unknown: Mutex::new(ClosedUnknown::default()),
             trace,
+            fence: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes this state's acts (acknowledgements, `Outcome` answers, resource manager
+    /// calls) wait for `fence`: the member's lease under an election on etcd.
+    pub(crate) fn set_fence(&self, fence: Arc<crate::fence::Fence>) {
+        assert!(self.fence.set(fence).is_ok(), "a state has one fence");
+    }
+
+    /// Whether this member's lease provably lives (always, without an election).
+    pub(crate) fn fence_alive(&self) -> bool {
+        self.fence.get().is_none_or(|f| f.alive())
+    }
+
+    /// The fence, when an election sets one.
+    pub(crate) fn fence(&self) -> Option<&Arc<crate::fence::Fence>> {
+        self.fence.get()
     }
 
     /// Makes this state the primary's of a pair: decisions wait for `link`'s confirmation.
@@ -265,7 +284,7 @@ impl State {
     /// Whether this server may call resource managers (`rules::may_call_rms`): not once a
     /// newer epoch deposed it.
     pub(crate) fn may_call_rms(&self) -> bool {
-        decree_pair::rules::may_call_rms(self.pair_role())
+        decree_pair::rules::may_call_rms(self.pair_role()) && self.fence_alive()
     }
 
     /// `xid`'s decision is durable here and waits for the backup's confirmation.

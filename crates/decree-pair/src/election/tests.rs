@@ -188,6 +188,25 @@ fn a_primary_alone_whose_lease_lapsed_can_lead_again_and_its_out_of_sync_backup_
 }
 
 #[test]
+fn the_recorded_leader_leads_again_from_a_new_process_unless_its_disk_forgot_the_epoch() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let later = TTL + 1;
+    // A's process died while it led alone; its disk was lost: a blank member 1 knows no
+    // epoch, so the record's leadership is not its to take.
+    let blank = candidate(&mut etcd, later, 1, "run-a3", Epoch::NONE);
+    assert_eq!(campaign_at(&mut etcd, later, &blank), Err(NotNow::OutOfSync(one)));
+    // A restarted over its log, which holds epoch `one`: it leads again, above it.
+    let restarted = candidate(&mut etcd, later, 1, "run-a2", one);
+    assert_eq!(campaign_at(&mut etcd, later, &restarted).unwrap().to_string(), "2.1");
+    // The rule is the leader's only: member 2 named nowhere, with every epoch, may not.
+    let two = epoch_of(2, m(1));
+    let b = candidate(&mut etcd, 3 * TTL, 2, "run-b", two);
+    assert_eq!(campaign_at(&mut etcd, 3 * TTL, &b), Err(NotNow::OutOfSync(two)));
+}
+
+#[test]
 fn a_member_with_an_epoch_finding_no_records_leaves_the_choice_to_the_operator() {
     let mut etcd = Etcd::default();
     let a = candidate(&mut etcd, 0, 1, "run-a", epoch_of(3, m(1)));

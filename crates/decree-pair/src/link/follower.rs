@@ -11,7 +11,7 @@
 use super::{read_message, spawn_writer, LinkEnd, LinkReport, LinkStep, LinkStream, Plaintext, Transport};
 use crate::epoch::{Epoch, MemberId};
 use crate::replica::{Replica, ReplicaError};
-use crate::rules::{Command, Event, Node, PeerMessage};
+use crate::rules::{Command, Event, Node, PeerMessage, PromoteRefused};
 use crate::state_cell::StateCell;
 use crate::state_file::{self, PairState};
 use crate::wire::{LinkMessage, RecordKind};
@@ -71,6 +71,8 @@ pub struct Follower {
     /// The log refused a write (it stops for good: fail-stop); set by the write's callback,
     /// which a stopped log calls at once, so that `Received` acknowledges nothing after.
     log_failed: Arc<AtomicBool>,
+    /// This process's run id, sent in every `Hello`.
+    run: u64,
 }
 
 /// The link being served, until it ends (and why).
@@ -169,7 +171,14 @@ impl Follower {
             busy_poll: Duration::ZERO,
             busy_poll_turns: AtomicU64::new(0),
             log_failed: Arc::new(AtomicBool::new(false)),
+            run: 0,
         })
+    }
+
+    /// Names this process with `run` in every `Hello` (the primary records it in sync).
+    pub fn with_run(mut self, run: u64) -> Follower {
+        self.run = run;
+        self
     }
 
     /// Accepts every link through `transport` (TLS with the pair's certificates) instead
@@ -228,19 +237,45 @@ impl Follower {
     /// epoch (and a forced promotion) durable in `PAIR` before returning the node, which
     /// now leads. The caller stops this follower before it serves anything.
     pub fn promote(&self, forced: bool, prepared_highest: Epoch) -> Result<Node, PromoteError> {
+        // A newer epoch the link recorded and the rules have not stepped yet counts too:
+        // the promotion mints above it, never below (issue 32, defect 7). So does the
+        // newest incarnation among this node's prepared branches: an epoch whose leader's
+        // disk was lost is known only there (defect 14).
+        self.step_promotion(|highest| {
+            Ok(Event::Promote { forced, log_highest: highest.max(prepared_highest) })
+        })
+    }
+
+    /// etcd's election made this member the leader of `epoch` (issue 33): steps the rules
+    /// and makes the epoch durable in `PAIR` as [`Follower::promote`] does. Refused when
+    /// `epoch` is not above every epoch this member knows (one the link recorded since the
+    /// campaign read [`Follower::highest_known`] included).
+    pub fn promote_elected(&self, epoch: Epoch) -> Result<Node, PromoteError> {
+        self.step_promotion(|highest| match epoch > highest {
+            true => Ok(Event::Elected { epoch }),
+            false => Err(PromoteRefused::NotAbove { seen: highest, elected: epoch }),
+        })
+    }
+
+    /// The highest epoch this member knows: in its `PAIR` record or among its copy's Xids.
+    /// A campaign on etcd mints above it.
+    pub fn highest_known(&self) -> Epoch {
+        self.replica.lock().highest_incarnation().max(self.state.get().seen)
+    }
+
+    /// Steps the rules with the promotion `event` makes of the highest epoch known (the
+    /// copy's Xids, `PAIR`'s record as it is stored) and stores the result in `PAIR`.
+    fn step_promotion(
+        &self,
+        event: impl FnOnce(Epoch) -> Result<Event, PromoteRefused>,
+    ) -> Result<Node, PromoteError> {
         let log_highest = self.replica.lock().highest_incarnation();
         let mut node = self.node.lock();
         let mut promoted = *node;
         self.state.change(
             |previous| {
-                // A newer epoch the link recorded and the rules have not stepped yet counts
-                // too: the promotion mints above it, never below (issue 32, defect 7). So
-                // does the newest incarnation among this node's prepared branches: an epoch
-                // whose leader's disk was lost is known only there (defect 14).
-                let highest = log_highest.max(previous.seen).max(prepared_highest);
-                let commands = promoted
-                    .step(Event::Promote { forced, log_highest: highest })
-                    .map_err(PromoteError::Refused)?;
+                let event = event(log_highest.max(previous.seen)).map_err(PromoteError::Refused)?;
+                let commands = promoted.step(event).map_err(PromoteError::Refused)?;
                 let mut next = previous;
                 for command in commands {
                     match command {
@@ -454,6 +489,7 @@ impl Follower {
                 member: node.member,
                 node: self.node_id,
                 next_sequence: node.next_sequence,
+                run: self.run,
             }
         };
         let stream = Stream {

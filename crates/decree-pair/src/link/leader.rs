@@ -68,6 +68,20 @@ pub struct Leader {
     node_id: u32,
     transport: Arc<dyn Transport>,
     report: Mutex<LinkReport>,
+    /// This process's run id, sent in every `Hello`.
+    run: u64,
+    /// The backup process that caught up last (its member and run id): it holds every
+    /// decision this primary acknowledged since, for an election on etcd to record.
+    caught_up: watch::Sender<Option<BackupRun>>,
+}
+
+/// A backup's process, named by its member id and the run id its `Hello` carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupRun {
+    /// The backup's member id.
+    pub member: crate::epoch::MemberId,
+    /// Its process's run id.
+    pub run: u64,
 }
 
 /// How far the backup is behind this primary.
@@ -94,7 +108,22 @@ impl Leader {
             node_id,
             transport: Arc::new(Plaintext),
             report: Mutex::new(LinkReport::default()),
+            run: 0,
+            caught_up: watch::channel(None).0,
         }
+    }
+
+    /// Names this process with `run` in every `Hello`.
+    pub fn with_run(mut self, run: u64) -> Leader {
+        self.run = run;
+        self
+    }
+
+    /// The backup process that caught up last, as it changes: while this primary stays
+    /// strict, that process holds every decision acknowledged since (an election on etcd
+    /// records it in sync).
+    pub fn caught_up_backups(&self) -> watch::Receiver<Option<BackupRun>> {
+        self.caught_up.subscribe()
     }
 
     /// Opens every link through `transport` (TLS with the pair's certificates) instead of
@@ -276,9 +305,10 @@ impl Leader {
             (node.seen, node.member)
         };
         let next_sequence = self.outbox.lock().next_sequence();
-        let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence };
+        let hello = LinkMessage::Hello { epoch, member, node: self.node_id, next_sequence, run: self.run };
         let link = LeaderLink {
             epoch,
+            peer: None,
             started: false,
             sent_up_to: next_sequence - 1,
             acknowledged_up_to: next_sequence - 1,
@@ -294,6 +324,9 @@ impl Leader {
     pub fn on_frame(&self, link: &mut LeaderLink, message: LinkMessage) -> LinkStep {
         if let Err(end) = self.check_greeting(link, &message) {
             return LinkStep::default().ends(end);
+        }
+        if let LinkMessage::Hello { member, run, .. } = message {
+            link.peer = Some(BackupRun { member, run });
         }
         let (epoch, view) = message.rule_view();
         let commands =
@@ -392,6 +425,9 @@ impl Leader {
             link.caught_up_at = None;
             self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
             tracing::info!("the backup caught up (the live set's last batch is durable there)");
+            // A strict primary acknowledges nothing its backup lacks: from now on this
+            // backup process holds every decision acknowledged (once the role is strict).
+            self.caught_up.send_replace(link.peer);
         }
     }
 
@@ -477,6 +513,8 @@ impl DecisionGate<'_> {
 pub struct LeaderLink {
     /// The epoch this link leads (every frame it sends carries it).
     epoch: crate::epoch::Epoch,
+    /// The backup's process, from its `Hello`.
+    peer: Option<BackupRun>,
     /// The backup said hello and the live set's catch-up began.
     started: bool,
     /// The last batch sent on this link.
@@ -544,16 +582,23 @@ mod tests {
             member: MemberId::new(2).unwrap(),
             node: 7,
             next_sequence: 1,
+            run: 0x77,
         };
+        let caught_up = leader.caught_up_backups();
         assert!(leader.on_frame(&mut link, hello).end.is_none());
         assert_eq!(leader.node().role, Role::Primary { alone: false }, "strict from the snapshot on");
         assert_eq!(leader.poll_send(&mut link), vec![LinkMessage::CaughtUp { epoch: node.seen, up_to: 0 }]);
+        assert_eq!(*caught_up.borrow(), None, "not caught up before its acknowledgement");
         let xid = Xid::decree(Origin { node: 7, incarnation: node.seen.raw(), session: 1, sequence: 1 });
         leader.ship_lazy(LinkRecord { kind: RecordKind::Completion, xid, payload: Vec::new() }).unwrap();
         assert_eq!(leader.poll_send(&mut link).len(), 1, "the completion's batch goes");
         let step = leader.on_frame(&mut link, LinkMessage::Ack { epoch: node.seen, sequence: 1 });
         assert!(step.end.is_none() && step.send.is_empty());
         assert_eq!(*server.0.lock(), vec![Vec::<Ticket>::new()]);
+        // The same acknowledgement ended the catch-up: the backup's process, by the run id
+        // of its hello, is the one an election records in sync.
+        let backup = super::BackupRun { member: MemberId::new(2).unwrap(), run: 0x77 };
+        assert_eq!(*caught_up.borrow(), Some(backup));
     }
 
     /// The link's group commit rests on this count: the bug it guards against is a link
@@ -563,6 +608,7 @@ mod tests {
     fn only_batches_this_link_sent_and_the_backup_did_not_acknowledge_are_in_flight() {
         let mut link = LeaderLink {
             epoch: Epoch::NONE,
+            peer: None,
             started: true,
             sent_up_to: 7,
             acknowledged_up_to: 7,
@@ -601,6 +647,7 @@ mod tests {
             member: node.member,
             node: 7,
             next_sequence: 1,
+            run: 0,
         };
 
         let server = Arc::new(Deposing::default());

@@ -417,7 +417,7 @@ async fn a_second_connection_while_a_link_is_served_is_closed_unread() {
     let mut other = TcpStream::connect(linked.addr).await.unwrap();
     let newer = Epoch::from_raw(seen.raw() + (5 << 8) + 1);
     let mut hello = Vec::new();
-    LinkMessage::Hello { epoch: newer, member: m(1), node: 7, next_sequence: 1 }.encode(&mut hello);
+    LinkMessage::Hello { epoch: newer, member: m(1), node: 7, next_sequence: 1, run: 0 }.encode(&mut hello);
     other.write_all(&hello).await.unwrap();
     let mut byte = [0u8; 1];
     let read = tokio::time::timeout(Duration::from_secs(20), other.read(&mut byte)).await;
@@ -588,8 +588,13 @@ fn a_backup_refuses_a_batch_before_the_hello_and_a_hello_of_another_node_or_memb
     let epoch = Epoch::mint(m(1), &[]);
     use crate::wire::LinkMessage;
     let batch = LinkMessage::Batch { epoch, sequence: 1, records: vec![decision(1)].into() };
-    let hello =
-        |member: u8, node: u32| LinkMessage::Hello { epoch, member: m(member), node, next_sequence: 1 };
+    let hello = |member: u8, node: u32| LinkMessage::Hello {
+        epoch,
+        member: m(member),
+        node,
+        next_sequence: 1,
+        run: 0,
+    };
     for (first, why) in [
         (batch.clone(), "before the primary's hello"),
         (hello(1, 8), "node 8"),

@@ -339,3 +339,31 @@ fn a_deposed_primary_returns_as_a_backup_and_its_epoch_is_refused_everywhere() {
         "its own old epoch is refused by itself too"
     );
 }
+
+/// etcd's election promotes a member to the epoch its campaign minted, whether or not this
+/// process caught up over a link (the sync record vouched for it), but only to an epoch of
+/// its own above every epoch it has seen, and never twice.
+#[test]
+fn an_elected_member_leads_exactly_its_epoch_and_nothing_older_or_foreign() {
+    let seen = Epoch::from_raw((3 << 8) | 2);
+    let mut two = Node::start(m(2), seen);
+    for wrong in [seen, Epoch::from_raw((2 << 8) | 2), Epoch::from_raw((4 << 8) | 1)] {
+        let mut node = two;
+        assert_eq!(
+            node.step(Event::Elected { epoch: wrong }),
+            Err(PromoteRefused::NotAbove { seen, elected: wrong }),
+            "{wrong}"
+        );
+        assert_eq!(node, two, "a refused election changes nothing");
+    }
+    let elected = Epoch::from_raw((5 << 8) | 2);
+    assert_eq!(
+        two.step(Event::Elected { epoch: elected }).unwrap(),
+        vec![Command::PersistSeen(elected), Command::RecoverThenServe(elected)]
+    );
+    assert_eq!((two.seen, two.role), (elected, Role::Primary { alone: true }));
+    assert_eq!(
+        two.step(Event::Elected { epoch: Epoch::from_raw((6 << 8) | 2) }),
+        Err(PromoteRefused::AlreadyPrimary(elected))
+    );
+}
