@@ -157,8 +157,11 @@ fn decree_bin() -> &'static Path {
         let profile = profile_dir.file_name().and_then(|p| p.to_str()).expect("a profile name");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
+        // The election on etcd too when the test script started etcd (its client's build
+        // needs protoc, which the script installs with etcd).
+        let features = if etcd_endpoints().is_some() { "crash-points,etcd" } else { "crash-points" };
         build
-            .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", "crash-points"])
+            .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", features])
             .arg("--target-dir")
             .arg(target_dir);
         // What cargo sets for this test's run only: some build scripts rerun when one of
@@ -268,6 +271,15 @@ struct Member {
     log_dir: PathBuf,
 }
 
+/// The endpoints of the test's etcd cluster (scripts/test-etcd.sh), if it runs.
+fn etcd_endpoints() -> Option<Vec<String>> {
+    let list = std::env::var("DECREE_TEST_ETCD").ok().filter(|l| !l.is_empty())?;
+    Some(list.split(',').map(str::to_string).collect())
+}
+
+/// The lease of members elected on etcd: the 1 s of issue 33's figures.
+const LEASE_TTL_S: u64 = 1;
+
 /// What both members' configurations share.
 struct Site<'a> {
     dir: &'a Path,
@@ -279,6 +291,8 @@ struct Site<'a> {
     ack: &'static str,
     /// How long the backup's link reader stays awake after each frame (`[pair] busy_poll_us`).
     busy_poll_us: u64,
+    /// The etcd endpoints and the pair's name when etcd elects the primary (`[pair.etcd]`).
+    etcd: Option<(Vec<String>, String)>,
 }
 
 impl Member {
@@ -293,7 +307,7 @@ impl Member {
             "node = {}\nlog_dir = {}\nengine = \"journal\"\nunix = {}\n\
              [recovery]\nperiodic_pass_ms = {PERIODIC_PASS_MS}\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{}\"\npeer_link = \"127.0.0.1:{}\"\npeer_clients = {}\n\
-             ack = \"{}\"\nbusy_poll_us = {}\nsecret_file = {}\n\
+             ack = \"{}\"\nbusy_poll_us = {}\nsecret_file = {}\n{}\
              [[rm]]\nname = \"bank-a\"\nkind = \"postgres\"\ndsn = {}\n\
              [[rm]]\nname = \"bank-b\"\nkind = \"{kind_b}\"\ndsn = {}\n",
             site.node,
@@ -305,6 +319,14 @@ impl Member {
             site.ack,
             site.busy_poll_us,
             toml_str(&decree_server::testing::pair_secret(site.dir).expect("the pair's secret").display().to_string()),
+            site.etcd.as_ref().map_or(String::new(), |(endpoints, pair)| {
+                let endpoints: Vec<String> = endpoints.iter().map(|e| toml_str(e)).collect();
+                format!(
+                    "[pair.etcd]\nendpoints = [{}]\npair = {}\nlease_ttl_s = {LEASE_TTL_S}\n",
+                    endpoints.join(", "),
+                    toml_str(pair)
+                )
+            }),
             toml_str(&site.bank.dsn_a),
             toml_str(&site.bank.dsn_b),
         );
@@ -351,6 +373,13 @@ impl Member {
         serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 
+    /// The member's status, or `None` while it cannot answer (starting, or rejoining as a
+    /// backup after its election deposed it).
+    fn try_status(&self) -> Option<serde_json::Value> {
+        let (ok, text) = self.decree(&["status", "--format", "json"]);
+        ok.then(|| serde_json::from_str(text.trim()).ok()).flatten()
+    }
+
     /// Arms a crash point (`<name>:<nth>`) in the running member through its control
     /// socket; returns where its log ends now (the crash line is looked for after it).
     fn arm(&self, spec: &str, context: &str) -> u64 {
@@ -384,6 +413,8 @@ struct Pair {
     addresses: String,
     /// The delay the link proxies add to every byte, in microseconds.
     link_delay: Arc<AtomicU64>,
+    /// etcd elects the primary (`[pair.etcd]`): nobody runs `decree promote`.
+    elected: bool,
 }
 
 impl Pair {
@@ -399,12 +430,43 @@ impl Pair {
         let b = Member::write(site, "b", 2, (links.1, proxies.0), "a");
         let addresses = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
         let servers = [Some(a.serve()), Some(b.serve())];
-        let mut pair = Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay };
-        let (ok, text) = pair.members[0].decree(&["promote", "--force"]);
-        assert!(ok && text.contains("leads epoch"), "first promotion: {text}");
+        let elected = site.etcd.is_some();
+        let mut pair =
+            Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay, elected };
+        if elected {
+            pair.wait_elected([true, true], "the first election");
+        } else {
+            let (ok, text) = pair.members[0].decree(&["promote", "--force"]);
+            assert!(ok && text.contains("leads epoch"), "first promotion: {text}");
+        }
         pair.wait_strict("the first promotion");
-        pair.epoch = pair.members[0].status()["epoch_raw"].as_u64().expect("a raw epoch");
+        pair.epoch = pair.members[pair.primary].status()["epoch_raw"].as_u64().expect("a raw epoch");
         pair
+    }
+
+    /// Waits until one of the members `asked` leads an epoch above the last one (etcd's
+    /// election alone chose it), makes it the primary and returns its epoch.
+    fn wait_elected(&mut self, asked: [bool; 2], context: &str) -> u64 {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            for i in (0..2).filter(|&i| asked[i]) {
+                let Some(status) = self.members[i].try_status() else { continue };
+                let epoch = status["epoch_raw"].as_u64().unwrap_or(0);
+                if status["role"] == "primary" && epoch > self.epoch {
+                    self.primary = i;
+                    return epoch;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{context}: no member was elected above epoch {} within {WAIT_MAX:?}\n\
+                 a's log:\n{}\nb's log:\n{}",
+                epoch_name(self.epoch),
+                self.members[0].log_tail(),
+                self.members[1].log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until the primary is strict again and the other member is its caught-up backup.
@@ -488,14 +550,22 @@ impl Pair {
         };
         signal(libc::SIGSTOP);
         self.primary = 1 - old;
+        if self.elected {
+            // Its lease lapses while it is stopped: the backup, in sync, is elected.
+            let mut asked = [true, true];
+            asked[old] = false;
+            self.wait_elected(asked, context);
+        } else {
+            let promoted = &self.members[self.primary];
+            let (ok, text) = promoted.decree(&["promote"]);
+            assert!(
+                ok && text.contains("leads epoch"),
+                "{context}: promotion of the caught-up backup {} while the primary is stopped failed: {text}\n{}",
+                promoted.name,
+                promoted.log_tail()
+            );
+        }
         let promoted = &self.members[self.primary];
-        let (ok, text) = promoted.decree(&["promote"]);
-        assert!(
-            ok && text.contains("leads epoch"),
-            "{context}: promotion of the caught-up backup {} while the primary is stopped failed: {text}\n{}",
-            promoted.name,
-            promoted.log_tail()
-        );
         signal(libc::SIGCONT);
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
         let _ = server.0.kill(); // it may have stepped down and ended already
@@ -514,6 +584,14 @@ impl Pair {
     fn promote_other(&mut self, context: &str, mode: Mode) -> u64 {
         let dead = self.primary;
         assert!(self.servers[dead].is_none(), "{context}: the primary was not stopped");
+        if self.elected {
+            // Restarted at once, as a supervisor would: whichever member the election
+            // allows leads next (the in-sync backup, or the dead primary back over its log
+            // when the backup was out of sync, say in the middle of a catch-up).
+            self.servers[dead] = Some(self.members[dead].serve());
+            self.epoch = self.wait_elected([true, true], context);
+            return self.epoch;
+        }
         self.primary = 1 - dead;
         let promoted = &self.members[self.primary];
         let behind = matches!(mode, Mode::CatchUp) && promoted.status()["caught_up"] != true;
@@ -1036,7 +1114,22 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
 /// backup acknowledges from memory; the loop kills only primaries, which it survives too);
 /// `busy_poll_us` the backup's busy poll of its link (0: none).
 fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, busy_poll_us: u64) {
+    run_pair_kill_loop(kind, prefix, node, (ack, busy_poll_us), false);
+}
+
+/// The loop itself; `elected`: etcd elects the primary (`[pair.etcd]`, issue 33) and no
+/// one runs `decree promote`.
+fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static str, u64), elected: bool) {
+    let (ack, busy_poll_us) = backup;
     let Some(config) = common::bank_config(kind, prefix, ACCOUNTS) else { return };
+    let etcd = match (elected, etcd_endpoints()) {
+        (false, _) => None,
+        (true, Some(endpoints)) => Some((endpoints, format!("{prefix}-{}", std::process::id()))),
+        (true, None) => {
+            eprintln!("skipped: DECREE_TEST_ETCD is not set (scripts/test-etcd.sh start, then eval its env)");
+            return;
+        }
+    };
     let (seed, mut rng) = common::seeded_rng("DECREE_PAIR_KILL_SEED");
     let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
     let scratch = Scratch(Some(tempfile::tempdir().expect("temp dir")));
@@ -1050,7 +1143,7 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, bu
     let bin = dir.join("decree-pair-member");
     std::fs::copy(decree_bin(), &bin).expect("copy the decree binary");
     let started = Instant::now();
-    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack, busy_poll_us });
+    let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack, busy_poll_us, etcd });
     let mut totals = Totals::default();
     let l = Loop { bank: &bank, config: &config, dir, seed, ack };
     for n in 0..cycles {
@@ -1103,6 +1196,13 @@ fn pair_kill_loop_postgres_postgres() {
 #[test]
 fn pair_kill_loop_postgres_postgres_with_received_acknowledgements_and_a_busy_polling_backup() {
     pair_kill_loop(PairKind::PgPg, "pair_pgpg_rcv", 0x00C0_0013, "received", 200);
+}
+
+/// The same cycles with etcd electing the primary (issue 33): after each kill the killed
+/// member is restarted at once and the election alone picks who leads next.
+#[test]
+fn pair_kill_loop_postgres_postgres_elected_on_etcd() {
+    run_pair_kill_loop(PairKind::PgPg, "pair_pgpg_etcd", 0x00C0_0014, ("durable", 0), true);
 }
 
 #[test]
