@@ -1,0 +1,375 @@
+//! Two `decree serve` processes as a pair whose primary etcd elects (`[pair.etcd]`, issue
+//! 33), on the 3-member etcd cluster of scripts/test-etcd.sh (skipped, saying so, when
+//! `DECREE_TEST_ETCD` is not set). Built only with the `etcd` feature (scripts/test.sh runs
+//! `cargo test --release -p decree-cli --features etcd,crash-points --test pair_etcd`).
+//!
+//! The bugs these guard against: a primary that goes on acknowledging after its lease
+//! lapsed (etcd unreachable), or that loses its epoch when etcd comes back; a failover when
+//! only etcd's own leader died; an etcd request on the commit path; a backup that restarted
+//! (out of sync) taking over and presuming aborted what the primary acknowledged; a primary
+//! stopped by SIGTERM whose lease lingers. Times are printed, never asserted.
+//!
+//! The tests share the etcd cluster, which one of them kills: they run one at a time.
+
+mod common;
+
+use common::{free_port, Reaped};
+use decree_client::RemoteDecisions;
+use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One test at a time: one of them kills etcd.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The members' lease: issue 33's figures are taken with 1 s.
+const LEASE_TTL_S: u64 = 1;
+
+/// Longer than a lease surely lasts on a busy machine, for "it did not happen" checks.
+const WELL_PAST_THE_LEASE: Duration = Duration::from_secs(3);
+
+struct Member {
+    config: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+/// The etcd cluster's endpoints, or `None` (the test is skipped) without one.
+fn etcd_endpoints() -> Option<Vec<String>> {
+    let list = std::env::var("DECREE_TEST_ETCD").ok().filter(|l| !l.is_empty());
+    if list.is_none() {
+        eprintln!("skipped: DECREE_TEST_ETCD is not set (scripts/test-etcd.sh start; eval \"$(scripts/test-etcd.sh env)\")");
+    }
+    Some(list?.split(',').map(str::to_string).collect())
+}
+
+/// Members `a` (1) and `b` (2) of pair `pair` in `dir`; `b_link` is where b listens for its
+/// primary's link (a dials `links.1`: a different port cuts b off).
+fn members(dir: &Path, endpoints: &[String], pair: &str, links: (u16, u16), b_link: u16) -> (Member, Member) {
+    let write = |name: &str, id: u8, link: u16, peer_link: u16, peer: &str| {
+        let (config, socket) = (dir.join(format!("{name}.toml")), dir.join(format!("{name}.sock")));
+        let endpoints: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+        let text = format!(
+            "node = 6\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
+             [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
+             peer_clients = \"unix:{}\"\nsecret_file = \"{}\"\n\
+             [pair.etcd]\nendpoints = [{}]\npair = \"{pair}\"\nlease_ttl_s = {LEASE_TTL_S}\n\
+             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
+            dir.join(name).display(),
+            socket.display(),
+            dir.join(format!("{peer}.sock")).display(),
+            decree_server::testing::pair_secret(dir).unwrap().display(),
+            endpoints.join(", "),
+        );
+        std::fs::write(&config, text).unwrap();
+        Member { log: config.with_extension("log"), config, socket }
+    };
+    (write("a", 1, links.0, links.1, "b"), write("b", 2, b_link, links.0, "a"))
+}
+
+fn serve(m: &Member) -> Reaped {
+    let _ = std::fs::remove_file(&m.socket);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["serve", "-v", "--config"])
+        .arg(&m.config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts decree serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !m.socket.exists() {
+        assert!(Instant::now() < deadline, "no socket after 20 s:\n{}", tail(m));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Reaped(child)
+}
+
+fn tail(m: &Member) -> String {
+    let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// The member's status, `None` while it cannot answer.
+fn status(m: &Member) -> Option<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["status", "--format", "json", "--config"])
+        .arg(&m.config)
+        .output()
+        .unwrap();
+    out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+}
+
+fn eventually(what: &str, members: &[&Member], mut cond: impl FnMut() -> bool) -> Duration {
+    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(30));
+    while !cond() {
+        let logs: Vec<String> = members.iter().map(|m| tail(m)).collect();
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until {what}; logs:\n{}",
+            logs.join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    started.elapsed()
+}
+
+/// Whether `m` leads strictly with its backup caught up (`backup`'s status says so).
+fn strict_pair(primary: &Member, backup: &Member) -> bool {
+    let (Some(p), Some(b)) = (status(primary), status(backup)) else { return false };
+    p["role"] == "primary" && p["strict"] == true && b["role"] == "backup" && b["caught_up"] == true
+}
+
+/// Waits until one of the two leads strictly with the other caught up; returns (primary,
+/// backup).
+fn wait_strict<'a>(a: &'a Member, b: &'a Member) -> (&'a Member, &'a Member) {
+    let mut found = None;
+    eventually("one member leads strictly, the other caught up", &[a, b], || {
+        found = [(a, b), (b, a)].into_iter().find(|(p, q)| strict_pair(p, q));
+        found.is_some()
+    });
+    found.expect("found")
+}
+
+fn epoch(m: &Member) -> u64 {
+    status(m).and_then(|s| s["epoch_raw"].as_u64()).unwrap_or(0)
+}
+
+fn connect(m: &Member) -> RemoteDecisions {
+    RemoteDecisions::connect(&format!("unix:{}", m.socket.display())).expect("connect to the primary")
+}
+
+fn decision(store: &RemoteDecisions, session: u64, sequence: u64) -> Decision {
+    let xid = Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence });
+    let branches = vec![
+        BranchRecord { rm: "dummy-0".into(), branch: 0 },
+        BranchRecord { rm: "dummy-1".into(), branch: 1 },
+    ];
+    Decision { xid, branches }
+}
+
+/// Decides `count` transactions through `primary`; returns their Xids, all acknowledged.
+fn decide(primary: &Member, count: u64) -> Vec<Xid> {
+    let store = connect(primary);
+    let session = store.open_session().expect("a session");
+    (1..=count)
+        .map(|sequence| {
+            let d = decision(&store, session, sequence);
+            store.decide(&d).unwrap_or_else(|e| panic!("decision {sequence} not acknowledged: {e}"));
+            d.xid
+        })
+        .collect()
+}
+
+/// Every Xid is answered committed by `m`.
+fn all_committed(m: &Member, xids: &[Xid]) {
+    let store = connect(m);
+    for xid in xids {
+        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid} after the failover");
+    }
+}
+
+/// The etcd requests a member made (keepalives aside), from its status.
+fn etcd_requests(m: &Member) -> u64 {
+    status(m)
+        .and_then(|s| s["etcd"]["requests"].as_u64())
+        .expect("an elected member reports its etcd requests")
+}
+
+/// Runs scripts/test-etcd.sh with `args` (kill, restart members by name).
+fn etcd_script(args: &[&str]) {
+    let script = std::env::var("DECREE_TEST_ETCD_SCRIPT").expect("DECREE_TEST_ETCD_SCRIPT");
+    let status = Command::new("bash").arg(script).args(args).status().expect("run test-etcd.sh");
+    assert!(status.success(), "test-etcd.sh {args:?}: {status}");
+}
+
+/// etcd members killed by a test, started again however the test ends (the next tests
+/// need them).
+struct Killed(Vec<String>);
+
+impl Killed {
+    fn kill(names: &[&str]) -> Killed {
+        etcd_script(&[&["kill"], names].concat());
+        Killed(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    fn restart(mut self) {
+        let names = std::mem::take(&mut self.0);
+        etcd_script(&[vec!["restart"], names.iter().map(String::as_str).collect()].concat());
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let names: Vec<&str> = self.0.iter().map(String::as_str).collect();
+            let script = std::env::var("DECREE_TEST_ETCD_SCRIPT").unwrap_or_default();
+            let _ = Command::new("bash").arg(script).arg("restart").args(names).status();
+        }
+    }
+}
+
+/// The etcd members' names and client ports (`DECREE_TEST_ETCD_MEMBERS`).
+fn etcd_members() -> Vec<(String, u16)> {
+    let list = std::env::var("DECREE_TEST_ETCD_MEMBERS").expect("DECREE_TEST_ETCD_MEMBERS");
+    list.split_whitespace()
+        .filter_map(|m| m.split_once('=').map(|(name, port)| (name.to_string(), port.parse().unwrap())))
+        .collect()
+}
+
+/// The name of etcd's Raft leader, asked of each member's JSON gateway.
+fn etcd_leader() -> String {
+    for (name, port) in etcd_members() {
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { continue };
+        let body = "{}";
+        let request = format!(
+            "POST /v3/maintenance/status HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        let Some((_, json)) = answer.split_once("\r\n\r\n") else { continue };
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(json) else { continue };
+        if json["header"]["member_id"] == json["leader"] {
+            return name;
+        }
+    }
+    panic!("no etcd member says it leads");
+}
+
+/// A new pair name (etcd's data outlives one test run).
+fn pair_name(test: &str) -> String {
+    format!("{test}-{}-{}", std::process::id(), free_port())
+}
+
+#[test]
+fn an_elected_primary_acknowledges_nothing_while_etcd_is_gone_and_resumes_its_epoch_when_it_returns() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("outage"), links, links.1);
+    let (_a, _b) = (serve(&a), serve(&b));
+    let (primary, backup) = wait_strict(&a, &b);
+    let led = epoch(primary);
+
+    // No etcd request on the commit path: a thousand decisions leave the count unchanged
+    // (the recording of the backup in sync may still be on its way: wait for it to settle).
+    let mut before = etcd_requests(primary);
+    eventually("the primary's etcd requests settle", &[primary], || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = etcd_requests(primary);
+        std::mem::replace(&mut before, now) == now
+    });
+    let acknowledged = decide(primary, 1000);
+    assert_eq!(etcd_requests(primary), before, "etcd requests on the commit path");
+
+    // etcd's leader dies: the cluster elects another, the pair keeps its primary.
+    let leader = etcd_leader();
+    let killed = Killed::kill(&[&leader]);
+    let more = decide(primary, 1);
+    assert_eq!(epoch(primary), led, "a failover when only etcd's leader died");
+    killed.restart();
+
+    // Every etcd member dies: once the lease has surely lapsed, a decision is written and
+    // confirmed by the backup but not acknowledged, however long etcd stays away.
+    let names: Vec<String> = etcd_members().into_iter().map(|(name, _)| name).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let killed = Killed::kill(&names);
+    let killed_at = Instant::now();
+    std::thread::sleep(WELL_PAST_THE_LEASE);
+    let store = connect(primary);
+    let held = decision(&store, store.open_session().expect("a session"), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let deciding = std::thread::spawn(move || {
+        let answer = store.decide(&held);
+        let _ = tx.send(Instant::now());
+        (answer, held.xid)
+    });
+    assert!(
+        rx.recv_timeout(WELL_PAST_THE_LEASE).is_err(),
+        "a decision was acknowledged {:?} after etcd died, with the lease long lapsed",
+        killed_at.elapsed()
+    );
+    assert_eq!(status(backup).map(|s| s["role"].clone()), Some("backup".into()), "the backup took over");
+    let returning = Instant::now();
+    killed.restart();
+    let (answer, held_xid) = deciding.join().unwrap();
+    answer.expect("the held decision is acknowledged once etcd returns");
+    eprintln!(
+        "etcd restarted: the held decision was answered {:?} after the restart began",
+        returning.elapsed()
+    );
+    assert_eq!(epoch(primary), led, "the same epoch goes on once etcd returns");
+    all_committed(primary, &[acknowledged, more, vec![held_xid]].concat());
+}
+
+#[test]
+fn a_restarted_backup_out_of_sync_never_takes_over_and_the_dead_primary_leads_again() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("out-of-sync"), links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let (p, q) = if std::ptr::eq(primary, &a) { (0, 1) } else { (1, 0) };
+    let led = epoch(primary);
+    let acknowledged = decide(primary, 50);
+
+    // The backup restarts where the primary cannot reach it (another link port): a new
+    // process, never caught up, so never recorded in sync.
+    drop(servers[q].take());
+    let cut = dir.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    let moved =
+        Member { config: cut.join("moved.toml"), socket: backup.socket.clone(), log: backup.log.clone() };
+    let text = std::fs::read_to_string(&backup.config).unwrap();
+    let own_link = format!("\nlink = \"127.0.0.1:{}\"", if q == 1 { links.1 } else { links.0 });
+    assert!(text.contains(&own_link), "{text}");
+    let elsewhere = format!("\nlink = \"127.0.0.1:{}\"", free_port());
+    std::fs::write(&moved.config, text.replace(&own_link, &elsewhere)).unwrap();
+    servers[q] = Some(serve(&moved));
+
+    // The primary dies: the out-of-sync backup may not lead, however long it waits.
+    drop(servers[p].take());
+    std::thread::sleep(WELL_PAST_THE_LEASE);
+    let s = status(&moved).expect("the backup answers");
+    assert_eq!(s["role"], "backup", "an out-of-sync backup took over: {s}\n{}", tail(&moved));
+
+    // The dead primary, back over its log, leads again above its epoch.
+    servers[p] = Some(serve(primary));
+    eventually("the old primary leads again", &[primary, &moved], || {
+        status(primary).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    all_committed(primary, &acknowledged);
+}
+
+#[test]
+fn sigterm_hands_the_lead_to_the_backup_at_once_and_it_holds_every_acknowledged_decision() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("sigterm"), links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let p = if std::ptr::eq(primary, &a) { 0 } else { 1 };
+    let led = epoch(primary);
+    let acknowledged = decide(primary, 100);
+    let server = servers[p].take().expect("runs");
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(server.0.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let took = eventually("the backup leads", &[primary, backup], || {
+        status(backup).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    eprintln!("SIGTERM to the backup leading: {took:?} (polled every 10 ms)");
+    all_committed(backup, &acknowledged);
+    drop(server);
+}
