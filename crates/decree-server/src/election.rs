@@ -72,6 +72,20 @@ fn parse<T: for<'de> serde::Deserialize<'de>>(key: &str, got: decree_etcd::Got) 
     }
 }
 
+/// The etcd user's password from `file`, refused when other users may read it.
+fn read_password(file: &std::path::Path) -> Result<String, ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let named = |e: &dyn std::fmt::Display| {
+        ServerError::Io(format!("[pair.etcd] password_file {}: {e}", file.display()))
+    };
+    let mode = std::fs::metadata(file).map_err(|e| named(&e))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        let why = format!("mode {:o} lets other users read it: chmod 600 {}", mode & 0o777, file.display());
+        return Err(named(&why));
+    }
+    std::fs::read_to_string(file).map_err(|e| named(&e))
+}
+
 fn etcd_error(e: EtcdError) -> ServerError {
     ServerError::Io(format!("etcd: {e}"))
 }
@@ -93,8 +107,7 @@ impl Election {
             key: t.key.clone(),
         });
         if let (Some(user), Some(file)) = (&config.user, &config.password_file) {
-            let password = std::fs::read_to_string(file)
-                .map_err(|e| ServerError::Io(format!("[pair.etcd] password_file {}: {e}", file.display())))?;
+            let password = read_password(file)?;
             etcd_config.user = Some((user.clone(), password.trim_end().to_string()));
         }
         let etcd = Etcd::connect(&etcd_config).await.map_err(etcd_error)?;
