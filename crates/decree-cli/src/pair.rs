@@ -117,6 +117,17 @@ fn status_text(s: &serde_json::Value) -> String {
             out += &format!("  busy poll: {us} us after each batch ({} turns awake)\n", s["busy_poll_turns"]);
         }
     }
+    let etcd = &s["etcd"];
+    if etcd.is_object() {
+        out += &format!(
+            "  elected on etcd ({}): leads {}, lease alive {}, run {}, {} etcd requests\n",
+            text(&etcd["leader_key"]),
+            yes_no(&etcd["leads"]),
+            yes_no(&etcd["lease_alive"]),
+            text(&etcd["run"]),
+            etcd["requests"]
+        );
+    }
     out
 }
 
@@ -127,4 +138,26 @@ fn text(v: &serde_json::Value) -> String {
 
 fn now_unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_elected_members_status_says_whether_it_leads_on_etcd_and_its_lease_lives() {
+        let status = serde_json::json!({
+            "role": "backup", "member": 2, "epoch": "3.1", "epoch_raw": 769, "caught_up": true,
+            "ack": "durable", "live_decisions": 4, "link": {"connected": true, "last_end": null},
+            "etcd": {"leader_key": "/decree/orders/leader", "leads": false, "lease_alive": true,
+                     "run": "00000000000000ff", "requests": 12},
+        });
+        let text = status_text(&status);
+        assert!(
+            text.contains("elected on etcd (/decree/orders/leader): leads no, lease alive yes, run 00000000000000ff, 12 etcd requests"),
+            "{text}"
+        );
+        let without = status_text(&serde_json::json!({"role": "backup", "member": 2, "epoch_raw": 0}));
+        assert!(!without.contains("etcd"), "{without}");
+    }
 }

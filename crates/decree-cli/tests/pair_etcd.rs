@@ -16,7 +16,7 @@ mod common;
 use common::{free_port, Reaped};
 use decree_client::RemoteDecisions;
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
-use std::io::{Read, Write};
+use decree_server::testing::etcd::{self, Killed};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -37,13 +37,12 @@ struct Member {
     log: PathBuf,
 }
 
-/// The etcd cluster's endpoints, or `None` (the test is skipped) without one.
+/// The etcd cluster's endpoints; `None`, saying so, when it does not run (the test skips).
 fn etcd_endpoints() -> Option<Vec<String>> {
-    let list = std::env::var("DECREE_TEST_ETCD").ok().filter(|l| !l.is_empty());
-    if list.is_none() {
-        eprintln!("skipped: DECREE_TEST_ETCD is not set (scripts/test-etcd.sh start; eval \"$(scripts/test-etcd.sh env)\")");
-    }
-    Some(list?.split(',').map(str::to_string).collect())
+    etcd::endpoints().or_else(|| {
+        eprintln!("{}", etcd::SKIPPED);
+        None
+    })
 }
 
 /// Members `a` (1) and `b` (2) of pair `pair` in `dir`; `b_link` is where b listens for its
@@ -180,69 +179,6 @@ fn etcd_requests(m: &Member) -> u64 {
         .expect("an elected member reports its etcd requests")
 }
 
-/// Runs scripts/test-etcd.sh with `args` (kill, restart members by name).
-fn etcd_script(args: &[&str]) {
-    let script = std::env::var("DECREE_TEST_ETCD_SCRIPT").expect("DECREE_TEST_ETCD_SCRIPT");
-    let status = Command::new("bash").arg(script).args(args).status().expect("run test-etcd.sh");
-    assert!(status.success(), "test-etcd.sh {args:?}: {status}");
-}
-
-/// etcd members killed by a test, started again however the test ends (the next tests
-/// need them).
-struct Killed(Vec<String>);
-
-impl Killed {
-    fn kill(names: &[&str]) -> Killed {
-        etcd_script(&[&["kill"], names].concat());
-        Killed(names.iter().map(|n| n.to_string()).collect())
-    }
-
-    fn restart(mut self) {
-        let names = std::mem::take(&mut self.0);
-        etcd_script(&[vec!["restart"], names.iter().map(String::as_str).collect()].concat());
-    }
-}
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if !self.0.is_empty() {
-            let names: Vec<&str> = self.0.iter().map(String::as_str).collect();
-            let script = std::env::var("DECREE_TEST_ETCD_SCRIPT").unwrap_or_default();
-            let _ = Command::new("bash").arg(script).arg("restart").args(names).status();
-        }
-    }
-}
-
-/// The etcd members' names and client ports (`DECREE_TEST_ETCD_MEMBERS`).
-fn etcd_members() -> Vec<(String, u16)> {
-    let list = std::env::var("DECREE_TEST_ETCD_MEMBERS").expect("DECREE_TEST_ETCD_MEMBERS");
-    list.split_whitespace()
-        .filter_map(|m| m.split_once('=').map(|(name, port)| (name.to_string(), port.parse().unwrap())))
-        .collect()
-}
-
-/// The name of etcd's Raft leader, asked of each member's JSON gateway.
-fn etcd_leader() -> String {
-    for (name, port) in etcd_members() {
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { continue };
-        let body = "{}";
-        let request = format!(
-            "POST /v3/maintenance/status HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        let Some((_, json)) = answer.split_once("\r\n\r\n") else { continue };
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(json) else { continue };
-        if json["header"]["member_id"] == json["leader"] {
-            return name;
-        }
-    }
-    panic!("no etcd member says it leads");
-}
-
 /// A new pair name (etcd's data outlives one test run).
 fn pair_name(test: &str) -> String {
     format!("{test}-{}-{}", std::process::id(), free_port())
@@ -271,7 +207,7 @@ fn an_elected_primary_acknowledges_nothing_while_etcd_is_gone_and_resumes_its_ep
     assert_eq!(etcd_requests(primary), before, "etcd requests on the commit path");
 
     // etcd's leader dies: the cluster elects another, the pair keeps its primary.
-    let leader = etcd_leader();
+    let leader = etcd::leader().expect("etcd has a leader");
     let killed = Killed::kill(&[&leader]);
     let more = decide(primary, 1);
     assert_eq!(epoch(primary), led, "a failover when only etcd's leader died");
@@ -279,7 +215,7 @@ fn an_elected_primary_acknowledges_nothing_while_etcd_is_gone_and_resumes_its_ep
 
     // Every etcd member dies: once the lease has surely lapsed, a decision is written and
     // confirmed by the backup but not acknowledged, however long etcd stays away.
-    let names: Vec<String> = etcd_members().into_iter().map(|(name, _)| name).collect();
+    let names: Vec<String> = etcd::members().into_iter().map(|(name, _)| name).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let killed = Killed::kill(&names);
     let killed_at = Instant::now();
@@ -372,6 +308,48 @@ fn sigterm_hands_the_lead_to_the_backup_at_once_and_it_holds_every_acknowledged_
     eprintln!("SIGTERM to the backup leading: {took:?} (polled every 10 ms)");
     all_committed(backup, &acknowledged);
     drop(server);
+}
+
+#[test]
+fn a_forced_epoch_is_recorded_when_etcd_returns_and_the_old_primary_rejoins_as_its_backup() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("forced"), links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let p = if std::ptr::eq(primary, &a) { 0 } else { 1 };
+    let before = decide(primary, 20);
+
+    // etcd is gone and so is the primary: the operator forces the backup, which
+    // acknowledges alone (the operator's promotion is the only fence while etcd is away).
+    let names: Vec<String> = etcd::members().into_iter().map(|(name, _)| name).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let killed = Killed::kill(&names);
+    drop(servers[p].take());
+    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["promote", "--force", "--config"])
+        .arg(&backup.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("leads epoch"), "{text}\n{}", tail(backup));
+    let forced = epoch(backup);
+    let during = decide(backup, 20);
+
+    // etcd returns: the forced epoch is recorded (the old leader key replaced), and the old
+    // primary, restarted, finds it leading and rejoins as its backup.
+    killed.restart();
+    eventually("the forced member leads on etcd", &[backup], || {
+        status(backup).is_some_and(|s| s["etcd"]["leads"] == true)
+    });
+    servers[p] = Some(serve(primary));
+    eventually("the old primary is the forced one's backup", &[backup, primary], || {
+        strict_pair(backup, primary)
+    });
+    assert_eq!(epoch(backup), forced, "the forced epoch goes on");
+    all_committed(backup, &[before, during].concat());
 }
 
 /// The median and the largest of `times`, in milliseconds.

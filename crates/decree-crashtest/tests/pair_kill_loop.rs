@@ -45,6 +45,13 @@
 //!   promoted, the old primary continued, and SIGKILLed at a random moment while it learns
 //!   of the new epoch at its first contact and steps down.
 //!
+//! Elected on etcd (`pair_kill_loop_postgres_postgres_elected_on_etcd`, issue 33, when
+//! scripts/test-etcd.sh's cluster runs), nobody promotes: the killed member is restarted at
+//! once and the election alone picks who leads next; the cycles add three faults in turn:
+//! etcd's Raft leader killed before the primary, every etcd member killed for up to twice
+//! the lease (the primary holds its answers meanwhile) then the primary, and both members
+//! killed at once.
+//!
 //! Then the test promotes the other member with `decree promote` (not forced: it caught
 //! up), restarts the killed member (it rejoins as the backup), waits until the new primary
 //! is strict and checks that the old primary serves nobody (a run given only its socket is
@@ -159,7 +166,8 @@ fn decree_bin() -> &'static Path {
         let mut build = Command::new(cargo);
         // The election on etcd too when the test script started etcd (its client's build
         // needs protoc, which the script installs with etcd).
-        let features = if etcd_endpoints().is_some() { "crash-points,etcd" } else { "crash-points" };
+        let etcd = std::env::var("DECREE_TEST_ETCD").is_ok_and(|e| !e.is_empty());
+        let features = if etcd { "crash-points,etcd" } else { "crash-points" };
         build
             .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", features])
             .arg("--target-dir")
@@ -269,12 +277,6 @@ struct Member {
     log: PathBuf,
     /// Its log directory, which holds its control socket.
     log_dir: PathBuf,
-}
-
-/// The endpoints of the test's etcd cluster (scripts/test-etcd.sh), if it runs.
-fn etcd_endpoints() -> Option<Vec<String>> {
-    let list = std::env::var("DECREE_TEST_ETCD").ok().filter(|l| !l.is_empty())?;
-    Some(list.split(',').map(str::to_string).collect())
 }
 
 /// The lease of members elected on etcd: the 1 s of issue 33's figures.
@@ -526,6 +528,14 @@ impl Pair {
         origin.unwrap_or_else(|| panic!("{context}: no origin in the crash line {line:?}")).to_string()
     }
 
+    /// SIGKILLs the backup (started again with the primary, in `promote_other`).
+    fn kill_backup(&mut self, context: &str) {
+        let mut server = self.servers[1 - self.primary].take().expect("the backup runs");
+        server.0.kill().expect("SIGKILL the backup");
+        let status = server.0.wait().expect("reap the backup");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{context}: the backup ended before the kill");
+    }
+
     /// SIGKILLs the backup and starts it again at once: it rejoins and catches up.
     fn restart_backup(&mut self, context: &str) {
         let backup = 1 - self.primary;
@@ -588,7 +598,11 @@ impl Pair {
             // Restarted at once, as a supervisor would: whichever member the election
             // allows leads next (the in-sync backup, or the dead primary back over its log
             // when the backup was out of sync, say in the middle of a catch-up).
-            self.servers[dead] = Some(self.members[dead].serve());
+            for member in 0..2 {
+                if self.servers[member].is_none() {
+                    self.servers[member] = Some(self.members[member].serve());
+                }
+            }
             self.epoch = self.wait_elected([true, true], context);
             return self.epoch;
         }
@@ -722,7 +736,7 @@ struct Totals {
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
     /// Cycles by mode (see [`Mode::index`]).
-    modes: [u64; 9],
+    modes: [u64; 12],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
     /// committed (the backup held the decision), rolled back, other.
     written_outcomes: [u64; 3],
@@ -869,15 +883,28 @@ enum Mode {
     /// primary learns of the new epoch at its first contact and steps down, and is
     /// SIGKILLed at a random moment of that deposition (issue 32, defects 8 to 10).
     Deposition,
+    /// Elected on etcd only: etcd's Raft leader SIGKILLed under traffic, then the primary
+    /// at a random moment; etcd's leader is restarted after the failover.
+    EtcdLeader,
+    /// Elected on etcd only: every etcd member SIGKILLed under traffic for a random time up
+    /// to twice the lease (the primary then holds its answers), restarted, then the
+    /// primary SIGKILLed.
+    EtcdGone,
+    /// Elected on etcd only: both members SIGKILLed at once under traffic, both restarted.
+    BothMembers,
 }
 
 impl Mode {
     /// The cycle's mode: ten kinds in turn, the primary alone twice (and in place of the
     /// catch-up in `received` mode, where a backup SIGKILLed then the primary is the
     /// double failure that mode does not survive).
-    fn pick(cycle: u64, rng: &mut impl Rng, ack: &str) -> Mode {
+    fn pick(cycle: u64, rng: &mut impl Rng, ack: &str, elected: bool) -> Mode {
         let nth = rng.gen_range(1..=8);
-        match cycle % 10 {
+        let kind = if elected { cycle % 13 } else { cycle % 10 };
+        match kind {
+            10 => Mode::EtcdLeader,
+            11 => Mode::EtcdGone,
+            12 => Mode::BothMembers,
             0 | 9 => Mode::Primary,
             1 => Mode::Both,
             2 => Mode::Point(CrashPoint::Decided, nth),
@@ -904,6 +931,9 @@ impl Mode {
             Mode::Server(ServerPoint::PhaseTwo, _) => 6,
             Mode::CatchUp => 7,
             Mode::Deposition => 8,
+            Mode::EtcdLeader => 9,
+            Mode::EtcdGone => 10,
+            Mode::BothMembers => 11,
         }
     }
 
@@ -923,6 +953,9 @@ impl Mode {
             Mode::Primary
                 | Mode::CatchUp
                 | Mode::Deposition
+                | Mode::EtcdLeader
+                | Mode::EtcdGone
+                | Mode::BothMembers
                 | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
         )
     }
@@ -932,7 +965,7 @@ impl Mode {
 /// some modes, or by itself at a crash point), the other promoted, the killed one back as
 /// the backup, a run that must succeed, and the checks.
 fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: &mut Totals) {
-    let mode = Mode::pick(cycle, rng, l.ack);
+    let mode = Mode::pick(cycle, rng, l.ack, pair.elected);
     totals.modes[mode.index()] += 1;
     let delay_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..=LINK_DELAY_MAX_MS) };
     pair.link_delay.store(delay_ms * 1000, Ordering::Relaxed);
@@ -1010,7 +1043,8 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
         let status = common::wait_exit(child, WAIT_MAX);
         let killed = status.is_some_and(|s| s.signal() == Some(libc::SIGKILL));
         assert!(killed, "{context}: expected the crash point's SIGKILL, got {status:?}: {}", why());
-    } else if let Mode::Primary | Mode::Both = k.mode {
+    } else if let Mode::Primary | Mode::Both | Mode::EtcdLeader | Mode::EtcdGone | Mode::BothMembers = k.mode
+    {
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{context}: the workload ended before the kill ({status}): {}", why());
@@ -1026,12 +1060,40 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
         // The primary redials every 100 ms; its catch-up follows the backup's hello.
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
     }
+    // Restarted when the value is dropped, after the failover, or at once for `EtcdGone`.
+    let _etcd_down = etcd_fault(pair, k.mode, rng);
+    if let Mode::BothMembers = k.mode {
+        pair.kill_backup(context);
+    }
     match (k.mode, k.log_from) {
         (Mode::Server(point, _), Some(from)) => Some(pair.wait_crash(point.name(), from, context)),
         _ => {
             pair.kill_primary(context);
             None
         }
+    }
+}
+
+/// The etcd fault of the mode, if any: etcd's leader killed (restarted when the returned
+/// value drops, after the failover), or every member killed for a random time up to twice
+/// the lease and restarted before the primary's kill.
+fn etcd_fault(pair: &Pair, mode: Mode, rng: &mut impl Rng) -> Option<decree_server::testing::etcd::Killed> {
+    use decree_server::testing::etcd;
+    match mode {
+        Mode::EtcdLeader => {
+            let leader = etcd::leader()?;
+            Some(etcd::Killed::kill(&[&leader]))
+        }
+        Mode::EtcdGone => {
+            let names: Vec<String> = etcd::members().into_iter().map(|(name, _)| name).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let killed = etcd::Killed::kill(&names);
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..=2000 * LEASE_TTL_S)));
+            killed.restart();
+            assert!(pair.elected, "etcd faults only for a pair elected on etcd");
+            None
+        }
+        _ => None,
     }
 }
 
@@ -1122,13 +1184,10 @@ fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, bu
 fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static str, u64), elected: bool) {
     let (ack, busy_poll_us) = backup;
     let Some(config) = common::bank_config(kind, prefix, ACCOUNTS) else { return };
-    let etcd = match (elected, etcd_endpoints()) {
-        (false, _) => None,
-        (true, Some(endpoints)) => Some((endpoints, format!("{prefix}-{}", std::process::id()))),
-        (true, None) => {
-            eprintln!("skipped: DECREE_TEST_ETCD is not set (scripts/test-etcd.sh start, then eval its env)");
-            return;
-        }
+    let etcd = match elected.then(decree_server::testing::etcd::endpoints) {
+        None => None,
+        Some(Some(endpoints)) => Some((endpoints, format!("{prefix}-{}", std::process::id()))),
+        Some(None) => return eprintln!("{}", decree_server::testing::etcd::SKIPPED),
     };
     let (seed, mut rng) = common::seeded_rng("DECREE_PAIR_KILL_SEED");
     let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
@@ -1161,7 +1220,7 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
     eprintln!(
         "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
-         phase-two / during a catch-up / during a deposition: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",

@@ -223,6 +223,9 @@ pub enum NotNow {
     /// The records do not parse, or disagree (a counter below the sync record's epoch).
     #[error("the pair's records in etcd are inconsistent: {0}")]
     Inconsistent(String),
+    /// An epoch above this member's forced one was minted meanwhile: it must step down.
+    #[error("epoch count {0} was minted after this member's forced epoch: it must step down")]
+    Superseded(u64),
 }
 
 /// The epoch of count `count` minted by `member`.
@@ -276,6 +279,42 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
         ],
     };
     Ok((txn, epoch))
+}
+
+/// The transaction by which a member promoted with `decree promote --force` while etcd was
+/// unreachable records its epoch `forced` once etcd answers again: it takes the leader key
+/// (removing a stale one of an older epoch, whose holder's lease has not lapsed yet: that
+/// holder stops acting when its lease does), raises the counter to the forced epoch's count
+/// and names itself alone in the sync record. Refused when a newer epoch leads or was
+/// minted meanwhile (this member must step down). Fails unless every key is still as
+/// `view` read it.
+pub fn record_forced(view: &View, me: &Candidate, forced: Epoch, keys: &Keys) -> Result<Txn, NotNow> {
+    if let Some(leader) = &view.leader.value {
+        let epoch = Epoch::from_raw(leader.epoch);
+        if epoch > forced {
+            return Err(NotNow::Led(leader.member, epoch));
+        }
+    }
+    if let Some(counter) = view.counter.value.filter(|&c| c > forced.count()) {
+        return Err(NotNow::Superseded(counter));
+    }
+    let leader = Leader { member: me.member.get(), run: me.run.clone(), epoch: forced.raw() };
+    let sync = SyncRecord {
+        epoch: forced.raw(),
+        members: vec![InSync { member: me.member.get(), run: me.run.clone() }],
+    };
+    Ok(Txn {
+        compares: vec![
+            Compare::ModRevision(keys.leader.clone(), view.leader.mod_revision),
+            Compare::ModRevision(keys.sync.clone(), view.sync.mod_revision),
+            Compare::ModRevision(keys.epoch.clone(), view.counter.mod_revision),
+        ],
+        ops: vec![
+            Op::Put { key: keys.leader.clone(), value: to_json(&leader), lease: Some(me.lease) },
+            Op::Put { key: keys.epoch.clone(), value: forced.count().to_string(), lease: None },
+            Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
+        ],
+    })
 }
 
 /// The transaction by which the leader `leader` (holding `lease`) records who is in sync

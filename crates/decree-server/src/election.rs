@@ -147,6 +147,11 @@ impl Election {
         self.run
     }
 
+    /// Whether this member leads on etcd (elected, or its forced epoch recorded).
+    pub(crate) fn leads(&self) -> bool {
+        self.leading.load(Ordering::SeqCst)
+    }
+
     /// Whether the lease provably lives now.
     pub(crate) fn lease_alive(&self) -> bool {
         !self.fence.ended() && self.fence.alive()
@@ -429,6 +434,58 @@ impl Election {
                     }
                 }
             }
+        }
+    }
+
+    /// A member forced to lead `epoch` (`decree promote --force`, etcd unreachable) records
+    /// that epoch once etcd answers (taking the leader key, raising the counter), then
+    /// leads it as an elected member does, `fenced` running first (its acts then check the
+    /// lease too); it steps down instead when a newer epoch leads or was minted meanwhile.
+    pub(crate) async fn record_forced(
+        self: Arc<Self>,
+        epoch: Epoch,
+        caught_up: watch::Receiver<Option<BackupRun>>,
+        fenced: Box<dyn FnOnce() + Send>,
+        on_step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut last = String::new();
+        loop {
+            match self.try_record_forced(epoch).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(NotNow::Led(_, newer)) => return on_step_down(Some(newer)),
+                Err(NotNow::Superseded(count)) => {
+                    tracing::error!(%epoch, count, "a newer epoch was minted while this member was forced to lead");
+                    return on_step_down(None);
+                }
+                Err(e) if e.to_string() != last => {
+                    tracing::warn!(error = %e, %epoch, "cannot record the forced epoch in etcd yet; will retry");
+                    last = e.to_string();
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+        tracing::warn!(%epoch, "the forced epoch is recorded in etcd: this member leads it as elected");
+        fenced();
+        self.lead(epoch, caught_up, on_step_down, stop).await
+    }
+
+    /// One attempt: whether the forced epoch is recorded now.
+    async fn try_record_forced(&self, epoch: Epoch) -> Result<bool, NotNow> {
+        let view = self.view().await.map_err(NotNow::Inconsistent)?;
+        let lease = *self.lease.lock();
+        let me = Candidate { member: self.member, run: run_name(self.run), lease: lease.0, highest: epoch };
+        let txn = rules::record_forced(&view, &me, epoch, &self.keys)?;
+        let (compares, ops) = decree_etcd::election::txn(&txn);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match self.etcd.txn(&compares, &ops, &[]).await {
+            Ok(result) => Ok(result.succeeded),
+            Err(e) => Err(NotNow::Inconsistent(e.to_string())),
         }
     }
 

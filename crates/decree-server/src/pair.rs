@@ -352,7 +352,7 @@ pub(crate) async fn run(
     let answers = ControlAnswers { member: member.clone(), election: election.clone() };
     tokio::spawn(serve_control(control, answers, promote_tx));
     // Bound once for both roles: a backup's figures are what an operator watches too.
-    let (metrics_addr, _metrics) = serve_metrics(&config, member.clone()).await?;
+    let (metrics_addr, _metrics) = serve_metrics(&config, member.clone(), election.clone()).await?;
 
     let link = TcpListener::bind(pair.link)
         .await
@@ -365,7 +365,8 @@ pub(crate) async fn run(
     let _ = ready.send((bound.clone(), config.node, 0));
 
     let (campaign_stop, campaign_stop_rx) = watch::channel(false);
-    let won = pair_election::campaign(&election, &follower, &factories, config.node, campaign_stop_rx);
+    let (won, campaigning) =
+        pair_election::campaign(&election, &follower, &factories, config.node, campaign_stop_rx);
     let signals = if listeners.stop_on_signals { crate::install_signals() } else { None };
     let waiting = Waiting {
         follower: &follower,
@@ -375,6 +376,11 @@ pub(crate) async fn run(
     };
     let promoted = waiting.promotion(promote_rx, won, &mut stop_rx, signals).await;
     let _ = campaign_stop.send(true);
+    // Ended before the log is opened again: it may hold the follower for a moment.
+    if let Some(task) = campaigning {
+        task.abort();
+        let _ = task.await;
+    }
     let Some(promoted) = promoted else {
         let _ = follower_stop.send(true);
         let _ = following.await;
@@ -394,11 +400,6 @@ pub(crate) async fn run(
     let (pair_state, backup_link) = (follower.pair_state(), follower.link_report());
     drop(follower);
     let state = Arc::new(crate::open_state(&config, &log_config, factories, None, Some(epoch.raw()))?);
-    // Elected on etcd: every act waits for the lease (a forced promotion, which an
-    // operator makes when etcd is gone for good, is fenced by nothing).
-    if let Some(fence) = pair_election::fence(&election).filter(|_| !promoted.forced) {
-        state.set_fence(fence);
-    }
     let deposed = Deposed {
         stop: stop.clone(),
         storage: Arc::new(StdStorage),
@@ -407,26 +408,15 @@ pub(crate) async fn run(
     };
     let primary = lead(&state, node, config.node, transport, deposed, &backup_link, OutboxLimits::default());
     let leader = primary.leader.clone();
-    if !promoted.forced {
-        let stepping_down = primary.clone();
-        let step_down = Box::new(move |newer: Option<Epoch>| stepping_down.step_down(newer));
-        pair_election::lead(&election, &leader, epoch, step_down, stop_rx.clone());
-    }
+    lead_on_etcd(&election, &state, &primary, epoch, promoted.forced, stop_rx.clone());
     let promotion =
         Promotion { at: promoted.asked.0, took: promoted.asked.1.elapsed(), forced: promoted.forced };
     *member.lock() = Member::Primary(leader.clone(), promotion, Arc::downgrade(&state));
     tokio::spawn(leader.clone().run(pair.peer_link, stop_rx.clone()));
     listen_as_primary(&leader, pair.link, &stop_rx).await;
     tracing::warn!(member = pair.member, %epoch, elected = promoted.reply.is_none(), "promoted: this member leads the pair");
-    // Answered once the client listeners are bound: a client told "promoted" connects at once.
-    let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();
     let answer = format!("promoted: member {} leads epoch {epoch}", pair.member);
-    let reply = promoted.reply;
-    tokio::task::spawn_blocking(move || {
-        if let (Ok(_), Some(reply)) = (bound_rx.recv(), reply) {
-            let _ = reply.send(answer);
-        }
-    });
+    let listening = answer_once_listening(promoted.reply, answer);
     // The metrics endpoint bound above goes on serving, the state's figures now included.
     let config = ServerConfig { metrics: None, ..config };
     let served = crate::serve(config, state, stop, stop_rx, listening, listeners).await;
@@ -437,6 +427,51 @@ pub(crate) async fn run(
         Some(seen) => Err(ServerError::Deposed(seen.to_string())),
         None => Ok(()),
     }
+}
+
+/// Under an election, leads `epoch` on etcd: an elected member's acts wait for its lease
+/// from the start; a forced one (the operator's, etcd gone) records its epoch once etcd
+/// answers, fenced from then on. Either steps down through `primary` when the lead is lost.
+fn lead_on_etcd(
+    election: &Option<Arc<pair_election::Election>>,
+    state: &Arc<State>,
+    primary: &Arc<PrimaryLink>,
+    epoch: Epoch,
+    forced: bool,
+    stop: watch::Receiver<bool>,
+) {
+    let stepping_down = primary.clone();
+    let step_down = Box::new(move |newer: Option<Epoch>| stepping_down.step_down(newer));
+    let fence = pair_election::fence(election);
+    if !forced {
+        if let Some(fence) = fence {
+            state.set_fence(fence);
+        }
+        pair_election::lead(election, &primary.leader, epoch, step_down, stop);
+        return;
+    }
+    let fencing = state.clone();
+    let fenced = Box::new(move || {
+        if let Some(fence) = fence {
+            fencing.set_fence(fence);
+        }
+    });
+    pair_election::record_forced(election, &primary.leader, epoch, fenced, step_down, stop);
+}
+
+/// The channel `crate::serve` reports its listeners on; `answer` goes to the operator's
+/// `decree promote` once they are bound, so that a client told "promoted" connects at once.
+fn answer_once_listening(
+    reply: Option<oneshot::Sender<String>>,
+    answer: String,
+) -> std::sync::mpsc::Sender<(Bound, u32, u64)> {
+    let (listening, bound_rx) = std::sync::mpsc::channel::<(Bound, u32, u64)>();
+    tokio::task::spawn_blocking(move || {
+        if let (Ok(_), Some(reply)) = (bound_rx.recv(), reply) {
+            let _ = reply.send(answer);
+        }
+    });
+    listening
 }
 
 /// Where this member's clients connect, as `NotPrimary` names it (`tcp:` first).
@@ -627,6 +662,7 @@ impl Drop for AbortOnDrop {
 async fn serve_metrics(
     config: &ServerConfig,
     member: Arc<Mutex<Member>>,
+    election: Option<Arc<pair_election::Election>>,
 ) -> Result<(Option<std::net::SocketAddr>, AbortOnDrop), ServerError> {
     let Some(addr) = config.metrics else { return Ok((None, AbortOnDrop(None))) };
     let listener = TcpListener::bind(addr)
@@ -644,6 +680,7 @@ async fn serve_metrics(
         };
         let mut out = state.map(|state| crate::metrics::render(&state)).unwrap_or_default();
         crate::metrics::render_pair(&mut out, figures.as_ref());
+        pair_election::render_metrics(&mut out, &election);
         out
     });
     Ok((bound, AbortOnDrop(Some(tokio::spawn(crate::metrics::serve(listener, render))))))

@@ -61,7 +61,9 @@ pub(crate) async fn start(
 }
 
 /// Campaigns in the background while this member is a backup: the epoch it won comes on
-/// the receiver (nothing ever comes without an election).
+/// the receiver (nothing ever comes without an election). The task holds the follower only
+/// while it reads its highest epoch: the caller aborts it and awaits its end before the
+/// follower's log is opened again (a campaign may be waiting on an unreachable etcd).
 #[cfg(feature = "etcd")]
 pub(crate) fn campaign(
     election: &Option<Arc<Election>>,
@@ -69,11 +71,11 @@ pub(crate) fn campaign(
     factories: &[Arc<dyn RmFactory>],
     node: u32,
     stop: watch::Receiver<bool>,
-) -> mpsc::Receiver<Epoch> {
+) -> (mpsc::Receiver<Epoch>, Option<tokio::task::JoinHandle<()>>) {
     let (won_tx, won) = mpsc::channel(1);
-    let Some(election) = election.clone() else { return won };
-    let (follower, factories) = (follower.clone(), factories.to_vec());
-    tokio::spawn(async move {
+    let Some(election) = election.clone() else { return (won, None) };
+    let (follower, factories) = (Arc::downgrade(follower), factories.to_vec());
+    let task = tokio::spawn(async move {
         let highest = || {
             let (follower, factories) = (follower.clone(), factories.clone());
             async move {
@@ -81,14 +83,15 @@ pub(crate) fn campaign(
                     tokio::task::spawn_blocking(move || crate::pair::prepared_highest(&factories, node))
                         .await
                         .unwrap_or(Epoch::NONE);
-                follower.highest_known().max(prepared)
+                let known = follower.upgrade().map_or(Epoch::NONE, |f| f.highest_known());
+                known.max(prepared)
             }
         };
         if let Some(epoch) = election.campaign(highest, stop).await {
             let _ = won_tx.send(epoch).await;
         }
     });
-    won
+    (won, Some(task))
 }
 
 /// Campaigns in the background (never, in this build).
@@ -99,8 +102,8 @@ pub(crate) fn campaign(
     _factories: &[Arc<dyn RmFactory>],
     _node: u32,
     _stop: watch::Receiver<bool>,
-) -> mpsc::Receiver<Epoch> {
-    mpsc::channel(1).1
+) -> (mpsc::Receiver<Epoch>, Option<tokio::task::JoinHandle<()>>) {
+    (mpsc::channel(1).1, None)
 }
 
 /// Leads `epoch` on etcd in the background: records caught-up backups in sync and runs
@@ -116,6 +119,34 @@ pub(crate) fn lead(
     if let Some(election) = election.clone() {
         tokio::spawn(election.lead(epoch, leader.caught_up_backups(), step_down, stop));
     }
+}
+
+/// A member forced to lead `epoch` records it in etcd once etcd answers, then leads it as
+/// elected (`fenced` gives its state the lease's fence first).
+#[cfg(feature = "etcd")]
+pub(crate) fn record_forced(
+    election: &Option<Arc<Election>>,
+    leader: &Arc<Leader>,
+    epoch: Epoch,
+    fenced: Box<dyn FnOnce() + Send>,
+    step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
+    stop: watch::Receiver<bool>,
+) {
+    if let Some(election) = election.clone() {
+        tokio::spawn(election.record_forced(epoch, leader.caught_up_backups(), fenced, step_down, stop));
+    }
+}
+
+/// Records a forced epoch (never, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn record_forced(
+    _election: &Option<Arc<Election>>,
+    _leader: &Arc<Leader>,
+    _epoch: Epoch,
+    _fenced: Box<dyn FnOnce() + Send>,
+    _step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
+    _stop: watch::Receiver<bool>,
+) {
 }
 
 /// Leads on etcd in the background (never, in this build).
@@ -161,12 +192,58 @@ pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Val
     Some(serde_json::json!({
         "run": crate::election::run_name(election.run()),
         "lease_alive": election.lease_alive(),
+        "leads": election.leads(),
         "leader_key": election.keys().leader,
         "requests": election.requests.load(Ordering::Relaxed),
         "keepalives": election.keepalives.load(Ordering::Relaxed),
         "campaigns": election.campaigns.load(Ordering::Relaxed),
     }))
 }
+
+/// The election's figures for the Prometheus endpoint: etcd requests (keepalives apart:
+/// none on the commit path), keepalives, campaigns, whether the lease provably lives and
+/// whether this member leads on etcd.
+#[cfg(feature = "etcd")]
+pub(crate) fn render_metrics(out: &mut String, election: &Option<Arc<Election>>) {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering;
+    let Some(e) = election else { return };
+    let figures: [(&str, &str, &str, u64); 5] = [
+        (
+            "pair_etcd_requests_total",
+            "counter",
+            "etcd requests made, keepalives apart.",
+            e.requests.load(Ordering::Relaxed),
+        ),
+        (
+            "pair_etcd_keepalives_total",
+            "counter",
+            "Lease keepalives etcd answered.",
+            e.keepalives.load(Ordering::Relaxed),
+        ),
+        (
+            "pair_etcd_campaigns_total",
+            "counter",
+            "Campaign transactions sent.",
+            e.campaigns.load(Ordering::Relaxed),
+        ),
+        (
+            "pair_etcd_lease_alive",
+            "gauge",
+            "1 while this member's lease provably lives.",
+            u64::from(e.lease_alive()),
+        ),
+        ("pair_etcd_leads", "gauge", "1 while this member leads on etcd.", u64::from(e.leads())),
+    ];
+    for (name, kind, help, value) in figures {
+        let _ =
+            writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} {kind}\ndecree_{name} {value}");
+    }
+}
+
+/// The election's figures for the Prometheus endpoint (none, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn render_metrics(_out: &mut String, _election: &Option<Arc<Election>>) {}
 
 /// The election's figures (none, in this build).
 #[cfg(not(feature = "etcd"))]

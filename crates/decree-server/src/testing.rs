@@ -5,6 +5,8 @@
 //! `openssl` binary or files checked into the repository. Keys are ECDSA P-256, made fresh
 //! each time. Not for production: the keys are written unencrypted wherever the test says.
 
+pub mod etcd;
+
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,

@@ -260,3 +260,27 @@ fn the_keys_sit_under_the_prefix_and_the_pair() {
         )
     );
 }
+
+#[test]
+fn a_forced_epoch_is_recorded_when_etcd_returns_unless_a_newer_one_exists() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    // etcd is unreachable; the operator forces member 2 to lead epoch 2.2. etcd returns
+    // with member 1's leader key still under its (not yet expired) lease.
+    let forced = epoch_of(2, m(2));
+    let b = candidate(&mut etcd, TTL / 2, 2, "run-b", forced);
+    let txn = record_forced(&view(&mut etcd, TTL / 2), &b, forced, &keys()).unwrap();
+    assert!(etcd.txn(TTL / 2, &txn));
+    let leader: Leader =
+        from_json(&keys().leader, &etcd.get(TTL / 2, &keys().leader).unwrap().value).unwrap();
+    assert_eq!((leader.member, Epoch::from_raw(leader.epoch)), (2, forced), "the stale key is replaced");
+    assert_eq!(sync_record(&mut etcd, TTL / 2).epoch, forced.raw());
+    // Member 1's late sync write is refused: the leader key is no longer under its lease.
+    assert!(!etcd.txn(TTL / 2, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, None)));
+    // A forced epoch below one minted meanwhile steps down instead.
+    let older = epoch_of(1, m(2));
+    assert_eq!(record_forced(&view(&mut etcd, TTL / 2), &b, older, &keys()), Err(NotNow::Led(2, forced)));
+    etcd.revoke(b.lease);
+    assert_eq!(record_forced(&view(&mut etcd, TTL / 2), &b, older, &keys()), Err(NotNow::Superseded(2)));
+}
