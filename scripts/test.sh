@@ -17,9 +17,6 @@ trap 'scripts/test-etcd.sh stop; scripts/test-dbs.sh stop' EXIT
 eval "$(scripts/test-etcd.sh env)"
 
 cargo test --workspace --release "$@"
-# The pair elected on etcd with real processes (the etcd feature; crash-points too, so that
-# this build is the one the pair kill loop already made for its members).
-cargo test --release -p decree-cli --features etcd,crash-points --test pair_etcd "$@"
 # Every interleaving of the pair's state changes (crates/decree-pair/src/state_cell.rs).
 cargo test --release -p decree-pair --features loom --lib state_cell
 scripts/test-python.sh

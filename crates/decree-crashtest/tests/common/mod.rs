@@ -9,7 +9,9 @@
 
 use decree_crashtest::{BankConfig, PairKind};
 use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The bank workload's binary (built by cargo for this test crate).
@@ -92,4 +94,85 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Tries of a spawn that the kernel refuses because its binary is open for writing.
+const SPAWN_BUSY_TRIES: u32 = 100;
+
+/// Spawns `command`, again while the kernel answers ETXTBSY. The loops run as threads of one
+/// process, each copying the binary for its members: a child that another loop forks while
+/// a copy is open for writing inherits that descriptor until it execs, and for that moment
+/// the copy cannot be executed (CI saw it once, 2026-11-26).
+pub fn spawn_past_a_busy_binary(command: &mut Command) -> std::io::Result<std::process::Child> {
+    for _ in 1..SPAWN_BUSY_TRIES {
+        match command.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned,
+        }
+    }
+    command.spawn()
+}
+
+/// The `decree` binary of this workspace, built once per test process with the profile
+/// and target directory of this test (cargo releases its lock while tests run), with the
+/// `crash-points` feature (decree-server/src/crash_points.rs): the members can be told to
+/// SIGKILL themselves at chosen points. That build differs from the shipped one only by
+/// those points, and cargo keeps both builds apart in its cache (another `cargo build`
+/// only links its own `decree` back in place); the loop runs a copy of it.
+pub fn decree_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        // target/<profile>/deps/<test>: the binary goes to target/<profile>/decree.
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("target/");
+        let profile = profile_dir.file_name().and_then(|p| p.to_str()).expect("a profile name");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        // The election on etcd too when the test script started etcd (its client's build
+        // needs protoc, which the script installs with etcd).
+        let etcd = std::env::var("DECREE_TEST_ETCD").is_ok_and(|e| !e.is_empty());
+        let features = if etcd { "crash-points,etcd" } else { "crash-points" };
+        build
+            .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", features])
+            .arg("--target-dir")
+            .arg(target_dir);
+        // What cargo sets for this test's run only: some build scripts rerun when one of
+        // them changes (ring's tracks CARGO_MANIFEST_DIR), which would rebuild half the
+        // workspace at every run and again at the next plain `cargo build`.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            let per_run = ["CARGO_PKG_", "CARGO_BIN_EXE_"].iter().any(|p| name.starts_with(p))
+                || [
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_BIN_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                    "OUT_DIR",
+                ]
+                .contains(&name.as_ref());
+            if per_run {
+                build.env_remove(name.as_ref());
+            }
+        }
+        match profile {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("run cargo build");
+        assert!(status.success(), "cargo build -p decree-cli failed: {status}");
+        let bin = profile_dir.join("decree");
+        assert!(bin.exists(), "cargo built decree-cli but {} is missing", bin.display());
+        bin
+    })
 }

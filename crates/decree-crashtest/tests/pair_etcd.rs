@@ -1,7 +1,7 @@
 //! Two `decree serve` processes as a pair whose primary etcd elects (`[pair.etcd]`, issue
 //! 33), on the 3-member etcd cluster of scripts/test-etcd.sh (skipped, saying so, when
-//! `DECREE_TEST_ETCD` is not set). Built only with the `etcd` feature (scripts/test.sh runs
-//! `cargo test --release -p decree-cli --features etcd,crash-points --test pair_etcd`).
+//! `DECREE_TEST_ETCD` is not set). The members run the `decree` binary the pair kill loop
+//! builds (with the `etcd` and `crash-points` features when etcd runs: `common::decree_bin`).
 //!
 //! The bugs these guard against: a primary that goes on acknowledging after its lease
 //! lapsed (etcd unreachable), or that loses its epoch when etcd comes back; a failover when
@@ -13,7 +13,6 @@
 
 mod common;
 
-use common::{free_port, Reaped};
 use decree_client::RemoteDecisions;
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
 use decree_server::testing::etcd::{self, Killed};
@@ -21,6 +20,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// A child killed and reaped when the test ends, so that a failed assertion leaves no
+/// server running.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
 
 /// One test at a time: one of them kills etcd.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -72,7 +87,7 @@ fn members(dir: &Path, endpoints: &[String], pair: &str, links: (u16, u16), b_li
 fn serve(m: &Member) -> Reaped {
     let _ = std::fs::remove_file(&m.socket);
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_decree"))
+    let child = Command::new(common::decree_bin())
         .args(["serve", "-v", "--config"])
         .arg(&m.config)
         .stdout(Stdio::null())
@@ -95,7 +110,7 @@ fn tail(m: &Member) -> String {
 
 /// The member's status, `None` while it cannot answer.
 fn status(m: &Member) -> Option<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+    let out = Command::new(common::decree_bin())
         .args(["status", "--format", "json", "--config"])
         .arg(&m.config)
         .output()
@@ -328,7 +343,7 @@ fn a_forced_epoch_is_recorded_when_etcd_returns_and_the_old_primary_rejoins_as_i
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let killed = Killed::kill(&names);
     drop(servers[p].take());
-    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+    let out = Command::new(common::decree_bin())
         .args(["promote", "--force", "--config"])
         .arg(&backup.config)
         .output()
