@@ -261,14 +261,21 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
         }
     };
     let epoch = epoch_of(counter.max(me.highest.count()) + 1, me.member);
+    Ok((take_the_lead(view, 0, me, epoch, keys), epoch))
+}
+
+/// The transaction that makes `me` lead `epoch`, unless the keys changed since `view` (the
+/// leader key's mod revision must be `leader_revision`): the leader key under its lease,
+/// the counter at the epoch's count, the sync record naming it alone.
+fn take_the_lead(view: &View, leader_revision: i64, me: &Candidate, epoch: Epoch, keys: &Keys) -> Txn {
     let leader = Leader { member: me.member.get(), run: me.run.clone(), epoch: epoch.raw() };
     let sync = SyncRecord {
         epoch: epoch.raw(),
         members: vec![InSync { member: me.member.get(), run: me.run.clone() }],
     };
-    let txn = Txn {
+    Txn {
         compares: vec![
-            Compare::ModRevision(keys.leader.clone(), 0),
+            Compare::ModRevision(keys.leader.clone(), leader_revision),
             Compare::ModRevision(keys.sync.clone(), view.sync.mod_revision),
             Compare::ModRevision(keys.epoch.clone(), view.counter.mod_revision),
         ],
@@ -277,8 +284,7 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
             Op::Put { key: keys.epoch.clone(), value: epoch.count().to_string(), lease: None },
             Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
         ],
-    };
-    Ok((txn, epoch))
+    }
 }
 
 /// The transaction by which a member promoted with `decree promote --force` while etcd was
@@ -298,23 +304,8 @@ pub fn record_forced(view: &View, me: &Candidate, forced: Epoch, keys: &Keys) ->
     if let Some(counter) = view.counter.value.filter(|&c| c > forced.count()) {
         return Err(NotNow::Superseded(counter));
     }
-    let leader = Leader { member: me.member.get(), run: me.run.clone(), epoch: forced.raw() };
-    let sync = SyncRecord {
-        epoch: forced.raw(),
-        members: vec![InSync { member: me.member.get(), run: me.run.clone() }],
-    };
-    Ok(Txn {
-        compares: vec![
-            Compare::ModRevision(keys.leader.clone(), view.leader.mod_revision),
-            Compare::ModRevision(keys.sync.clone(), view.sync.mod_revision),
-            Compare::ModRevision(keys.epoch.clone(), view.counter.mod_revision),
-        ],
-        ops: vec![
-            Op::Put { key: keys.leader.clone(), value: to_json(&leader), lease: Some(me.lease) },
-            Op::Put { key: keys.epoch.clone(), value: forced.count().to_string(), lease: None },
-            Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
-        ],
-    })
+    // A stale leader key is replaced: the compare is on the revision read, not on absence.
+    Ok(take_the_lead(view, view.leader.mod_revision, me, forced, keys))
 }
 
 /// The transaction by which the leader `leader` (holding `lease`) records who is in sync
