@@ -63,6 +63,18 @@ fn etcd_endpoints() -> Option<Vec<String>> {
 /// Members `a` (1) and `b` (2) of pair `pair` in `dir`; `b_link` is where b listens for its
 /// primary's link (a dials `links.1`: a different port cuts b off).
 fn members(dir: &Path, endpoints: &[String], pair: &str, links: (u16, u16), b_link: u16) -> (Member, Member) {
+    members_with(dir, endpoints, pair, (links, b_link), "")
+}
+
+/// [`members`] with `extra` lines in `[pair.etcd]`.
+fn members_with(
+    dir: &Path,
+    endpoints: &[String],
+    pair: &str,
+    ports: ((u16, u16), u16),
+    extra: &str,
+) -> (Member, Member) {
+    let (links, b_link) = ports;
     let write = |name: &str, id: u8, link: u16, peer_link: u16, peer: &str| {
         let (config, socket) = (dir.join(format!("{name}.toml")), dir.join(format!("{name}.sock")));
         let endpoints: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
@@ -70,7 +82,7 @@ fn members(dir: &Path, endpoints: &[String], pair: &str, links: (u16, u16), b_li
             "node = 6\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{link}\"\npeer_link = \"127.0.0.1:{peer_link}\"\n\
              peer_clients = \"unix:{}\"\nsecret_file = \"{}\"\n\
-             [pair.etcd]\nendpoints = [{}]\npair = \"{pair}\"\nlease_ttl_s = {LEASE_TTL_S}\n\
+             [pair.etcd]\nendpoints = [{}]\npair = \"{pair}\"\nlease_ttl_s = {LEASE_TTL_S}\n{extra}\
              [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
             dir.join(name).display(),
             socket.display(),
@@ -235,7 +247,11 @@ fn an_elected_primary_acknowledges_nothing_while_etcd_is_gone_and_resumes_its_ep
     let killed = Killed::kill(&names);
     let killed_at = Instant::now();
     std::thread::sleep(WELL_PAST_THE_LEASE);
-    let store = connect(primary);
+    // No reply timeout: the answer is held as long as etcd stays away (restarting it takes
+    // seconds on a loaded machine).
+    let patient = decree_client::ClientOptions { reply_timeout: None, ..Default::default() };
+    let endpoint = format!("unix:{}", primary.socket.display()).parse().expect("an endpoint");
+    let store = RemoteDecisions::connect_with(endpoint, patient).expect("connect to the primary");
     let held = decision(&store, store.open_session().expect("a session"), 1);
     let (tx, rx) = std::sync::mpsc::channel();
     let deciding = std::thread::spawn(move || {
@@ -263,19 +279,34 @@ fn an_elected_primary_acknowledges_nothing_while_etcd_is_gone_and_resumes_its_ep
 
 #[test]
 fn a_restarted_backup_out_of_sync_never_takes_over_and_the_dead_primary_leads_again() {
+    out_of_sync_backup(None);
+}
+
+#[test]
+fn with_alone_after_ms_the_primary_records_its_lost_backup_out_of_sync_then_acknowledges_alone() {
+    out_of_sync_backup(Some(300));
+}
+
+/// The backup restarts where the primary cannot reach it (a new process, never caught up,
+/// never recorded in sync) and a decision is asked: by default the strict primary waits
+/// for its backup and acknowledges nothing; with `alone_after_ms` it records the backup out
+/// of sync, then acknowledges alone. Either way, when the primary dies the out-of-sync
+/// backup never takes over, and the dead primary, restarted, leads again with every
+/// acknowledged decision.
+fn out_of_sync_backup(alone_after_ms: Option<u64>) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(endpoints) = etcd_endpoints() else { return };
     let dir = tempfile::tempdir().unwrap();
     let links = (free_port(), free_port());
-    let (a, b) = members(dir.path(), &endpoints, &pair_name("out-of-sync"), links, links.1);
+    let extra = alone_after_ms.map_or(String::new(), |ms| format!("alone_after_ms = {ms}\n"));
+    let name = pair_name(if alone_after_ms.is_some() { "alone" } else { "out-of-sync" });
+    let (a, b) = members_with(dir.path(), &endpoints, &name, (links, links.1), &extra);
     let mut servers = [Some(serve(&a)), Some(serve(&b))];
     let (primary, backup) = wait_strict(&a, &b);
     let (p, q) = if std::ptr::eq(primary, &a) { (0, 1) } else { (1, 0) };
     let led = epoch(primary);
-    let acknowledged = decide(primary, 50);
+    let mut acknowledged = decide(primary, 50);
 
-    // The backup restarts where the primary cannot reach it (another link port): a new
-    // process, never caught up, so never recorded in sync.
     drop(servers[q].take());
     let cut = dir.path().join("cut");
     std::fs::create_dir(&cut).unwrap();
@@ -287,6 +318,33 @@ fn a_restarted_backup_out_of_sync_never_takes_over_and_the_dead_primary_leads_ag
     let elsewhere = format!("\nlink = \"127.0.0.1:{}\"", free_port());
     std::fs::write(&moved.config, text.replace(&own_link, &elsewhere)).unwrap();
     servers[q] = Some(serve(&moved));
+
+    let store = connect(primary);
+    let asked = decision(&store, store.open_session().expect("a session"), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let deciding = std::thread::spawn(move || {
+        let answer = store.decide(&asked);
+        let _ = tx.send(answer.is_ok());
+        (answer, asked.xid)
+    });
+    match alone_after_ms {
+        None => assert!(
+            rx.recv_timeout(WELL_PAST_THE_LEASE).is_err(),
+            "a strict primary acknowledged without its backup"
+        ),
+        Some(_) => {
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(30)),
+                Ok(true),
+                "not acknowledged alone:\n{}",
+                tail(primary)
+            );
+            let (_, xid) = deciding.join().unwrap();
+            acknowledged.push(xid);
+            let s = status(primary).expect("the primary answers");
+            assert_eq!(s["strict"], false, "acknowledging alone: {s}");
+        }
+    }
 
     // The primary dies: the out-of-sync backup may not lead, however long it waits.
     drop(servers[p].take());

@@ -82,6 +82,10 @@ pub enum Event {
     /// The member's log failed (a write or a sync): a backup no longer holds for sure what
     /// it acknowledged, so it is not caught up (not promotable without `--force`).
     LogFailed,
+    /// A strict primary's backup stopped confirming and the election on etcd recorded it
+    /// out of sync (`alone_after_ms`): acknowledge on the local write alone until a backup
+    /// says hello again. Only after that record, which keeps the backup from taking over.
+    GoAlone,
 }
 
 /// What the runtime must do, in the order given.
@@ -200,6 +204,12 @@ impl Node {
             },
             Event::LogFailed => {
                 self.caught_up = false;
+                Vec::new()
+            }
+            Event::GoAlone => {
+                if self.role == (Role::Primary { alone: false }) {
+                    self.role = Role::Primary { alone: true };
+                }
                 Vec::new()
             }
         };

@@ -18,6 +18,7 @@
 
 use crate::etcd_config::PairEtcdConfig;
 use crate::fence::Fence;
+use crate::pair::PrimaryLink;
 use crate::ServerError;
 use decree_etcd::{Cause, Etcd, EtcdConfig, EtcdError, KeepAlive, LeaseId, TlsPaths, WatchEvent};
 use decree_pair::election::{
@@ -30,6 +31,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// How often a leader with `alone_after_ms` looks at how long decisions have waited.
+const ALONE_CHECK: Duration = Duration::from_millis(50);
 
 /// The longest pause between two reads of the leader key by a backup whose watch fails.
 const POLL_MAX: Duration = Duration::from_millis(500);
@@ -376,21 +380,24 @@ impl Election {
         rules::campaign(&view, me, &self.keys).map_err(|e| e.to_string())
     }
 
-    /// Leads `epoch` until the lease is lost or another member leads (then `on_step_down`
-    /// runs with the newer epoch when one is known), recording each backup process that
-    /// catches up in the sync record meanwhile.
+    /// Leads `epoch` until the lease is lost or another member leads (then `primary` steps
+    /// down, with the newer epoch when one is known), recording each backup process that
+    /// catches up in the sync record meanwhile; with `alone_after_ms`, records the backup
+    /// out of sync once decisions have waited that long for it, and only then lets
+    /// `primary` acknowledge alone.
     pub(crate) async fn lead(
         self: Arc<Self>,
         epoch: Epoch,
-        mut caught_up: watch::Receiver<Option<BackupRun>>,
-        on_step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
+        primary: Arc<PrimaryLink>,
         mut stop: watch::Receiver<bool>,
     ) {
         self.leading.store(true, Ordering::SeqCst);
         let record = LeaderRecord { member: self.member.get(), run: run_name(self.run), epoch: epoch.raw() };
         let mut lost = self.lease_lost.subscribe();
+        let mut caught_up = primary.caught_up_backups();
+        let alone_after = self.config.alone_after_ms.map(Duration::from_millis);
         let mut watch = None;
-        loop {
+        let newer = loop {
             if watch.is_none() {
                 self.requests.fetch_add(1, Ordering::Relaxed);
                 watch = self.etcd.watch_prefix(self.keys.leader.clone(), None).await.ok();
@@ -399,42 +406,59 @@ impl Election {
                 _ = stop.changed() => return,
                 _ = lost.changed() => {
                     tracing::error!(%epoch, "the lease is gone: stepping down");
-                    return on_step_down(None);
+                    break None;
                 }
                 changed = caught_up.changed() => {
                     if changed.is_err() { return; }
                     let backup = *caught_up.borrow_and_update();
                     if let Some(backup) = backup {
-                        if let Err(newer) = self.record_in_sync(&record, backup).await {
-                            self.fence.end();
-                            return on_step_down(newer);
+                        if let Err(newer) = self.record_in_sync(&record, Some(backup)).await {
+                            break newer;
                         }
+                    }
+                }
+                _ = tokio::time::sleep(ALONE_CHECK), if alone_after.is_some() => {
+                    let after = alone_after.expect("checked");
+                    if primary.strict_wait().is_some_and(|waited| waited >= after) {
+                        if let Err(newer) = self.record_in_sync(&record, None).await {
+                            break newer;
+                        }
+                        primary.go_alone();
                     }
                 }
                 events = async { watch.as_mut().expect("some").next().await }, if watch.is_some() => {
-                    let events = match events { Ok(events) => events, Err(_) => { watch = None; continue } };
-                    for event in events {
-                        match event {
-                            WatchEvent::Put(entry) => {
-                                let text = String::from_utf8_lossy(&entry.value);
-                                if let Ok(other) = rules::from_json::<LeaderRecord>(&self.keys.leader, &text) {
-                                    if other != record {
-                                        tracing::error!(%epoch, leader = other.member, "another member leads: stepping down");
-                                        self.fence.end();
-                                        return on_step_down(Some(Epoch::from_raw(other.epoch)));
-                                    }
-                                }
-                            }
-                            WatchEvent::Delete { .. } => {
-                                tracing::error!(%epoch, "the leader key is gone: stepping down");
-                                self.fence.end();
-                                return on_step_down(None);
-                            }
-                        }
+                    match events {
+                        Ok(events) => if let Some(newer) = self.lead_lost(&record, &events) { break newer },
+                        Err(_) => watch = None,
                     }
                 }
             }
+        };
+        self.fence.end();
+        primary.step_down(newer);
+    }
+
+    /// Whether `events` on the leader key end this member's lead (`Some`, with the newer
+    /// leader's epoch when one is named): the key deleted, or written by another.
+    fn lead_lost(&self, record: &LeaderRecord, events: &[WatchEvent]) -> Option<Option<Epoch>> {
+        for event in events {
+            match event {
+                WatchEvent::Put(entry) => {
+                    let text = String::from_utf8_lossy(&entry.value);
+                    if let Ok(other) = rules::from_json::<LeaderRecord>(&self.keys.leader, &text) {
+                        if other != *record {
+                            tracing::error!(leader = other.member, "another member leads: stepping down");
+                            return Some(Some(Epoch::from_raw(other.epoch)));
+                        }
+                    }
+                }
+                WatchEvent::Delete { .. } => {
+                    tracing::error!("the leader key is gone: stepping down");
+                    return Some(None);
+                }
+            }
         }
+        None
     }
 
     /// A member forced to lead `epoch` (`decree promote --force`, etcd unreachable) records
@@ -444,9 +468,8 @@ impl Election {
     pub(crate) async fn record_forced(
         self: Arc<Self>,
         epoch: Epoch,
-        caught_up: watch::Receiver<Option<BackupRun>>,
+        primary: Arc<PrimaryLink>,
         fenced: Box<dyn FnOnce() + Send>,
-        on_step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut last = String::new();
@@ -454,10 +477,10 @@ impl Election {
             match self.try_record_forced(epoch).await {
                 Ok(true) => break,
                 Ok(false) => {}
-                Err(NotNow::Led(_, newer)) => return on_step_down(Some(newer)),
+                Err(NotNow::Led(_, newer)) => return primary.step_down(Some(newer)),
                 Err(NotNow::Superseded(count)) => {
                     tracing::error!(%epoch, count, "a newer epoch was minted while this member was forced to lead");
-                    return on_step_down(None);
+                    return primary.step_down(None);
                 }
                 Err(e) if e.to_string() != last => {
                     tracing::warn!(error = %e, %epoch, "cannot record the forced epoch in etcd yet; will retry");
@@ -472,7 +495,7 @@ impl Election {
         }
         tracing::warn!(%epoch, "the forced epoch is recorded in etcd: this member leads it as elected");
         fenced();
-        self.lead(epoch, caught_up, on_step_down, stop).await
+        self.lead(epoch, primary, stop).await
     }
 
     /// One attempt: whether the forced epoch is recorded now.
@@ -489,19 +512,29 @@ impl Election {
         }
     }
 
-    /// Records `backup` in sync for the epoch `record` leads: retried while etcd does not
-    /// answer; `Err` when the leader key no longer holds this member's lease (with the
-    /// newer leader's epoch, when one leads).
-    async fn record_in_sync(&self, record: &LeaderRecord, backup: BackupRun) -> Result<(), Option<Epoch>> {
+    /// Records `backup` in sync for the epoch `record` leads, or this member alone (`None`:
+    /// the backup out of sync): retried while etcd does not answer; `Err` when the leader
+    /// key no longer holds this member's lease (with the newer leader's epoch, when one
+    /// leads).
+    async fn record_in_sync(
+        &self,
+        record: &LeaderRecord,
+        backup: Option<BackupRun>,
+    ) -> Result<(), Option<Epoch>> {
         let lease = *self.lease.lock();
-        let in_sync = InSync { member: backup.member.get(), run: run_name(backup.run) };
-        let txn = rules::record_sync(&self.keys, record, lease.0, Some(in_sync));
+        let in_sync = backup.map(|b| InSync { member: b.member.get(), run: run_name(b.run) });
+        let txn = rules::record_sync(&self.keys, record, lease.0, in_sync);
         let (compares, ops) = decree_etcd::election::txn(&txn);
         loop {
             self.requests.fetch_add(1, Ordering::Relaxed);
             match self.etcd.txn(&compares, &ops, &[]).await {
                 Ok(result) if result.succeeded => {
-                    tracing::info!(backup = backup.member.get(), run = %run_name(backup.run), "the backup is recorded in sync on etcd");
+                    match backup {
+                        Some(b) => {
+                            tracing::info!(backup = b.member.get(), run = %run_name(b.run), "the backup is recorded in sync on etcd")
+                        }
+                        None => tracing::warn!("the backup is recorded out of sync on etcd"),
+                    }
                     return Ok(());
                 }
                 Ok(_) => {

@@ -27,6 +27,14 @@ pub struct PairEtcdConfig {
     /// keepalive (docs/replication.md, "Self-fencing").
     #[serde(default = "default_margin_ms")]
     pub margin_ms: u64,
+    /// Off by default: a strict primary whose backup stops confirming waits for it, as
+    /// without etcd. With a value, once decisions have waited that many milliseconds for
+    /// the backup, the primary records the backup out of sync in etcd (by a transaction
+    /// that requires its own lease on the leader key) and only then acknowledges alone,
+    /// until a backup catches up again and is recorded; an out-of-sync backup never takes
+    /// over, so availability is kept at the price of the backup's copy.
+    #[serde(default)]
+    pub alone_after_ms: Option<u64>,
     /// The deadline of each etcd request, in milliseconds.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
@@ -149,6 +157,9 @@ impl PairEtcdConfig {
                 "margin_ms = {} is more than half the lease ({} s): the member would fence itself most of the time",
                 self.margin_ms, self.lease_ttl_s
             ));
+        }
+        if self.alone_after_ms == Some(0) {
+            return bad("alone_after_ms = 0: leave it out to wait for the backup, or give the milliseconds decisions may wait".into());
         }
         if self.request_timeout_ms == 0 {
             return bad("request_timeout_ms = 0: give etcd requests a deadline".into());

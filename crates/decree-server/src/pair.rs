@@ -279,18 +279,49 @@ impl PrimaryLink {
         *self.shared.deposed.lock()
     }
 
-    /// The election on etcd took the lead away (the lease is gone, or a member leads the
-    /// `newer` epoch): this member stops as a deposed one does, and rejoins as a backup.
-    pub(crate) fn step_down(&self, newer: Option<Epoch>) {
-        let seen = newer.unwrap_or_else(|| self.leader.node().seen);
-        LiveSet::deposed(&*self.shared, seen);
-    }
-
     /// At shutdown: the pending decides are answered by nobody (their clients see the
     /// connection close and ask `Outcome`), so that their connections can end.
     pub(crate) fn abandon_pending(&self) {
         self.shared.pending.lock().clear();
         self.shared.overflow.lock().clear();
+    }
+}
+
+/// What the election on etcd (`election.rs`) asks of a leading member's link.
+#[cfg(feature = "etcd")]
+impl PrimaryLink {
+    /// The election on etcd recorded the backup out of sync (`alone_after_ms`): from now on
+    /// decisions are acknowledged on the local write, and those waiting for the backup are
+    /// acknowledged now (each is durable here, or will be: its write's end accepts it).
+    pub(crate) fn go_alone(&self) {
+        if !self.leader.go_alone() {
+            return;
+        }
+        self.shared.overflow.lock().clear();
+        let tickets: Vec<Ticket> = self.shared.pending.lock().keys().copied().collect();
+        LiveSet::confirmed(&*self.shared, tickets);
+        tracing::warn!("the backup is recorded out of sync on etcd: acknowledging alone");
+    }
+
+    /// The backup processes that catch up, as they do (an election records each in sync).
+    pub(crate) fn caught_up_backups(&self) -> watch::Receiver<Option<decree_pair::link::leader::BackupRun>> {
+        self.leader.caught_up_backups()
+    }
+
+    /// How long the oldest record shipped to the backup has waited for its
+    /// acknowledgement, while strict and some decision waits (`None` otherwise).
+    pub(crate) fn strict_wait(&self) -> Option<std::time::Duration> {
+        if self.leader.node().role != (Role::Primary { alone: false }) || self.waiting() == 0 {
+            return None;
+        }
+        self.leader.lag().oldest
+    }
+
+    /// The election on etcd took the lead away (the lease is gone, or a member leads the
+    /// `newer` epoch): this member stops as a deposed one does, and rejoins as a backup.
+    pub(crate) fn step_down(&self, newer: Option<Epoch>) {
+        let seen = newer.unwrap_or_else(|| self.leader.node().seen);
+        LiveSet::deposed(&*self.shared, seen);
     }
 }
 
@@ -440,14 +471,12 @@ fn lead_on_etcd(
     forced: bool,
     stop: watch::Receiver<bool>,
 ) {
-    let stepping_down = primary.clone();
-    let step_down = Box::new(move |newer: Option<Epoch>| stepping_down.step_down(newer));
     let fence = pair_election::fence(election);
     if !forced {
         if let Some(fence) = fence {
             state.set_fence(fence);
         }
-        pair_election::lead(election, &primary.leader, epoch, step_down, stop);
+        pair_election::lead(election, primary, epoch, stop);
         return;
     }
     let fencing = state.clone();
@@ -456,7 +485,7 @@ fn lead_on_etcd(
             fencing.set_fence(fence);
         }
     });
-    pair_election::record_forced(election, &primary.leader, epoch, fenced, step_down, stop);
+    pair_election::record_forced(election, primary, epoch, fenced, stop);
 }
 
 /// The channel `crate::serve` reports its listeners on; `answer` goes to the operator's

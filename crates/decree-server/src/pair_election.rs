@@ -3,10 +3,10 @@
 //! by the configuration's validation, so no election ever exists and each is a no-op.
 
 use crate::fence::Fence;
+use crate::pair::PrimaryLink;
 use crate::ServerError;
 use decree_core::RmFactory;
 use decree_pair::link::follower::Follower;
-use decree_pair::link::leader::Leader;
 use decree_pair::Epoch;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -106,19 +106,29 @@ pub(crate) fn campaign(
     (mpsc::channel(1).1, None)
 }
 
-/// Leads `epoch` on etcd in the background: records caught-up backups in sync and runs
-/// `step_down` when the lead is lost.
+/// Leads `epoch` on etcd in the background: records caught-up backups in sync (and, with
+/// `alone_after_ms`, a lost one out of sync before `primary` goes alone); `primary` steps
+/// down when the lead is lost.
 #[cfg(feature = "etcd")]
 pub(crate) fn lead(
     election: &Option<Arc<Election>>,
-    leader: &Arc<Leader>,
+    primary: &Arc<PrimaryLink>,
     epoch: Epoch,
-    step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
     stop: watch::Receiver<bool>,
 ) {
     if let Some(election) = election.clone() {
-        tokio::spawn(election.lead(epoch, leader.caught_up_backups(), step_down, stop));
+        tokio::spawn(election.lead(epoch, primary.clone(), stop));
     }
+}
+
+/// Leads on etcd in the background (never, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn lead(
+    _election: &Option<Arc<Election>>,
+    _primary: &Arc<PrimaryLink>,
+    _epoch: Epoch,
+    _stop: watch::Receiver<bool>,
+) {
 }
 
 /// A member forced to lead `epoch` records it in etcd once etcd answers, then leads it as
@@ -126,14 +136,13 @@ pub(crate) fn lead(
 #[cfg(feature = "etcd")]
 pub(crate) fn record_forced(
     election: &Option<Arc<Election>>,
-    leader: &Arc<Leader>,
+    primary: &Arc<PrimaryLink>,
     epoch: Epoch,
     fenced: Box<dyn FnOnce() + Send>,
-    step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
     stop: watch::Receiver<bool>,
 ) {
     if let Some(election) = election.clone() {
-        tokio::spawn(election.record_forced(epoch, leader.caught_up_backups(), fenced, step_down, stop));
+        tokio::spawn(election.record_forced(epoch, primary.clone(), fenced, stop));
     }
 }
 
@@ -141,21 +150,9 @@ pub(crate) fn record_forced(
 #[cfg(not(feature = "etcd"))]
 pub(crate) fn record_forced(
     _election: &Option<Arc<Election>>,
-    _leader: &Arc<Leader>,
+    _primary: &Arc<PrimaryLink>,
     _epoch: Epoch,
     _fenced: Box<dyn FnOnce() + Send>,
-    _step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
-    _stop: watch::Receiver<bool>,
-) {
-}
-
-/// Leads on etcd in the background (never, in this build).
-#[cfg(not(feature = "etcd"))]
-pub(crate) fn lead(
-    _election: &Option<Arc<Election>>,
-    _leader: &Arc<Leader>,
-    _epoch: Epoch,
-    _step_down: Box<dyn Fn(Option<Epoch>) + Send + Sync>,
     _stop: watch::Receiver<bool>,
 ) {
 }

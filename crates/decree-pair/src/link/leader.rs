@@ -172,6 +172,17 @@ impl Leader {
         DecisionGate { _shared: self.gate.read(), leader: self }
     }
 
+    /// Turns a strict primary alone (the election recorded its backup out of sync first):
+    /// with no decision between reading the role and shipping (the gate is held
+    /// exclusively), so each decision is either shipped before, with its ticket, or
+    /// acknowledged on its own write after. Returns whether this member now leads alone.
+    pub fn go_alone(&self) -> bool {
+        let _exclusive = self.gate.write();
+        let mut node = self.node.lock();
+        node.step(Event::GoAlone).expect("not a promotion");
+        node.role == Role::Primary { alone: true }
+    }
+
     /// Queues a record for the backup; `ticket` names a decision whose answer waits for
     /// the backup's confirmation. Refused while the backup is too far behind.
     pub fn ship(&self, record: LinkRecord, ticket: Option<Ticket>) -> Result<(), OutboxFull> {

@@ -367,3 +367,24 @@ fn an_elected_member_leads_exactly_its_epoch_and_nothing_older_or_foreign() {
         Err(PromoteRefused::AlreadyPrimary(elected))
     );
 }
+
+/// Going alone (issue 33's `alone_after_ms`, after the election recorded the backup out of
+/// sync) turns a strict primary into one that acknowledges on its own write, and the next
+/// hello makes it strict again; a backup or an alone primary is left as it is.
+#[test]
+fn a_strict_primary_goes_alone_when_told_and_a_hello_makes_it_strict_again() {
+    let mut node = Node::start(m(1), Epoch::NONE);
+    node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+    let epoch = node.seen;
+    node.step(Event::Peer { epoch, message: PeerMessage::Hello { next_sequence: 1 } }).unwrap();
+    assert_eq!(node.role, Role::Primary { alone: false });
+    assert!(!may_acknowledge(node.role, true, false), "strict: not on the local write alone");
+    assert_eq!(node.step(Event::GoAlone).unwrap(), Vec::new());
+    assert_eq!(node.role, Role::Primary { alone: true });
+    assert!(may_acknowledge(node.role, true, false), "alone: on the local write");
+    let strict = node.step(Event::Peer { epoch, message: PeerMessage::Hello { next_sequence: 1 } }).unwrap();
+    assert_eq!(strict, vec![Command::BecomeStrict, Command::SendLiveSet]);
+    let mut backup = Node::start(m(2), Epoch::NONE);
+    backup.step(Event::GoAlone).unwrap();
+    assert_eq!(backup.role, Role::Backup, "a backup does not lead, alone or not");
+}
