@@ -33,6 +33,8 @@
 
 pub mod client;
 pub mod disk;
+pub mod election;
+pub mod etcd;
 pub mod member;
 pub mod nemesis;
 pub mod net;
@@ -41,5 +43,6 @@ pub mod rm;
 pub mod rng;
 pub mod world;
 
+pub use etcd::Break;
 pub use oracle::{Invariant, Violation};
-pub use world::{run, Report, Scenario};
+pub use world::{run, run_scenario, Report, Scenario};
