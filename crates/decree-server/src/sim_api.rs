@@ -158,6 +158,12 @@ impl SimPrimary {
         self.link.deposed_by()
     }
 
+    /// The election on etcd took the lead away (`pair.rs`'s step-down: the lease is gone,
+    /// or a member leads the `newer` epoch): the member stops as a deposed one does.
+    pub fn step_down(&self, newer: Option<Epoch>) {
+        self.link.step_down(newer);
+    }
+
     /// Decisions whose answer waits for the backup.
     pub fn waiting(&self) -> usize {
         self.link.waiting()

@@ -70,6 +70,14 @@ pub struct ServerAnswer {
     role: Role,
 }
 
+/// An answer a leader's fence holds until its lease provably lives again (elected runs).
+pub enum Held {
+    /// A decide's answer.
+    Decide(ServerAnswer),
+    /// An `Outcome` answer that says more than "unknown".
+    Outcome { client: usize, token: u64, xid: Xid, answer: Outcome },
+}
+
 /// Where the servers' callbacks put decide answers.
 #[derive(Default, Clone)]
 pub struct AnswerQueue(Arc<Mutex<Vec<ServerAnswer>>>);
@@ -347,6 +355,9 @@ impl World {
             }
             Request::Outcome(xid) => {
                 let answer = p.server.outcome(&xid);
+                if answer != Outcome::Unknown && !self.may_act(index) {
+                    return self.hold(index, Held::Outcome { client, token, xid, answer });
+                }
                 let now = self.now;
                 self.oracle.outcome_answer(now, &self.members[index], xid, answer, &self.databases);
                 self.send_to_client(client, token, Reply::Outcome(xid, answer));
@@ -399,8 +410,16 @@ impl World {
             if member.life != answer.life {
                 continue;
             }
+            let Proc::Primary(p) = &self.members[answer.member].proc else { continue };
+            if !p.sessions.contains_key(&answer.token) {
+                continue;
+            }
+            if matches!(answer.message, Message::DecideOk) && !self.may_act(answer.member) {
+                self.hold(answer.member, Held::Decide(answer));
+                continue;
+            }
             let Proc::Primary(p) = &mut self.members[answer.member].proc else { continue };
-            let Some(session) = p.sessions.get_mut(&answer.token) else { continue };
+            let session = p.sessions.get_mut(&answer.token).expect("checked");
             session.in_flight -= 1;
             let closing = session.closing;
             let (epoch, link_opened_at) = (p.epoch, p.link_opened_at);
@@ -434,6 +453,24 @@ impl World {
             }
         }
         any
+    }
+
+    /// The fence of member `index` opened again: the answers it held go, in order.
+    pub fn release_held(&mut self, index: usize) {
+        if self.members[index].candidacy.held.is_empty() || !self.may_act(index) {
+            return;
+        }
+        let held = std::mem::take(&mut self.members[index].candidacy.held);
+        for one in held {
+            match one {
+                Held::Decide(answer) => self.answers.0.lock().push(answer),
+                Held::Outcome { client, token, xid, answer } => {
+                    let now = self.now;
+                    self.oracle.outcome_answer(now, &self.members[index], xid, answer, &self.databases);
+                    self.send_to_client(client, token, Reply::Outcome(xid, answer));
+                }
+            }
+        }
     }
 
     /// A member's reply reaches a client.

@@ -28,11 +28,19 @@
 //! pair returns to strict with every branch finished (liveness). A run is a safety phase
 //! with faults, then a liveness phase without them.
 //!
+//! **Elected** seeds ([`Scenario::elected`], issue 33) replace the operator with decree-pair's
+//! model of etcd ([`etcd`]: leases on the simulated clock, requests delayed, lost or cut
+//! off, member clocks drifting within ±1 %) and each member's part in the election
+//! ([`election`]: run ids, leases, campaigns, `record_sync`, stepping down, and the
+//! `lease_alive` fence on every act); each rule can be broken on purpose ([`Break`]).
+//!
 //! Not here: races between locks inside one process (the live-set snapshot against a
 //! session's close, `persist_seen` against `promote`), which are loom's or shuttle's.
 
 pub mod client;
 pub mod disk;
+pub mod election;
+pub mod etcd;
 pub mod member;
 pub mod nemesis;
 pub mod net;
@@ -41,5 +49,6 @@ pub mod rm;
 pub mod rng;
 pub mod world;
 
+pub use etcd::Break;
 pub use oracle::{Invariant, Violation};
-pub use world::{run, Report, Scenario};
+pub use world::{run, run_scenario, Report, Scenario};

@@ -47,6 +47,10 @@ const OUTCOME_FLUSH_EVERY: Time = 5 * MS;
 /// memory flushes on its own thread at 256, which the simulation must not let happen).
 const OUTCOME_RECORDS_PER_FLUSH: usize = 64;
 
+/// How long a link's TCP keepalive takes to end a connection whose peer is gone (idle
+/// 2 s, then 3 probes 1 s apart: `decree-pair`'s `link` module).
+const TCP_KEEPALIVE_DEAD: Time = 5_000 * MS;
+
 /// One of the two members.
 pub struct Member {
     /// 0 or 1 (member id 1 or 2).
@@ -65,6 +69,8 @@ pub struct Member {
     pub last_end: Option<String>,
     /// When it last led (promotion, until it stopped leading).
     pub led_at: Option<Time>,
+    /// Its process's part in the election on etcd (elected runs).
+    pub candidacy: crate::election::Candidacy,
 }
 
 /// A member's process.
@@ -155,6 +161,7 @@ impl Member {
             disk_turn_due: false,
             last_end: None,
             led_at: None,
+            candidacy: Default::default(),
         }
     }
 
@@ -277,9 +284,15 @@ impl World {
             )?;
             Ok((log, outcomes))
         });
+        // Under an election each process names itself by its run id in its `Hello`.
+        let run = self.etcd.is_some().then(|| ((member.life + 1) << 8) | (index as u64 + 1));
         let follower = opened.map_err(|e| e.to_string()).and_then(|(log, outcomes)| {
             let follower =
                 decree_server::sim_api::follow(&config, log.clone() as Arc<dyn Log>, outcomes, storage);
+            let follower = follower.map(|f| match run {
+                Some(run) => f.with_run(run),
+                None => f,
+            });
             follower.map(|f| (Arc::new(f), log)).map_err(|e| e.to_string())
         });
         let (follower, log) = match follower {
@@ -311,6 +324,10 @@ impl World {
         self.machine_back(index);
         self.note(|| format!("member {} starts as a backup (seen {seen})", index + 1));
         self.after(OUTCOME_FLUSH_EVERY, Event::OutcomeFlush { member: index, life });
+        if self.etcd.is_some() {
+            self.candidacy_starts(index);
+            assert_eq!(run, Some(self.members[index].candidacy.run), "the follower names this process");
+        }
     }
 
     /// The operator's `decree promote [--force]` of member `index`: the rules decide, then
@@ -330,6 +347,18 @@ impl World {
             }
         };
         drop(follower);
+        self.take_lead(index, node, forced, why)
+    }
+
+    /// Backup `index`, whose rules now lead (`node`), becomes a primary as `pair.rs` makes
+    /// it after a promotion or an election. Returns whether it leads.
+    pub fn take_lead(
+        &mut self,
+        index: usize,
+        node: decree_pair::rules::Node,
+        forced: bool,
+        why: &str,
+    ) -> bool {
         let Proc::Backup(backup) = std::mem::replace(&mut self.members[index].proc, Proc::Down) else {
             unreachable!("checked")
         };
@@ -414,6 +443,16 @@ impl World {
         member.paused_until = None;
         let old = std::mem::replace(&mut member.proc, Proc::Down);
         match power_loss {
+            // Elected runs model the link's TCP keepalive (`decree-pair`'s link: 2 s idle,
+            // then 3 probes 1 s apart): the peer's end of a link to a machine that lost
+            // power ends within 5 s. Operator runs leave it out, so that their census stays.
+            Some(_) if self.etcd.is_some() => {
+                let peers = self.conns_of(index);
+                self.power_lost(index);
+                for conn in peers {
+                    self.after(TCP_KEEPALIVE_DEAD, Event::Notice { conn, to: 1 - index });
+                }
+            }
             Some(_) => self.power_lost(index),
             None => {
                 for conn in self.conns_of(index) {
@@ -456,6 +495,9 @@ impl World {
         }
         self.sessions_lost(index, false);
         self.note(|| format!("member {} exited", index + 1));
+        if self.etcd.is_some() {
+            self.rejoin(index);
+        }
     }
 
     /// The member's log writes and syncs what is queued.
@@ -515,6 +557,18 @@ impl World {
         if p.stopping {
             return;
         }
+        if !self.may_act(index) {
+            // The fence: no resource manager call while the lease is not provably alive.
+            if periodic {
+                let next = self.rng.range(50, 400) * MS;
+                self.after(next, Event::Recovery { member: index, life, periodic });
+            }
+            return;
+        }
+        let Proc::Primary(p) = &self.members[index].proc else { unreachable!("checked") };
+        let (now, epoch) = (self.now, p.epoch);
+        self.oracle.acts(now, index, epoch, || "runs a recovery pass".to_string());
+        let Proc::Primary(p) = &self.members[index].proc else { unreachable!("checked") };
         let clean = p.server.recovery_pass();
         let _ = p.server.sync_outcomes();
         let line = format!("member {} recovery pass: {clean:?}", index + 1);
@@ -654,6 +708,10 @@ impl World {
             self.after(delay, Event::Exit { member: index, life });
         }
         progress |= self.answer_dialled(index);
+        let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };
+        if self.etcd.is_some() && !p.stopping {
+            progress |= self.record_caught_up(index);
+        }
         let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };
         let Some((conn, slot)) = &mut p.link else { return progress };
         let conn = *conn;

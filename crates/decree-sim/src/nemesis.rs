@@ -43,6 +43,12 @@ impl World {
         match roll {
             0..=17 => self.crash_member(member),
             18..=34 => self.restart(member),
+            35..=49 if self.etcd.is_some() => {
+                // No operator promotes under an election: etcd is cut off from a member.
+                self.operator(true);
+                let duration = self.rng.range(10, 3000) * MS;
+                self.etcd_cut(member, duration);
+            }
             35..=49 => self.operator(true),
             50..=59 => {
                 let duration = self.rng.range(10, 3000) * MS;
@@ -109,7 +115,10 @@ impl World {
                 self.restart(index);
             }
         }
-        if self.members.iter().any(|m| m.leading() || matches!(&m.proc, Proc::Primary(p) if !p.exiting)) {
+        if self.etcd.is_some()
+            || self.members.iter().any(|m| m.leading() || matches!(&m.proc, Proc::Primary(p) if !p.exiting))
+        {
+            // Under an election the operator only restarts: etcd chooses who leads.
             return;
         }
         if let Some(index) = (0..self.members.len()).find(|&i| self.members[i].caught_up()) {
@@ -193,6 +202,9 @@ impl World {
     pub fn begin_liveness(&mut self) {
         self.phase = Phase::Liveness;
         self.net.partitioned_until = None;
+        if let Some(etcd) = &mut self.etcd {
+            etcd.cut_until = [None, None];
+        }
         for index in 0..self.members.len() {
             self.members[index].paused_until = None;
         }
@@ -214,12 +226,16 @@ impl World {
         let waiting = self.clients.iter().filter(|c| !c.quiet()).count();
         let prepared = self.databases.prepared();
         let first = prepared.first().map(|(xid, _, _)| format!(" (first: {xid})")).unwrap_or_default();
+        let etcd = self.etcd.as_ref().map(|e| e.describe(self.now)).unwrap_or_default();
         let summary = format!(
-            "not back to strict: {}; last link ends: {}; {waiting} clients wait; {} branches prepared{first}",
+            "not back to strict: {}; last link ends: {}; {waiting} clients wait; {} branches prepared{first}{etcd}",
             state.join(", "),
             ends.join(", "),
             prepared.len()
         );
+        if let Some(why) = self.epoch_won_by_the_dead() {
+            return (Some(15), format!("{why}: {summary}"));
+        }
         let stuck_overflow = self.members.iter().any(|m| match &m.proc {
             Proc::Primary(p) => p.server.waiting() > 0 && p.leader.lag().records == 0 && p.link.is_some(),
             _ => false,
@@ -274,6 +290,38 @@ impl World {
             );
         }
         (None, summary)
+    }
+
+    /// New finding 15 (elected runs): nobody leads, and the sync record names one member
+    /// alone for an epoch that member's log and `PAIR` never heard of: its process won the
+    /// campaign in etcd and died before `promote_elected` recorded the epoch. The rules let
+    /// nobody lead then (`led_by` wants the epoch in the member's log, as after a lost disk):
+    /// only the operator's `decree promote --force` can.
+    fn epoch_won_by_the_dead(&self) -> Option<String> {
+        let etcd = self.etcd.as_ref()?;
+        let mut etcd = crate::etcd::EtcdWorld {
+            etcd: etcd.etcd.clone(),
+            ..crate::etcd::EtcdWorld::new(etcd.elected.clone())
+        };
+        let view = etcd.view(self.now);
+        let sync = view.sync.value.filter(|_| view.leader.value.is_none())?;
+        let [only] = &sync.members[..] else { return None };
+        let epoch = decree_pair::Epoch::from_raw(sync.epoch);
+        let member = self.members.get(usize::from(only.member).checked_sub(1)?)?;
+        let unknown = match &member.proc {
+            Proc::Backup(b) => b.follower.highest_known() < epoch,
+            _ => false,
+        };
+        unknown.then(|| {
+            format!(
+                "epoch {epoch} was won on etcd by member {}'s process {}, which died before recording it; \
+                 member {} knows only {:?}, so no member may campaign",
+                only.member,
+                only.run,
+                only.member,
+                member.seen()
+            )
+        })
     }
 
     /// Whether a member's link (the one its leader holds or its follower serves) lost its

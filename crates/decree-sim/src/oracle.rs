@@ -47,6 +47,15 @@ pub enum Invariant {
     Start,
     /// No two sessions are handed the same Xid (an epoch is never minted twice).
     XidUnique,
+    /// No two members acknowledge in the same epoch.
+    OneAckerPerEpoch,
+    /// Elected: a member acknowledges, answers a known `Outcome` and runs a recovery pass
+    /// only while no newer epoch was won on etcd (its fence closes before its lease lapses,
+    /// and nobody wins before the lease lapses).
+    ActsOnlyWhileElected,
+    /// Elected: the sync record speaks of the epoch the counter holds (else no member can
+    /// ever campaign again, and only the operator can choose who leads).
+    EtcdRecords,
 }
 
 /// A violated invariant.
@@ -115,6 +124,15 @@ pub struct Oracle {
     /// A member was promoted while the other still led (the operator's mistake): from
     /// then on two members may act as primaries, and nothing tells the old one.
     split_brain: bool,
+    /// etcd elects the primary: nothing is ever forfeited, and an `Outcome` answered
+    /// committed must never be rolled back afterwards either.
+    elected: bool,
+    /// The member that acknowledged first in each epoch.
+    ackers: BTreeMap<Epoch, usize>,
+    /// Elected: Xids answered committed to an `Outcome` question.
+    answered_committed: BTreeSet<Xid>,
+    /// Elected: the epochs won on etcd, with when the campaign's transaction applied.
+    won: Vec<(Time, Epoch)>,
     /// The violations found (the run stops at the first).
     pub violations: Vec<Violation>,
 }
@@ -129,8 +147,8 @@ fn holds(member: &Member, xid: &Xid) -> bool {
 }
 
 impl Oracle {
-    /// Empty books for a pair acknowledging as `ack_mode` says.
-    pub fn new(ack_mode: AckMode) -> Oracle {
+    /// Empty books for a pair acknowledging as `ack_mode` says, `elected` on etcd.
+    pub fn new(ack_mode: AckMode, elected: bool) -> Oracle {
         Oracle {
             ack_mode,
             acks: BTreeMap::new(),
@@ -141,6 +159,10 @@ impl Oracle {
             promotions: Vec::new(),
             failed_logs: BTreeSet::new(),
             split_brain: false,
+            elected,
+            ackers: BTreeMap::new(),
+            answered_committed: BTreeSet::new(),
+            won: Vec::new(),
             violations: Vec::new(),
         }
     }
@@ -167,6 +189,27 @@ impl Oracle {
         self.split_brain |= other_leads;
     }
 
+    /// A campaign for `epoch` succeeded at etcd.
+    pub fn won_on_etcd(&mut self, at: Time, epoch: Epoch) {
+        assert!(self.won.iter().all(|(_, e)| *e < epoch), "each epoch won on etcd is above the last");
+        self.won.push((at, epoch));
+    }
+
+    /// Member `member`, leading `epoch`, does `what` (acknowledges, answers, recovers):
+    /// in an elected run, only while no newer epoch was won.
+    pub fn acts(&mut self, at: Time, member: usize, epoch: Epoch, what: impl FnOnce() -> String) {
+        let newer = self.won.iter().find(|(_, e)| *e > epoch).map(|(when, e)| (*when, *e));
+        if let Some((when, newer)) = newer.filter(|_| self.elected) {
+            let detail = format!(
+                "member {} (epoch {epoch}) {} after epoch {newer} was won at {} ms",
+                member + 1,
+                what(),
+                when / MS
+            );
+            self.violate(at, Invariant::ActsOnlyWhileElected, None, detail);
+        }
+    }
+
     /// The defect a violation without a better clue shows: two primaries at once, the old
     /// one never told (defect 8), if the run had them.
     fn fallback(&self, found: Option<u8>) -> Option<u8> {
@@ -181,6 +224,7 @@ impl Oracle {
     /// A forced promotion: the acknowledged decisions with a branch prepared that the
     /// promoted member does not hold are given up (`--force`'s documented risk).
     pub fn forfeit(&mut self, _at: Time, holds: impl Fn(&Xid) -> bool) {
+        assert!(!self.elected, "no operator forces a promotion in an elected run: nothing is forfeited");
         let lost: Vec<Xid> = self.open.iter().filter(|x| !holds(x)).copied().collect();
         for xid in lost {
             self.open.remove(&xid);
@@ -227,6 +271,12 @@ impl Oracle {
         databases: &Databases,
     ) {
         let who = format!("member {} (epoch {}, {:?})", ack.member + 1, ack.epoch, ack.role);
+        self.acts(at, ack.member, ack.epoch, || format!("acknowledged {xid}"));
+        let first = *self.ackers.entry(ack.epoch).or_insert(ack.member);
+        if first != ack.member {
+            let detail = format!("{who} acknowledged {xid}; member {} acknowledged in that epoch", first + 1);
+            self.violate(at, Invariant::OneAckerPerEpoch, self.fallback(None), detail);
+        }
         if !matches!(ack.role, Role::Primary { .. }) {
             self.violate(at, Invariant::AckOnlyWhileLeading, Some(3), format!("{who} acknowledged {xid}"));
         }
@@ -325,6 +375,10 @@ impl Oracle {
             );
             self.violate(at, Invariant::AckedNeverRolledBack, defect, detail);
         }
+        if event.to == BranchState::RolledBack && self.answered_committed.contains(&xid) {
+            let detail = format!("{by} rolled back a branch of {xid}, answered committed before");
+            self.violate(at, Invariant::OutcomeAgrees, defect, detail);
+        }
         if event.to == BranchState::Committed && self.answered_rolled_back.contains(&xid) {
             self.violate(
                 at,
@@ -352,6 +406,9 @@ impl Oracle {
         let ack = self.acks.get(&xid).copied();
         let defect = self.fallback(ack.and_then(|a| self.classify(&a, Some((index, member.life)))));
         let given = !self.forfeited.contains(&xid);
+        if let (Proc::Primary(p), false) = (&member.proc, answer == Outcome::Unknown) {
+            self.acts(at, index, p.epoch, || format!("answered {xid} {answer:?}"));
+        }
         match answer {
             Outcome::RolledBack => {
                 if given && (ack.is_some() || states.contains(&BranchState::Committed)) {
@@ -367,6 +424,9 @@ impl Oracle {
             Outcome::Committed if given && states.contains(&BranchState::RolledBack) => {
                 let detail = format!("member {} answered {xid} committed: branches {states:?}", index + 1);
                 self.violate(at, Invariant::OutcomeAgrees, defect, detail);
+            }
+            Outcome::Committed if self.elected => {
+                self.answered_committed.insert(xid);
             }
             _ => {}
         }

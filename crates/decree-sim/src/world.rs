@@ -62,6 +62,14 @@ pub enum Event {
     Exit { member: usize, life: u64 },
     /// A primary's link timer: the link ends if it still waits for the backup.
     LinkTimer { member: usize, life: u64, conn: u64 },
+    /// A member's request reaches etcd (elected runs).
+    EtcdArrive { member: usize, life: u64, call: crate::etcd::Call },
+    /// etcd's answer reaches a member.
+    EtcdAnswer { member: usize, life: u64, answer: crate::etcd::Answer },
+    /// A member's lease turn: a keepalive, or a new lease.
+    Keepalive { member: usize, life: u64 },
+    /// A member reads etcd: a backup to campaign, a leader its leader key.
+    Poll { member: usize, life: u64 },
 }
 
 /// What a seed draws: the pair's configuration and how hard the faults come.
@@ -91,6 +99,8 @@ pub struct Scenario {
     /// The operator sometimes promotes while the primary still runs (paused or cut off):
     /// the mistake of issue 32's defects 8 to 10.
     pub mistakes: bool,
+    /// etcd elects the primary and no operator promotes (issue 33); `None`: the operator.
+    pub elected: Option<crate::etcd::Elected>,
 }
 
 impl Scenario {
@@ -115,7 +125,21 @@ impl Scenario {
             fault_gap: rng.range(50, 1000) * MS,
             chaos: rng.chance(100),
             mistakes: rng.chance(300),
+            elected: None,
         }
+    }
+
+    /// The elected scenario of `seed` (issue 33): the pair's draws as [`Scenario::from_seed`]
+    /// makes them, no operator (so no operator's mistakes), and the election's own draws
+    /// from a stream of their own; `broken` breaks one of the election's rules on purpose.
+    pub fn elected(seed: u64, broken: Option<crate::etcd::Break>) -> Scenario {
+        let mut rng = Rng::new(seed ^ 0xE7CD_0033);
+        let drift = crate::etcd::DRIFT_PPM_MAX as u64;
+        let mut drift_ppm = || rng.range(0, 2 * drift) as i64 - drift as i64;
+        let drift_ppm = [drift_ppm(), drift_ppm()];
+        let loss_per_mille = *rng.pick(&[0, 10, 50]);
+        let elected = crate::etcd::Elected { drift_ppm, loss_per_mille, broken };
+        Scenario { mistakes: false, elected: Some(elected), ..Scenario::from_seed(seed) }
     }
 }
 
@@ -169,6 +193,8 @@ pub struct World {
     pub databases: Databases,
     /// The invariants' books.
     pub oracle: Oracle,
+    /// etcd, when it elects the primary.
+    pub etcd: Option<crate::etcd::EtcdWorld>,
     /// Where the servers' decide answers land (their callbacks run inside a step).
     pub answers: crate::client::AnswerQueue,
     /// The phase.
@@ -222,7 +248,8 @@ impl World {
             net: Network::new(scenario.chaos),
             clients,
             databases,
-            oracle: Oracle::new(scenario.ack),
+            oracle: Oracle::new(scenario.ack, scenario.elected.is_some()),
+            etcd: scenario.elected.clone().map(crate::etcd::EtcdWorld::new),
             answers: crate::client::AnswerQueue::default(),
             phase: Phase::Safety,
             promotions: 0,
@@ -239,7 +266,10 @@ impl World {
         for index in 0..2 {
             self.start_backup(index);
         }
-        self.promote(0, true, "the first promotion");
+        // Elected: both campaign, the first to reach etcd leads the new pair.
+        if self.etcd.is_none() {
+            self.promote(0, true, "the first promotion");
+        }
         for client in 0..self.clients.len() {
             let life = self.clients[client].life;
             let delay = self.rng.range(1, 5) * MS;
@@ -267,6 +297,10 @@ impl World {
             Event::Liveness => self.begin_liveness(),
             Event::Exit { member, life } => self.exit(member, life),
             Event::LinkTimer { member, life, conn } => self.link_timer(member, life, conn),
+            Event::EtcdArrive { member, life, call } => self.etcd_arrive(member, life, call),
+            Event::EtcdAnswer { member, life, answer } => self.etcd_answer(member, life, answer),
+            Event::Keepalive { member, life } => self.keepalive(member, life),
+            Event::Poll { member, life } => self.poll(member, life),
         }
     }
 
@@ -305,6 +339,9 @@ impl World {
     fn check(&mut self) {
         let now = self.now;
         self.oracle.check_holders(now, &self.members);
+        if let Some(why) = self.etcd.as_mut().and_then(|etcd| etcd.inconsistent(now)) {
+            self.oracle.violate(now, Invariant::EtcdRecords, None, why);
+        }
     }
 
     /// Whether the pair is back to strict with every branch finished and no decide waiting.
@@ -328,7 +365,11 @@ impl World {
 
 /// Runs the scenario of `seed` to its end, or to its first violated invariant.
 pub fn run(seed: u64, trace: bool) -> Report {
-    let scenario = Scenario::from_seed(seed);
+    run_scenario(Scenario::from_seed(seed), trace)
+}
+
+/// Runs `scenario` to its end, or to its first violated invariant.
+pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
     let mut world = World::new(scenario, trace);
     world.boot();
     world.settle();

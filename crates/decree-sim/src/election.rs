@@ -1,0 +1,316 @@
+//! A member's side of the election on etcd in the simulation (issue 33): a model of
+//! `decree serve`'s `election.rs` tasks around decree-pair's pure rules, which it calls
+//! as they are (`campaign`, `record_sync`, `lease_alive`, `SyncRecord::led_by` inside
+//! `campaign`).
+//!
+//! Each start of a member is a new process with a new run id (given to its follower with
+//! `with_run`, so that its `Hello` carries it) and a new lease, granted and registered at
+//! start, renewed every quarter TTL on the member's own (drifting) clock. A backup reads
+//! the pair's keys every [`POLL`] (the runtime's watch on the leader key, with its delay)
+//! and campaigns when the leader key is absent; on winning it is promoted with
+//! `Follower::promote_elected` and leads as an operator's promotion makes it. A leader
+//! records each backup process that catches up (`Leader::caught_up_backups`) with
+//! `record_sync`, retried while etcd does not answer, and steps down (`pair.rs`'s
+//! step-down) when that write fails, its lease is gone or the leader key names another.
+//! A member that stepped down (or was deposed on the link) rejoins as a backup in a new
+//! process, as `decree serve` does under an election.
+//!
+//! The fence ([`World::may_act`]): a leader acknowledges, answers a known `Outcome` and
+//! runs a recovery pass only while `lease_alive` holds on its own clock, from when its
+//! last keepalive that etcd answered was sent. Held answers go when a keepalive succeeds
+//! again, or never (it stepped down: the connection closes unanswered).
+//!
+//! Not modelled: the watch itself (a poll every [`POLL`] stands for it), a keepalive's
+//! wait for its answer before the next (keepalives go every quarter TTL regardless).
+
+use crate::client::Held;
+use crate::etcd::{Answer, Break, Call, MARGIN, REQUEST_TIMEOUT, TTL};
+use crate::member::{Proc, NODE};
+use crate::world::{Event, Time, World, MS};
+use decree_pair::election::{self as rules, Candidate, InSync, LeaseId, Txn};
+use decree_pair::link::leader::BackupRun;
+use decree_pair::Epoch;
+use tokio::sync::watch;
+
+/// How often a backup reads the pair's keys and a leader its leader key (the watch's
+/// delay, and the poll that backs it up).
+pub const POLL: Time = 100 * MS;
+
+/// Answers a leader's fence may hold (each client has one decide and a question or two
+/// in flight: far below this).
+const HELD_MAX: usize = 4096;
+
+/// Nanoseconds per simulated microsecond.
+const NS: u64 = 1_000;
+
+/// One process's part in the election.
+#[derive(Default)]
+pub struct Candidacy {
+    /// Its run id.
+    pub run: u64,
+    /// Its lease, once granted.
+    pub lease: Option<LeaseId>,
+    /// Its clock (nanoseconds) when the last keepalive etcd answered was sent.
+    pub sent: Option<u64>,
+    /// It stepped down: its fence never opens again.
+    pub ended: bool,
+    /// A leader's: its leader key's value.
+    pub record: Option<rules::Leader>,
+    /// A leader's: the backup processes that catch up.
+    pub caught_up: Option<watch::Receiver<Option<BackupRun>>>,
+    /// A leader's: the sync record's write not answered yet, and when it was last sent.
+    pub unrecorded: Option<(Txn, Time)>,
+    /// Answers its fence holds.
+    pub held: Vec<Held>,
+}
+
+/// A run id's name in etcd's records (as `decree serve` writes it).
+pub fn run_name(run: u64) -> String {
+    format!("{run:016x}")
+}
+
+impl World {
+    /// Whether member `index` may act now: its lease provably lives on its own clock.
+    /// Always, without an election (the operator's promotion is the fence there).
+    pub fn may_act(&self, index: usize) -> bool {
+        let Some(etcd) = &self.etcd else { return true };
+        if etcd.broken(Break::FenceIgnored) {
+            return true;
+        }
+        let candidacy = &self.members[index].candidacy;
+        let now = etcd.clock_ns(index, self.now);
+        !candidacy.ended
+            && candidacy.sent.is_some_and(|sent| rules::lease_alive(sent, TTL * NS, MARGIN * NS, now))
+    }
+
+    /// A member's process started (elected runs): a new run id, a lease to take, the
+    /// keepalive and the poll to start.
+    pub fn candidacy_starts(&mut self, index: usize) {
+        let member = &mut self.members[index];
+        let run = (member.life << 8) | (index as u64 + 1);
+        member.candidacy = Candidacy { run, ..Candidacy::default() };
+        let life = member.life;
+        self.after(0, Event::Keepalive { member: index, life });
+        self.after(POLL, Event::Poll { member: index, life });
+    }
+
+    /// The lease's turn: a keepalive every quarter TTL on the member's clock, or a new
+    /// lease when it has none.
+    pub fn keepalive(&mut self, index: usize, life: u64) {
+        let member = &self.members[index];
+        if member.life != life || matches!(member.proc, Proc::Down) {
+            return;
+        }
+        if let Some(until) = member.paused_until {
+            self.schedule(until, Event::Keepalive { member: index, life });
+            return;
+        }
+        let (lease, now) = (member.candidacy.lease, self.now);
+        let call = match lease {
+            None => Call::Grant,
+            Some(lease) => Call::KeepAlive { lease, sent: self.etcd().clock_ns(index, now) },
+        };
+        self.etcd_send(index, call);
+        let period = self.etcd().true_span(index, TTL / 4);
+        self.after(period, Event::Keepalive { member: index, life });
+    }
+
+    /// The poll: a backup reads the keys to campaign, a leader its leader key; a leader's
+    /// unanswered sync record write is sent again.
+    pub fn poll(&mut self, index: usize, life: u64) {
+        let member = &self.members[index];
+        if member.life != life || matches!(member.proc, Proc::Down) {
+            return;
+        }
+        if let Some(until) = member.paused_until {
+            self.schedule(until, Event::Poll { member: index, life });
+            return;
+        }
+        let (backup, leader) = match &member.proc {
+            Proc::Backup(_) => (member.candidacy.lease.is_some(), false),
+            Proc::Primary(p) => (false, !p.stopping),
+            Proc::Down => (false, false),
+        };
+        let now = self.now;
+        let resend = member.candidacy.unrecorded.clone().filter(|(_, at)| now >= at + REQUEST_TIMEOUT);
+        if backup {
+            self.etcd_send(index, Call::Read);
+        }
+        if leader {
+            self.etcd_send(index, Call::ReadLeader);
+            if let Some((txn, _)) = resend {
+                // `record_in_sync` retries while etcd does not answer.
+                self.members[index].candidacy.unrecorded = Some((txn.clone(), now));
+                self.etcd_send(index, Call::RecordSync { txn });
+            }
+        }
+        self.after(POLL, Event::Poll { member: index, life });
+    }
+
+    /// etcd's answer reaches member `index`.
+    pub fn etcd_answer(&mut self, index: usize, life: u64, answer: Answer) {
+        let member = &self.members[index];
+        if member.life != life || matches!(member.proc, Proc::Down) {
+            return;
+        }
+        if let Some(until) = member.paused_until {
+            self.schedule(until, Event::EtcdAnswer { member: index, life, answer });
+            return;
+        }
+        let leading = matches!(&member.proc, Proc::Primary(p) if !p.stopping);
+        let backup = matches!(member.proc, Proc::Backup(_));
+        let lease = member.candidacy.lease;
+        match answer {
+            Answer::Granted(lease) => {
+                let candidacy = &mut self.members[index].candidacy;
+                candidacy.lease = Some(lease);
+                candidacy.sent = None;
+            }
+            // An answer about a lease this process no longer holds (it took a new one).
+            Answer::KeptAlive { lease: of, .. } if Some(of) != lease => {}
+            Answer::KeptAlive { sent, alive: true, .. } => {
+                let candidacy = &mut self.members[index].candidacy;
+                candidacy.sent = Some(candidacy.sent.map_or(sent, |s| s.max(sent)));
+                self.release_held(index);
+            }
+            Answer::KeptAlive { alive: false, .. } if leading => {
+                self.step_down(index, None, "its lease is gone")
+            }
+            Answer::KeptAlive { alive: false, .. } => {
+                // A backup takes a new lease and registers again.
+                self.members[index].candidacy.lease = None;
+            }
+            Answer::Viewed(view) if backup => self.campaign(index, view),
+            Answer::Campaigned { epoch, won: true } => self.elected(index, epoch),
+            Answer::Recorded { written } if leading => {
+                self.members[index].candidacy.unrecorded = None;
+                if written {
+                    self.note(|| format!("member {}: the backup is recorded in sync", index + 1));
+                } else {
+                    self.step_down(
+                        index,
+                        None,
+                        "the sync record was refused: the leader key is not its lease's",
+                    );
+                }
+            }
+            Answer::LeaderIs(leader) if leading => {
+                let own = self.members[index].candidacy.record.clone();
+                if leader != own {
+                    let newer = leader.as_ref().map(|l| Epoch::from_raw(l.epoch));
+                    self.step_down(index, newer, "the leader key names another");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A backup read the keys: it campaigns if the rules let it.
+    fn campaign(&mut self, index: usize, mut view: rules::View) {
+        let Proc::Backup(backup) = &self.members[index].proc else { return };
+        let candidacy = &self.members[index].candidacy;
+        let Some(lease) = candidacy.lease else { return };
+        let run = run_name(candidacy.run);
+        let prepared =
+            decree_server::sim_api::prepared_highest(&self.databases.factories(index as u8 + 1), NODE);
+        let highest = backup.follower.highest_known().max(prepared);
+        let member = self.members[index].id();
+        if self.etcd().broken(Break::RunIdIgnored) {
+            // The broken check: any process of a member named in sync counts as in sync.
+            for named in view.sync.value.iter_mut().flat_map(|s| s.members.iter_mut()) {
+                if named.member == member.get() {
+                    named.run = run.clone();
+                }
+            }
+        }
+        let candidate = Candidate { member, run, lease, highest };
+        let keys = self.etcd().keys.clone();
+        match rules::campaign(&view, &candidate, &keys) {
+            Ok((txn, epoch)) => {
+                self.note(|| format!("member {} campaigns for {epoch}", index + 1));
+                self.etcd_send(index, Call::Campaign { txn, epoch });
+            }
+            Err(rules::NotNow::Led(..)) => {}
+            Err(why) => {
+                let line = format!("member {} may not campaign: {why}", index + 1);
+                self.note(|| line);
+            }
+        }
+    }
+
+    /// Member `index` won `epoch`: promoted as `pair.rs` promotes an elected backup.
+    fn elected(&mut self, index: usize, epoch: Epoch) {
+        let Proc::Backup(backup) = &self.members[index].proc else { return };
+        let node = match backup.follower.promote_elected(epoch) {
+            Ok(node) => node,
+            Err(e) => {
+                let line = format!("member {}: elected to {epoch} but cannot lead it: {e}", index + 1);
+                self.note(|| line);
+                return;
+            }
+        };
+        if !self.take_lead(index, node, false, "elected on etcd") {
+            return;
+        }
+        let Proc::Primary(p) = &self.members[index].proc else { unreachable!("it leads") };
+        let caught_up = p.leader.caught_up_backups();
+        let candidacy = &mut self.members[index].candidacy;
+        let record =
+            rules::Leader { member: index as u8 + 1, run: run_name(candidacy.run), epoch: epoch.raw() };
+        candidacy.record = Some(record);
+        candidacy.caught_up = Some(caught_up);
+    }
+
+    /// A leader records the backup process that caught up, if one did since the last
+    /// turn (`election.rs`'s `record_in_sync`). Returns whether it sent anything.
+    pub fn record_caught_up(&mut self, index: usize) -> bool {
+        let candidacy = &mut self.members[index].candidacy;
+        let Some(receiver) = candidacy.caught_up.as_mut() else { return false };
+        if !receiver.has_changed().unwrap_or(false) {
+            return false;
+        }
+        let Some(backup) = *receiver.borrow_and_update() else { return false };
+        let (Some(record), Some(lease)) = (candidacy.record.clone(), candidacy.lease) else { return false };
+        let in_sync = InSync { member: backup.member.get(), run: run_name(backup.run) };
+        let keys = self.etcd().keys.clone();
+        let mut txn = rules::record_sync(&keys, &record, lease, Some(in_sync));
+        if self.etcd().broken(Break::LateSyncWrite) {
+            // The broken write: no compare of the leader key's lease.
+            txn.compares.clear();
+        }
+        self.members[index].candidacy.unrecorded = Some((txn.clone(), self.now));
+        self.etcd_send(index, Call::RecordSync { txn });
+        true
+    }
+
+    /// A leader steps down: its fence ends, its held answers go unanswered, and the server
+    /// stops as a deposed one does (then rejoins as a backup).
+    fn step_down(&mut self, index: usize, newer: Option<Epoch>, why: &str) {
+        let Proc::Primary(p) = &self.members[index].proc else { return };
+        p.server.step_down(newer);
+        let candidacy = &mut self.members[index].candidacy;
+        candidacy.ended = true;
+        candidacy.held.clear();
+        let line = format!("member {} steps down: {why}", index + 1);
+        self.note(|| line);
+    }
+
+    /// A leader's process ended (elected runs): its lease is given up, and it rejoins the
+    /// pair as a backup in a new process.
+    pub fn rejoin(&mut self, index: usize) {
+        if let Some(lease) = self.members[index].candidacy.lease {
+            self.etcd_send(index, Call::Revoke { lease });
+        }
+        self.start_backup(index);
+    }
+
+    /// Holds `held` until the fence opens again (dropped once the member stepped down).
+    pub fn hold(&mut self, index: usize, held: Held) {
+        let candidacy = &mut self.members[index].candidacy;
+        if candidacy.ended {
+            return;
+        }
+        candidacy.held.push(held);
+        assert!(candidacy.held.len() <= HELD_MAX, "the fence holds a bounded number of answers");
+    }
+}
