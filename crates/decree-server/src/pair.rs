@@ -279,6 +279,14 @@ impl PrimaryLink {
         *self.shared.deposed.lock()
     }
 
+    /// The election on etcd took the lead away (the lease is gone, or a member leads the
+    /// `newer` epoch): this member stops as a deposed one does, and rejoins as a backup.
+    #[cfg_attr(not(any(feature = "etcd", feature = "sim")), allow(dead_code))]
+    pub(crate) fn step_down(&self, newer: Option<Epoch>) {
+        let seen = newer.unwrap_or_else(|| self.leader.node().seen);
+        LiveSet::deposed(&*self.shared, seen);
+    }
+
     /// At shutdown: the pending decides are answered by nobody (their clients see the
     /// connection close and ask `Outcome`), so that their connections can end.
     pub(crate) fn abandon_pending(&self) {
@@ -315,13 +323,6 @@ impl PrimaryLink {
             return None;
         }
         self.leader.lag().oldest
-    }
-
-    /// The election on etcd took the lead away (the lease is gone, or a member leads the
-    /// `newer` epoch): this member stops as a deposed one does, and rejoins as a backup.
-    pub(crate) fn step_down(&self, newer: Option<Epoch>) {
-        let seen = newer.unwrap_or_else(|| self.leader.node().seen);
-        LiveSet::deposed(&*self.shared, seen);
     }
 }
 
