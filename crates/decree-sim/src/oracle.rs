@@ -212,7 +212,7 @@ impl Oracle {
 
     /// The defect a violation without a better clue shows: two primaries at once, the old
     /// one never told (defect 8), if the run had them.
-    fn fallback(&self, found: Option<u8>) -> Option<u8> {
+    pub(crate) fn fallback(&self, found: Option<u8>) -> Option<u8> {
         found.or(self.split_brain.then_some(8))
     }
 
