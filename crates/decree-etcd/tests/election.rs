@@ -87,7 +87,11 @@ async fn the_elections_transactions_hold_on_real_etcd() {
     let record = view(&etcd, &keys).await.sync.value.unwrap();
     assert_eq!(
         record,
-        SyncRecord { epoch: epoch_b.raw(), members: vec![InSync { member: 2, run: "run-b".into() }] }
+        SyncRecord {
+            epoch: epoch_b.raw(),
+            members: vec![InSync { member: 2, run: "run-b".into() }],
+            since: Some(b.highest.raw())
+        }
     );
     etcd.revoke_lease(decree_etcd::LeaseId(b.lease)).await.unwrap();
 }

@@ -94,6 +94,11 @@ pub struct SyncRecord {
     pub epoch: u64,
     /// The members holding every decision acknowledged in it, the leader first.
     pub members: Vec<InSync>,
+    /// The highest epoch the leader's own log and `PAIR` provably hold: its highest when it
+    /// took the lead (it may die before recording the new epoch in `PAIR`), the led epoch
+    /// once it has written the record again as it starts serving. Absent: the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
 }
 
 impl SyncRecord {
@@ -103,15 +108,17 @@ impl SyncRecord {
     }
 
     /// Whether `candidate` is the leader that wrote this record, back in any process: the
-    /// record's epoch is one it minted, it is named first, and its log and `PAIR` know the
-    /// epoch (a member whose disk was lost does not). Its own log holds every decision it
-    /// acknowledged (rpo = 0), whatever its run id, so it may lead again: a primary running
-    /// alone whose process died is not locked out of its pair.
+    /// record's epoch is one it minted, it is named first, and its log and `PAIR` know what
+    /// the record says they hold (`since`: a member whose disk was lost does not). Its own
+    /// log holds every decision it acknowledged (rpo = 0), whatever its run id, so it may
+    /// lead again: a primary running alone whose process died is not locked out of its
+    /// pair, nor is a member that won a campaign and died before recording the epoch in
+    /// `PAIR` (issue 33's simulator, finding 15: nothing was acknowledged in that epoch).
     pub fn led_by(&self, candidate: &Candidate) -> bool {
         let epoch = Epoch::from_raw(self.epoch);
         self.members.first().is_some_and(|first| first.member == candidate.member.get())
             && epoch.member() == Some(candidate.member)
-            && candidate.highest >= epoch
+            && candidate.highest >= Epoch::from_raw(self.since.unwrap_or(self.epoch))
     }
 }
 
@@ -261,17 +268,25 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
         }
     };
     let epoch = epoch_of(counter.max(me.highest.count()) + 1, me.member);
-    Ok((take_the_lead(view, 0, me, epoch, keys), epoch))
+    Ok((take_the_lead(view, 0, me, (epoch, me.highest), keys), epoch))
 }
 
 /// The transaction that makes `me` lead `epoch`, unless the keys changed since `view` (the
 /// leader key's mod revision must be `leader_revision`): the leader key under its lease,
-/// the counter at the epoch's count, the sync record naming it alone.
-fn take_the_lead(view: &View, leader_revision: i64, me: &Candidate, epoch: Epoch, keys: &Keys) -> Txn {
+/// the counter at the epoch's count, the sync record naming it alone, its log holding
+/// `since`.
+fn take_the_lead(
+    view: &View,
+    leader_revision: i64,
+    me: &Candidate,
+    (epoch, since): (Epoch, Epoch),
+    keys: &Keys,
+) -> Txn {
     let leader = Leader { member: me.member.get(), run: me.run.clone(), epoch: epoch.raw() };
     let sync = SyncRecord {
         epoch: epoch.raw(),
         members: vec![InSync { member: me.member.get(), run: me.run.clone() }],
+        since: Some(since.raw()),
     };
     Txn {
         compares: vec![
@@ -305,18 +320,19 @@ pub fn record_forced(view: &View, me: &Candidate, forced: Epoch, keys: &Keys) ->
         return Err(NotNow::Superseded(counter));
     }
     // A stale leader key is replaced: the compare is on the revision read, not on absence.
-    Ok(take_the_lead(view, view.leader.mod_revision, me, forced, keys))
+    Ok(take_the_lead(view, view.leader.mod_revision, me, (forced, forced), keys))
 }
 
 /// The transaction by which the leader `leader` (holding `lease`) records who is in sync
 /// for its epoch: itself and, when `backup` is given, the backup's current process (once it
-/// caught up); without one, the leader alone (the backup is out of sync: only after this
-/// succeeds may the leader acknowledge alone). It fails unless the leader key still holds
-/// the writer's lease.
+/// caught up); without one, the leader alone (as it starts serving, and when the backup is
+/// out of sync: only after this succeeds may the leader acknowledge alone). It fails unless
+/// the leader key still holds the writer's lease.
 pub fn record_sync(keys: &Keys, leader: &Leader, lease: LeaseId, backup: Option<InSync>) -> Txn {
     let mut members = vec![InSync { member: leader.member, run: leader.run.clone() }];
     members.extend(backup);
-    let sync = SyncRecord { epoch: leader.epoch, members };
+    // Written by a leader that serves: its `PAIR` holds the epoch.
+    let sync = SyncRecord { epoch: leader.epoch, members, since: Some(leader.epoch) };
     Txn {
         compares: vec![Compare::Lease(keys.leader.clone(), lease)],
         ops: vec![Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None }],

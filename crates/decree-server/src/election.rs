@@ -397,7 +397,13 @@ impl Election {
         let mut caught_up = primary.caught_up_backups();
         let alone_after = self.config.alone_after_ms.map(Duration::from_millis);
         let mut watch = None;
+        // The record now says this member's log holds the led epoch (`PAIR` does since the
+        // promotion): were its disk lost, the record's lead would not be its to take again.
+        let starting = self.record_in_sync(&record, None).await;
         let newer = loop {
+            if let Err(newer) = starting {
+                break newer;
+            }
             if watch.is_none() {
                 self.requests.fetch_add(1, Ordering::Relaxed);
                 watch = self.etcd.watch_prefix(self.keys.leader.clone(), None).await.ok();

@@ -373,6 +373,10 @@ async fn serve(
     let mut signals = signals;
     wait_for_stop(&mut stop_rx, &mut signals).await;
     let _ = stop.send(true);
+    // Answers a member's fence holds are never sent now: their connections may end.
+    if let Some(fence) = state.fence() {
+        fence.end();
+    }
     for task in &tasks {
         task.abort();
     }

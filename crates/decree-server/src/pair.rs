@@ -130,6 +130,11 @@ impl LiveSet for LinkShared {
 
     fn deposed(&self, seen: Epoch) {
         *self.deposed.lock() = Some(seen);
+        // A deposed member acknowledges nothing more: answers its lease's fence holds
+        // (etcd away) are dropped, so that their connections end and the server can stop.
+        if let Some(fence) = self.state.upgrade().and_then(|s| s.fence().cloned()) {
+            fence.end();
+        }
         (self.on_deposed)(seen);
     }
 }

@@ -34,6 +34,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use std::time::SystemTime;
 
+/// How long the worker waits before asking again whether it may call resource managers.
+const FENCED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Runs passes until `stop` is set; call from a dedicated thread. A pass runs at start (it
 /// replays recovered decisions), when woken (a session closed, an orphan appeared), when a
 /// recheck after a close is due, and at the latest `recovery.periodic_pass_ms` after the
@@ -52,8 +55,12 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
             return;
         }
         let Some(clean) = leading_pass(&state, &stop) else {
-            // Deposed by a newer epoch: the server is stopping; touch nothing.
+            // Deposed by a newer epoch (the server is stopping), or the lease's fence is
+            // closed (etcd away): touch nothing, and look again a little later, not at
+            // once: the rechecks due stay due and would make this loop spin (found by the
+            // etcd outage test: a deposed member at 99 % of a CPU).
             next_pass = Instant::now() + periodic;
+            let _ = state.wait_for_work(FENCED_RETRY);
             continue;
         };
         if clean {

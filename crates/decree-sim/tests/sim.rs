@@ -151,10 +151,10 @@ fn a_seed_replays_exactly() {
 }
 
 /// What elected seeds find on today's code, reported and not failed (with
-/// `DECREE_SIM_STRICT=1` they fail): 6 with chaos only (frames dropped, which TCP never does),
-/// and new finding 15, a campaign won on etcd by a process that died before its `PAIR`
-/// recorded the epoch, after which no member may campaign (docs/simulation.md).
-const ELECTED_KNOWN_DEFECTS: &[u8] = &[6, 15];
+/// `DECREE_SIM_STRICT=1` they fail): 6 with chaos only (frames dropped, which TCP never does).
+/// Finding 15 (a campaign won by a process that died before its `PAIR` recorded the epoch)
+/// is fixed: its seeds fail CI again if it returns (docs/simulation.md).
+const ELECTED_KNOWN_DEFECTS: &[u8] = &[6];
 
 /// Whether an elected run's report fails the test.
 fn elected_fails(report: &Report, strict: bool) -> bool {

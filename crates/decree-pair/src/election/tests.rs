@@ -68,7 +68,11 @@ fn a_new_pair_is_led_by_the_first_fresh_member_and_the_second_is_told_who_leads(
     assert_eq!(campaign_at(&mut etcd, 0, &b), Err(NotNow::Led(1, epoch)));
     assert_eq!(
         sync_record(&mut etcd, 0),
-        SyncRecord { epoch: epoch.raw(), members: vec![InSync { member: 1, run: "run-a".into() }] }
+        SyncRecord {
+            epoch: epoch.raw(),
+            members: vec![InSync { member: 1, run: "run-a".into() }],
+            since: Some(Epoch::NONE.raw())
+        }
     );
     assert_eq!(etcd.get(0, &keys().epoch).unwrap().value, "1");
     assert_eq!(
@@ -192,6 +196,8 @@ fn the_recorded_leader_leads_again_from_a_new_process_unless_its_disk_forgot_the
     let mut etcd = Etcd::default();
     let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
     let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    // As it starts serving, the leader writes the record again: its log now holds `one`.
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, None)));
     let later = TTL + 1;
     // A's process died while it led alone; its disk was lost: a blank member 1 knows no
     // epoch, so the record's leadership is not its to take.
@@ -217,8 +223,11 @@ fn a_member_with_an_epoch_finding_no_records_leaves_the_choice_to_the_operator()
 #[test]
 fn inconsistent_or_unreadable_records_are_named() {
     let k = keys();
-    let sync =
-        SyncRecord { epoch: epoch_of(4, m(1)).raw(), members: vec![InSync { member: 2, run: "r".into() }] };
+    let sync = SyncRecord {
+        epoch: epoch_of(4, m(1)).raw(),
+        members: vec![InSync { member: 2, run: "r".into() }],
+        since: None,
+    };
     let v = View {
         leader: Read::absent(),
         sync: Read { value: Some(sync), mod_revision: 5 },
@@ -283,4 +292,43 @@ fn a_forced_epoch_is_recorded_when_etcd_returns_unless_a_newer_one_exists() {
     assert_eq!(record_forced(&view(&mut etcd, TTL / 2), &b, older, &keys()), Err(NotNow::Led(2, forced)));
     etcd.revoke(b.lease);
     assert_eq!(record_forced(&view(&mut etcd, TTL / 2), &b, older, &keys()), Err(NotNow::Superseded(2)));
+}
+
+/// Issue 33's simulator, finding 15 (seeds 221, 483, ... of its census): a member wins
+/// a campaign and dies before recording the epoch in `PAIR`. Before the fix, etcd named it
+/// alone for an epoch its log never saw: it was refused as a member whose disk was lost, the
+/// other member was not named, and nobody could lead.
+#[test]
+fn a_member_that_won_and_died_before_recording_the_epoch_can_lead_again() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, None)));
+    // Member 2 takes over (A's lease lapsed, 2 was recorded in sync), and dies at once.
+    let b = candidate(&mut etcd, 0, 2, "run-b", one);
+    assert!(etcd.txn(
+        0,
+        &record_sync(
+            &keys(),
+            &leader_of(one, "run-a"),
+            a.lease,
+            Some(InSync { member: 2, run: "run-b".into() })
+        )
+    ));
+    let later = TTL + 1;
+    assert!(etcd.keep_alive(b.lease, TTL / 2, TTL) && etcd.keep_alive(b.lease, later, TTL));
+    let two = campaign_at(&mut etcd, later, &b).unwrap();
+    assert_eq!(sync_record(&mut etcd, later).since, Some(one.raw()), "B's log holds 1.1, not yet 2.2");
+    // B's new process: its PAIR never recorded 2.2, its log holds 1.1 as the record says.
+    let again = 3 * TTL;
+    let restarted = candidate(&mut etcd, again, 2, "run-b2", one);
+    assert_eq!(campaign_at(&mut etcd, again, &restarted).unwrap(), epoch_of(3, m(2)), "above {two}");
+    // A member below what the record says (a lost disk) is still refused.
+    let three = epoch_of(3, m(2));
+    assert!(
+        etcd.txn(again + TTL / 2, &record_sync(&keys(), &leader_of(three, "run-b2"), restarted.lease, None))
+    );
+    etcd.revoke(restarted.lease);
+    let blank = candidate(&mut etcd, 5 * TTL, 2, "run-b3", Epoch::NONE);
+    assert_eq!(campaign_at(&mut etcd, 5 * TTL, &blank), Err(NotNow::OutOfSync(three)));
 }
