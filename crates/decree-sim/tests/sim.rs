@@ -44,6 +44,20 @@ fn fails(report: &Report, strict: bool) -> bool {
     report.violations.iter().any(|v| strict || v.defect.is_none_or(|d| !KNOWN_DEFECTS.contains(&d)))
 }
 
+/// The first seed of a run: `DECREE_SIM_FIRST_SEED`, else 0 for a counted census, else one
+/// drawn from the clock (a run on a time budget explores new seeds each time).
+fn first_seed(count: Option<u64>) -> u64 {
+    env("DECREE_SIM_FIRST_SEED").unwrap_or_else(|| {
+        if count.is_some() {
+            0
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() * 1000)
+        }
+    })
+}
+
 #[test]
 fn the_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     let strict = env("DECREE_SIM_STRICT").is_some_and(|v| v != 0);
@@ -74,15 +88,7 @@ fn the_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     }
     let count = env("DECREE_SIM_SEEDS");
     let budget = Duration::from_secs(env("DECREE_SIM_SECONDS").unwrap_or(5));
-    let first = env("DECREE_SIM_FIRST_SEED").unwrap_or_else(|| {
-        if count.is_some() {
-            0
-        } else {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() * 1000)
-        }
-    });
+    let first = first_seed(count);
     println!("simulating from seed {first}");
     let started = Instant::now();
     // Per defect: the seeds that show it, with whether the seed had chaos on (frames dropped,
@@ -214,15 +220,7 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     }
     let count = env("DECREE_SIM_ELECTED_SEEDS");
     let budget = Duration::from_secs(env("DECREE_SIM_ELECTED_SECONDS").unwrap_or(5));
-    let first = env("DECREE_SIM_FIRST_SEED").unwrap_or_else(|| {
-        if count.is_some() {
-            0
-        } else {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() * 1000)
-        }
-    });
+    let first = first_seed(count);
     println!("simulating elected pairs from seed {first}");
     let started = Instant::now();
     let (mut runs, mut acknowledged, mut promotions, mut crashes) = (0, 0, 0, 0);
