@@ -183,8 +183,13 @@ impl Election {
             match keeper.renew().await {
                 Ok(answer) => {
                     self.keepalives.fetch_add(1, Ordering::Relaxed);
-                    let lives = answer.ttl.min(ttl).saturating_sub(self.config.margin());
-                    self.fence.alive_until((answer.sent.since_boot() + lives).as_nanos() as u64);
+                    let nanos = |d: Duration| d.as_nanos() as u64;
+                    let answered_ttl = answer.ttl.min(ttl);
+                    self.fence.renewed(
+                        nanos(answer.sent.since_boot()),
+                        nanos(answered_ttl),
+                        nanos(self.config.margin()),
+                    );
                     if complained {
                         tracing::warn!("etcd answers keepalives again");
                         complained = false;

@@ -1,8 +1,9 @@
 //! A pair member's self-fence under an election on etcd (issue 33): it acknowledges a
 //! decision, answers `Outcome` and calls a resource manager only while its lease is
 //! provably alive. The election's keepalive moves the fence's end forward
-//! ([`Fence::alive_until`]); every act checks [`Fence::alive`] just before it, on
-//! `CLOCK_BOOTTIME` (a paused process or a suspended machine does not stop it). An answer
+//! ([`Fence::renewed`], judged by decree-pair's `election::lease_alive`); every act checks
+//! [`Fence::alive`] just before it, on `CLOCK_BOOTTIME` (a paused process or a suspended
+//! machine does not stop it). An answer
 //! held by a closed fence waits ([`Fence::reopened`]) until a keepalive succeeds again
 //! (the same epoch goes on: etcd was unreachable) or the member steps down (another
 //! leads: the connection closes unanswered and the client asks the new primary).
@@ -26,8 +27,11 @@ pub(crate) fn boot_ns() -> u64 {
 /// Until when this member may act, and whether it stepped down.
 #[derive(Debug)]
 pub struct Fence {
-    /// Boot-clock nanoseconds before which the lease provably lives.
-    until_ns: AtomicU64,
+    /// Boot-clock nanoseconds when the last answered keepalive was sent.
+    sent_ns: AtomicU64,
+    /// The lease's TTL etcd answered, and the margin taken off it, in nanoseconds.
+    ttl_ns: AtomicU64,
+    margin_ns: AtomicU64,
     ended: AtomicBool,
     changed: Notify,
 }
@@ -35,9 +39,15 @@ pub struct Fence {
 // Without the `etcd` feature no election makes or moves a fence (its tests still run).
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 impl Fence {
-    /// A closed fence, opened by the first [`Fence::alive_until`].
+    /// A closed fence, opened by the first [`Fence::renewed`].
     pub fn closed() -> Fence {
-        Fence { until_ns: AtomicU64::new(0), ended: AtomicBool::new(false), changed: Notify::new() }
+        Fence {
+            sent_ns: AtomicU64::new(0),
+            ttl_ns: AtomicU64::new(0),
+            margin_ns: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
     }
 
     /// Whether this member may act now.
@@ -46,14 +56,21 @@ impl Fence {
     }
 
     /// Whether this member may act at boot-clock time `now_ns`.
+    /// The rule is decree-pair's `election::lease_alive`, which the simulator runs too.
     pub fn alive_at(&self, now_ns: u64) -> bool {
-        !self.ended.load(Ordering::SeqCst) && now_ns < self.until_ns.load(Ordering::SeqCst)
+        let (sent, ttl) = (self.sent_ns.load(Ordering::SeqCst), self.ttl_ns.load(Ordering::SeqCst));
+        let margin = self.margin_ns.load(Ordering::SeqCst);
+        !self.ended.load(Ordering::SeqCst)
+            && ttl > 0
+            && decree_pair::election::lease_alive(sent, ttl, margin, now_ns)
     }
 
-    /// A keepalive succeeded: the lease provably lives until `until_ns` (never moved
-    /// back: keepalive answers may come out of order).
-    pub fn alive_until(&self, until_ns: u64) {
-        self.until_ns.fetch_max(until_ns, Ordering::SeqCst);
+    /// A keepalive sent at `sent_ns` was answered with a TTL of `ttl_ns`, judged with
+    /// `margin_ns` off (the send time never moves back: answers may come out of order).
+    pub fn renewed(&self, sent_ns: u64, ttl_ns: u64, margin_ns: u64) {
+        self.ttl_ns.store(ttl_ns, Ordering::SeqCst);
+        self.margin_ns.store(margin_ns, Ordering::SeqCst);
+        self.sent_ns.fetch_max(sent_ns, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
@@ -95,14 +112,14 @@ mod tests {
     fn a_closed_fence_opens_until_its_end_and_never_after_it_ended() {
         let fence = Fence::closed();
         assert!(!fence.alive_at(0), "closed until the first keepalive");
-        fence.alive_until(1_000);
-        assert!(fence.alive_at(999) && !fence.alive_at(1_000), "alive strictly before its end");
-        fence.alive_until(500);
+        fence.renewed(100, 1_000, 100);
+        assert!(fence.alive_at(999) && !fence.alive_at(1_000), "alive strictly before sent + ttl - margin");
+        fence.renewed(50, 1_000, 100);
         assert!(fence.alive_at(999), "a late keepalive answer moves nothing back");
         fence.end();
-        assert!(!fence.alive_at(0) && fence.ended(), "ended: closed for good");
-        fence.alive_until(u64::MAX);
-        assert!(!fence.alive_at(0), "no keepalive opens an ended fence");
+        assert!(!fence.alive_at(500) && fence.ended(), "ended: closed for good");
+        fence.renewed(u64::MAX / 2, 1_000, 0);
+        assert!(!fence.alive_at(u64::MAX / 2), "no keepalive opens an ended fence");
     }
 
     #[tokio::test]
@@ -114,7 +131,7 @@ mod tests {
         });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(!waiting.is_finished(), "held while closed");
-        fence.alive_until(boot_ns() + 60_000_000_000);
+        fence.renewed(boot_ns(), 60_000_000_000, 0);
         assert!(waiting.await.unwrap(), "released by the keepalive");
 
         let fence = std::sync::Arc::new(Fence::closed());
