@@ -619,6 +619,10 @@ fn an_impostor_on_the_link_ports_deposes_no_one_and_a_wrong_secret_never_links()
     let (ok, text) = decree(&["promote", "--force"], &a);
     assert!(ok, "{text}");
     eventually("the primary is strict", || status(&a)["strict"] == true);
+    // The primary turns strict at the backup's hello, before the backup has read (and
+    // recorded) the primary's: wait for it to catch up, so that what follows shows the
+    // impostors changed nothing rather than racing the catch-up.
+    eventually("the backup caught up", || status(&b)["caught_up"] == true);
     // The primary listens on its link address too (defect 8), the backup on its own; each
     // closes the impostor's connection once it is done with it.
     send_as_impostor(link_a, &impostor_hello(9, 2));
@@ -628,7 +632,11 @@ fn an_impostor_on_the_link_ports_deposes_no_one_and_a_wrong_secret_never_links()
         (sa["role"].as_str(), sa["epoch"].as_str(), &sa["strict"]),
         (Some("primary"), Some("1.1"), &true.into())
     );
-    assert_eq!((sb["epoch"].as_str(), &sb["link"]["connected"]), (Some("1.1"), &true.into()), "{sb}");
+    assert_eq!(
+        (sb["epoch"].as_str(), &sb["link"]["connected"], &sb["caught_up"]),
+        (Some("1.1"), &true.into(), &true.into()),
+        "{sb}"
+    );
     eventually("the backup names the refused impostor", || {
         status(&b)["link"]["last_end"]
             .as_str()
