@@ -502,3 +502,140 @@ fn failover_time_from_sigkill_and_sigterm_to_the_new_primarys_first_acknowledgem
          {term_median:.0} ms, max {term_max:.0} ms"
     );
 }
+
+/// Gives both members resource manager `pg-a` on `dsn` and node `node` (not the shared 6:
+/// PostgreSQL's prepared branches outlive a test run).
+fn with_postgres(members: [&Member; 2], dsn: &str, node: u32) {
+    for m in members {
+        let text =
+            std::fs::read_to_string(&m.config).unwrap().replace("node = 6\n", &format!("node = {node}\n"));
+        let rm = format!("[[rm]]\nname = \"pg-a\"\nkind = \"postgres\"\ndsn = \"{dsn}\"\n");
+        std::fs::write(&m.config, text + &rm).unwrap();
+    }
+}
+
+/// Prepares branch `xid` on `pg`: a row `xid` in table `split_brain`, prepared.
+fn prepare_on(pg: &mut decree_rm::PgRm, xid: &Xid) {
+    use decree_core::ResourceManager;
+    pg.start(xid).unwrap();
+    let row = format!("INSERT INTO split_brain VALUES ('{}')", xid.global().to_gid());
+    pg.client().unwrap().batch_execute(&row).unwrap();
+    pg.end(xid).unwrap();
+    pg.prepare(xid).unwrap();
+}
+
+/// Branch 0 of `sequence` in `session` under epoch `incarnation`, and its decision on pg-a.
+fn pg_decision(node: u32, incarnation: u64, session: u64, sequence: u64) -> Decision {
+    let xid = Xid::decree(Origin { node, incarnation, session, sequence });
+    Decision { xid, branches: vec![BranchRecord { rm: "pg-a".into(), branch: 0 }] }
+}
+
+/// Whether branch 0 of `xid` is prepared, and whether its row is committed.
+fn pg_state(pg: &decree_rm::PgRm, xid: &Xid) -> (bool, bool) {
+    let mut client = pg.client().unwrap();
+    let prepared: i64 = client
+        .query_one("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", &[&xid.branch(0).to_gid()])
+        .unwrap()
+        .get(0);
+    let rows: i64 =
+        client.query_one("SELECT count(*) FROM split_brain WHERE gid = $1", &[&xid.to_gid()]).unwrap().get(0);
+    (prepared == 1, rows == 1)
+}
+
+/// Sends `signal` to a server this test started.
+fn signal(server: &Reaped, signal: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(server.0.id() as libc::pid_t, signal) }, 0, "signal {signal}");
+}
+
+/// The branch calls `m` made by the epoch of their Xid (`own`, `earlier`, `newer`).
+fn rm_calls(m: &Member) -> [u64; 3] {
+    let s = status(m).expect("a status");
+    ["own", "earlier", "newer"]
+        .map(|k| s["rm_calls"][k].as_u64().unwrap_or_else(|| panic!("no rm_calls.{k}: {s}")))
+}
+
+/// Split brain (issue 33): the primary SIGSTOPped past its lease, the backup elected; the new
+/// epoch prepares and decides branches in PostgreSQL while its client's session lives; the old
+/// primary continued while its client still sends. It acknowledges nothing afterwards, makes
+/// no resource-manager call at all (its counts by Xid epoch unchanged, none on a newer epoch),
+/// and the new epoch's prepared branches are still prepared after it rejoined as the backup;
+/// acknowledgements counted per epoch: each one given by the epoch that led, and held.
+#[test]
+fn pg_a_primary_continued_past_its_lease_acknowledges_nothing_and_touches_no_branch_of_the_new_epoch() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let Ok(dsn) = std::env::var("DECREE_TEST_PG_A") else {
+        eprintln!("skipped: DECREE_TEST_PG_A is not set (scripts/test-dbs.sh)");
+        return;
+    };
+    let node = 2_000_000 + (std::process::id() % 1_000_000) * 1000 + u32::from(free_port() % 1000);
+    let mut pg = decree_rm::PgRm::connect("pg-a", &dsn).unwrap();
+    pg.client().unwrap().batch_execute("CREATE TABLE IF NOT EXISTS split_brain (gid text)").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("split"), links, links.1);
+    with_postgres([&a, &b], &dsn, node);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (old, new) = wait_strict(&a, &b);
+    let (p, e1) = (if std::ptr::eq(old, &a) { 0 } else { 1 }, epoch(old));
+    // Epoch 1: x1 decided (acknowledged), x1b prepared only; the client's session lives on.
+    let patient = decree_client::ClientOptions { reply_timeout: None, ..Default::default() };
+    let endpoint = format!("unix:{}", old.socket.display()).parse().expect("an endpoint");
+    let c1 = RemoteDecisions::connect_with(endpoint, patient).expect("connect to the primary");
+    let s1 = c1.open_session().unwrap();
+    let [x1, x1b, x1c] = [1, 2, 3].map(|n| pg_decision(node, e1, s1, n));
+    for d in [&x1, &x1b, &x1c] {
+        prepare_on(&mut pg, &d.xid.branch(0));
+    }
+    c1.decide(&x1).expect("acknowledged in epoch 1");
+    let before = rm_calls(old);
+    let stopped = servers[p].take().expect("the primary runs");
+    signal(&stopped, libc::SIGSTOP);
+    eventually("the backup is elected", &[old, new], || {
+        status(new).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(e1))
+    });
+    let e2 = epoch(new);
+    // Epoch 2: x2 decided, x2b prepared only, its session alive; the new primary finishes
+    // epoch 1's branches (x1 committed, x1b and x1c rolled back: their session is gone).
+    let c2 = connect(new);
+    let s2 = c2.open_session().unwrap();
+    let [x2, x2b] = [1, 2].map(|n| pg_decision(node, e2, s2, n));
+    for d in [&x2, &x2b] {
+        prepare_on(&mut pg, &d.xid.branch(0));
+    }
+    c2.decide(&x2).expect("acknowledged in epoch 2");
+    eventually("the new primary finishes epoch 1's branches", &[new], || {
+        [(&x1, (false, true)), (&x1b, (false, false)), (&x1c, (false, false))]
+            .iter()
+            .all(|(d, want)| pg_state(&pg, &d.xid) == *want)
+    });
+    // The old primary's client still sends: x1c, rolled back by now, must not be acknowledged.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let late = x1c.clone();
+    let sender = std::thread::spawn(move || tx.send(c1.decide(&late)));
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&stopped, libc::SIGCONT);
+    let answer = rx.recv_timeout(Duration::from_secs(30)).expect("the old primary answers or closes");
+    assert!(answer.is_err(), "the old primary acknowledged {} after its lease lapsed", x1c.xid);
+    sender.join().unwrap().expect("the answer was taken");
+    eventually("the old primary rejoins as the new one's backup", &[old, new], || {
+        status(old).is_some_and(|s| s["role"] == "backup" && s["epoch_raw"].as_u64() == Some(e2))
+    });
+    let after = rm_calls(old);
+    assert_eq!(after, before, "the old primary called resource managers after SIGCONT (own, earlier, newer)");
+    assert_eq!(after[2], 0, "the old primary touched a branch of a newer epoch");
+    for d in [&x2, &x2b] {
+        assert_eq!(pg_state(&pg, &d.xid), (true, false), "{} of the new epoch was touched", d.xid);
+    }
+    let counted = rm_calls(new);
+    assert!(counted[1] >= 3 && counted[2] == 0, "the new primary's calls (own, earlier, newer): {counted:?}");
+    // Acknowledged per epoch: x1 by epoch 1, x2 by epoch 2, both committed once finished.
+    drop(c2);
+    eventually("the new primary finishes epoch 2's branches", &[new], || {
+        pg_state(&pg, &x2.xid) == (false, true) && pg_state(&pg, &x2b.xid) == (false, false)
+    });
+    all_committed(new, &[x1.xid, x2.xid]);
+    assert_eq!(connect(new).outcome(&x1c.xid).unwrap(), Outcome::RolledBack, "{}", x1c.xid);
+    servers[p] = Some(stopped);
+}

@@ -27,6 +27,7 @@ mod pair;
 mod pair_election;
 mod recheck;
 mod recovery;
+mod rm_calls;
 mod rules;
 #[cfg(feature = "sim")]
 pub mod sim_api;

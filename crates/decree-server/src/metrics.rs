@@ -160,8 +160,21 @@ pub(crate) fn render(state: &State) -> String {
         state.live_sessions()
     );
     render_one_phase(&mut out, m);
+    render_rm_calls(&mut out);
     render_latency(&mut out, m);
     out
+}
+
+/// Appends the branch calls this process made, by the epoch of the branch's Xid.
+fn render_rm_calls(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP decree_rm_branch_calls_total Branch commits, rollbacks and forgets this process sent to resource managers, by the epoch of the branch's Xid against the one it led (newer must stay 0).\n\
+         # TYPE decree_rm_branch_calls_total counter"
+    );
+    for (relation, n) in crate::rm_calls::counts() {
+        let _ = writeln!(out, "decree_rm_branch_calls_total{{xid_epoch=\"{}\"}} {n}", relation.name());
+    }
 }
 
 /// Appends the counters of protocol version 3's one-phase notices and of the sessions the

@@ -1024,6 +1024,7 @@ fn status_line(member: &Member, election: &Option<Arc<pair_election::Election>>)
         "epoch_raw": node.seen.raw(),
         "caught_up": node.caught_up,
         "link": { "connected": report.connected, "last_end": report.last_end },
+        "rm_calls": crate::rm_calls::json(),
     });
     if let (Some(status), serde_json::Value::Object(common)) = (status.as_object_mut(), common) {
         status.extend(common);

@@ -185,6 +185,10 @@ impl Recorder for Books<'_> {
         self.state.heuristic_kept(&report.xid, report.outcome)
     }
 
+    fn calling(&self, xid: &Xid, _rm: &str) {
+        crate::rm_calls::count(xid, self.state.node, self.state.incarnation);
+    }
+
     fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {
         if let Some(t) = &self.state.trace {
             let mut span = self.span.lock();

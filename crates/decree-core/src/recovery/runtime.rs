@@ -32,6 +32,10 @@ pub trait Recorder {
     /// Branch `xid` on `rm` was committed (`commit`) or rolled back by this call (not
     /// found finished already): for metrics.
     fn branch_finished(&self, _xid: &Xid, _rm: &str, _commit: bool) {}
+    /// Branch `xid` on `rm` is about to be committed, rolled back or forgotten: called
+    /// before every such call, failed ones included, so that a process can count what it
+    /// touched (a deposed primary must touch no branch of a newer epoch).
+    fn calling(&self, _xid: &Xid, _rm: &str) {}
 }
 
 /// The retry delays after a failure: doubling from `min` up to `max`.
@@ -138,6 +142,7 @@ pub fn run_phase_two(phase_two: &mut PhaseTwo, conns: &mut Connections, recorder
     for call in phase_two.calls() {
         let Command::Call { branch, commit } = call else { unreachable!("a pass starts with calls only") };
         let bx = xid.branch(branch.branch);
+        recorder.calling(&bx, &branch.rm);
         let result = match conns.get(&branch.rm) {
             Ok(conn) if commit => conn.commit(&bx, false),
             Ok(conn) => conn.rollback(&bx),
@@ -159,7 +164,7 @@ pub fn run_phase_two(phase_two: &mut PhaseTwo, conns: &mut Connections, recorder
                         let Command::Forget(b) = forgotten else {
                             unreachable!("a report kept leads to Forget")
                         };
-                        forget(conns, &b.rm, &xid.branch(b.branch));
+                        forget(conns, &b.rm, &xid.branch(b.branch), recorder);
                     }
                 }
                 other => unreachable!("an answer does not lead to {other:?}"),
@@ -177,7 +182,8 @@ pub fn run_phase_two(phase_two: &mut PhaseTwo, conns: &mut Connections, recorder
     }
 }
 
-fn forget(conns: &mut Connections, rm: &str, xid: &Xid) {
+fn forget(conns: &mut Connections, rm: &str, xid: &Xid, recorder: &dyn Recorder) {
+    recorder.calling(xid, rm);
     if let Ok(conn) = conns.get(rm) {
         let _ = conn.forget(xid);
     }
@@ -229,6 +235,7 @@ pub fn scan(
                 let branch = BranchRecord { rm: rm.to_string(), branch: bx.branch_number().unwrap_or(0) };
                 let mut rollback = PhaseTwo::new(bx.global(), false, vec![branch.clone()]);
                 rollback.calls();
+                recorder.calling(&bx, rm);
                 let result = conns.get(rm).and_then(|conn| conn.rollback(&bx));
                 let mut heuristic = None;
                 for command in rollback.on_answer(&branch, &result) {
@@ -242,7 +249,7 @@ pub fn scan(
                             let kept = recorder.heuristic(&report);
                             heuristic = Some(report.outcome);
                             if !rollback.on_heuristic_kept(&branch, kept).is_empty() {
-                                forget(conns, rm, &bx);
+                                forget(conns, rm, &bx, recorder);
                             }
                         }
                         other => unreachable!("an answer does not lead to {other:?}"),
