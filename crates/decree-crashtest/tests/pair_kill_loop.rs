@@ -396,6 +396,13 @@ impl Pair {
         let deadline = Instant::now() + WAIT_MAX;
         loop {
             let (p, b) = (primary.status(), backup.status());
+            for s in [&p, &b] {
+                // No process ever touches a branch of an epoch newer than the one it led.
+                assert_eq!(
+                    s["rm_calls"]["newer"], 0,
+                    "{context}: a branch of a newer epoch was touched: {s}"
+                );
+            }
             if p["role"] == "primary"
                 && p["strict"] == true
                 && b["role"] == "backup"
