@@ -47,10 +47,12 @@
 //!
 //! Elected on etcd (`pair_kill_loop_postgres_postgres_elected_on_etcd`, issue 33, when
 //! scripts/test-etcd.sh's cluster runs), nobody promotes: the killed member is restarted at
-//! once and the election alone picks who leads next; the cycles add three faults in turn:
+//! once and the election alone picks who leads next; the cycles add four faults in turn:
 //! etcd's Raft leader killed before the primary, every etcd member killed for up to twice
-//! the lease (the primary holds its answers meanwhile) then the primary, and both members
-//! killed at once.
+//! the lease (the primary holds its answers meanwhile) then the primary, both members
+//! killed at once, and the link cut through its proxies with both members alive for up to
+//! twice the lease (the primary waits), healed, then the primary killed during the catch-up.
+//! Every cycle also delays the link by a random amount (half of them not at all).
 //!
 //! Then the test promotes the other member with `decree promote` (not forced: it caught
 //! up), restarts the killed member (it rejoins as the backup), waits until the new primary
@@ -81,7 +83,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -99,6 +101,8 @@ const KILL_DELAY_MAX_MS: u64 = 400;
 const PER_EPOCH_SHOWN: usize = 60;
 /// Longest delay the link proxies add (one way), drawn per cycle; half the cycles add none.
 const LINK_DELAY_MAX_MS: u64 = 20;
+/// How soon a proxy notices that its link was cut.
+const CUT_NOTICED: Duration = Duration::from_millis(20);
 
 /// A child killed and reaped when dropped, so that a failed assertion leaves nothing running.
 struct Reaped(Child);
@@ -132,18 +136,22 @@ impl Drop for Scratch {
 /// A proxy on loopback in front of a member's link listener at `target`, which delays
 /// every byte by `delay` microseconds each way (read at the moment the bytes arrive).
 /// A SIGKILL right after the pair acknowledged a decision then lands before the bytes of
-/// a decision acknowledged too early could reach the backup. Returns its port.
-fn delaying_proxy(target: u16, delay: Arc<AtomicU64>) -> u16 {
+/// a decision acknowledged too early could reach the backup. While `cut` is set it closes
+/// every connection, open or new: the link is cut with both members alive. Returns its port.
+fn delaying_proxy(target: u16, delay: Arc<AtomicU64>, cut: Arc<AtomicBool>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the link proxy");
     let port = listener.local_addr().expect("its port").port();
     std::thread::spawn(move || {
         for inbound in listener.incoming() {
             let Ok(inbound) = inbound else { continue };
+            if cut.load(Ordering::SeqCst) {
+                continue; // dropped: the dialler sees the link close at once
+            }
             // The member behind it is down: the dialler sees the link close at once.
             let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else { continue };
             for (from, to) in [(&inbound, &outbound), (&outbound, &inbound)] {
                 let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else { continue };
-                delayed_pipe(from, to, delay.clone());
+                delayed_pipe(from, to, delay.clone(), cut.clone());
             }
         }
     });
@@ -152,13 +160,26 @@ fn delaying_proxy(target: u16, delay: Arc<AtomicU64>) -> u16 {
 
 /// Copies `from` to `to`, each chunk `delay` microseconds after it arrived. When either
 /// side ends, the queued bytes are delivered and both sockets are shut down, so that the
-/// member on the other side sees the link close.
-fn delayed_pipe(mut from: TcpStream, mut to: TcpStream, delay: Arc<AtomicU64>) {
+/// member on the other side sees the link close; when `cut` is set, within
+/// [`CUT_NOTICED`], without delivering what is queued.
+fn delayed_pipe(mut from: TcpStream, mut to: TcpStream, delay: Arc<AtomicU64>, cut: Arc<AtomicBool>) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let reader_side = from.try_clone().expect("clone a proxied socket");
+    from.set_read_timeout(Some(CUT_NOTICED)).expect("a read timeout");
+    let cut_writer = cut.clone();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf) {
+        while !cut.load(Ordering::SeqCst) {
+            let n = match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    continue
+                }
+                Err(_) => break,
+            };
             let due = Instant::now() + Duration::from_micros(delay.load(Ordering::Relaxed));
             if tx.send((due, buf[..n].to_vec())).is_err() {
                 break;
@@ -168,7 +189,7 @@ fn delayed_pipe(mut from: TcpStream, mut to: TcpStream, delay: Arc<AtomicU64>) {
     std::thread::spawn(move || {
         for (due, bytes) in rx {
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            if to.write_all(&bytes).is_err() {
+            if cut_writer.load(Ordering::SeqCst) || to.write_all(&bytes).is_err() {
                 break;
             }
         }
@@ -334,6 +355,8 @@ struct Pair {
     addresses: String,
     /// The delay the link proxies add to every byte, in microseconds.
     link_delay: Arc<AtomicU64>,
+    /// Set while the link proxies cut the link (both members alive).
+    link_cut: Arc<AtomicBool>,
     /// etcd elects the primary (`[pair.etcd]`): nobody runs `decree promote`.
     elected: bool,
 }
@@ -342,18 +365,18 @@ impl Pair {
     /// Starts both members as backups, force-promotes the first (a new pair) and waits
     /// until it is strict.
     fn start(site: &Site<'_>) -> Pair {
-        let link_delay = Arc::new(AtomicU64::new(0));
+        let (link_delay, link_cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
         let links = (free_port(), free_port());
         // Each member dials its peer's link through a proxy that delays the bytes.
-        let proxies =
-            (delaying_proxy(links.0, link_delay.clone()), delaying_proxy(links.1, link_delay.clone()));
+        let proxy = |port| delaying_proxy(port, link_delay.clone(), link_cut.clone());
+        let proxies = (proxy(links.0), proxy(links.1));
         let a = Member::write(site, "a", 1, (links.0, proxies.1), "b");
         let b = Member::write(site, "b", 2, (links.1, proxies.0), "a");
         let addresses = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
         let servers = [Some(a.serve()), Some(b.serve())];
         let elected = site.etcd.is_some();
         let mut pair =
-            Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay, elected };
+            Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay, link_cut, elected };
         if elected {
             pair.wait_elected([true, true], "the first election");
         } else {
@@ -418,6 +441,16 @@ impl Pair {
                 backup.log_tail()
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the primary says its link is down (the proxies cut it).
+    fn wait_link_down(&self, context: &str) {
+        let primary = &self.members[self.primary];
+        let deadline = Instant::now() + WAIT_MAX;
+        while primary.status()["link"]["connected"] != false {
+            assert!(Instant::now() < deadline, "{context}: the cut link still up:\n{}", primary.log_tail());
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -662,7 +695,7 @@ struct Totals {
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
     /// Cycles by mode (see [`Mode::index`]).
-    modes: [u64; 12],
+    modes: [u64; 13],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
     /// committed (the backup held the decision), rolled back, other.
     written_outcomes: [u64; 3],
@@ -818,6 +851,11 @@ enum Mode {
     EtcdGone,
     /// Elected on etcd only: both members SIGKILLed at once under traffic, both restarted.
     BothMembers,
+    /// Elected on etcd only: the link cut through its proxies under traffic, both members
+    /// alive, for a random time up to twice the lease (the primary, strict, holds its
+    /// answers: `alone_after_ms` is off), healed, then the primary SIGKILLed at a random
+    /// moment of the backup's catch-up.
+    LinkCut,
 }
 
 impl Mode {
@@ -826,8 +864,9 @@ impl Mode {
     /// double failure that mode does not survive).
     fn pick(cycle: u64, rng: &mut impl Rng, ack: &str, elected: bool) -> Mode {
         let nth = rng.gen_range(1..=8);
-        let kind = if elected { cycle % 13 } else { cycle % 10 };
+        let kind = if elected { cycle % 14 } else { cycle % 10 };
         match kind {
+            13 => Mode::LinkCut,
             10 => Mode::EtcdLeader,
             11 => Mode::EtcdGone,
             12 => Mode::BothMembers,
@@ -860,6 +899,7 @@ impl Mode {
             Mode::EtcdLeader => 9,
             Mode::EtcdGone => 10,
             Mode::BothMembers => 11,
+            Mode::LinkCut => 12,
         }
     }
 
@@ -882,6 +922,7 @@ impl Mode {
                 | Mode::EtcdLeader
                 | Mode::EtcdGone
                 | Mode::BothMembers
+                | Mode::LinkCut
                 | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
         )
     }
@@ -969,7 +1010,12 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
         let status = common::wait_exit(child, WAIT_MAX);
         let killed = status.is_some_and(|s| s.signal() == Some(libc::SIGKILL));
         assert!(killed, "{context}: expected the crash point's SIGKILL, got {status:?}: {}", why());
-    } else if let Mode::Primary | Mode::Both | Mode::EtcdLeader | Mode::EtcdGone | Mode::BothMembers = k.mode
+    } else if let Mode::Primary
+    | Mode::Both
+    | Mode::EtcdLeader
+    | Mode::EtcdGone
+    | Mode::BothMembers
+    | Mode::LinkCut = k.mode
     {
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
         if let Ok(Some(status)) = child.try_wait() {
@@ -990,6 +1036,13 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
     let _etcd_down = etcd_fault(pair, k.mode, rng);
     if let Mode::BothMembers = k.mode {
         pair.kill_backup(context);
+    }
+    if let Mode::LinkCut = k.mode {
+        pair.link_cut.store(true, Ordering::SeqCst);
+        pair.wait_link_down(context);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=2000 * LEASE_TTL_S)));
+        pair.link_cut.store(false, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
     }
     match (k.mode, k.log_from) {
         (Mode::Server(point, _), Some(from)) => Some(pair.wait_crash(point.name(), from, context)),
@@ -1146,7 +1199,7 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
     eprintln!(
         "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
-         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",
