@@ -38,6 +38,8 @@ enum Command {
     Promote(pair::PromoteArgs),
     /// Show a pair member's role, epoch and catch-up state (JSON).
     Status(pair::StatusArgs),
+    /// Hand a pair's lead to its in-sync backup (a planned switchover; a pair elected on etcd).
+    Switchover(pair::SwitchoverArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::Recover(args) => recover::run(args),
         Command::Promote(args) => pair::promote(args),
         Command::Status(args) => pair::status(args),
+        Command::Switchover(args) => pair::switchover(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

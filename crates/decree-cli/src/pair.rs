@@ -1,5 +1,5 @@
-//! `decree promote` and `decree status`: the operator's two requests to a member of a
-//! primary + backup pair, over the control socket in its log directory.
+//! `decree promote`, `decree status` and `decree switchover`: the operator's requests to a
+//! member of a primary + backup pair, over the control socket in its log directory.
 //!
 //! Promotion is the operator's statement that the other member is down (as `pg_ctl
 //! promote` is): a backup that has caught up since it started becomes the primary of a
@@ -26,6 +26,18 @@ pub struct PromoteArgs {
     pub force: bool,
 }
 
+/// Arguments of `decree switchover`.
+#[derive(Debug, clap::Args)]
+pub struct SwitchoverArgs {
+    /// The primary's TOML configuration (its `log_dir` holds the control socket).
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// How long to wait, in seconds, for this member to be back as the backup of the new
+    /// primary's epoch (0: do not wait).
+    #[arg(long, default_value_t = 30)]
+    pub wait_s: u64,
+}
+
 /// Arguments of `decree status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -47,6 +59,50 @@ pub fn promote(args: PromoteArgs) -> CliResult {
     }
     println!("{answer}");
     Ok(())
+}
+
+/// Asks the primary to hand the lead to its in-sync backup (a pair elected on etcd), then
+/// waits until it is back as the backup of the new epoch; fails when refused or not back
+/// in time.
+pub fn switchover(args: SwitchoverArgs) -> CliResult {
+    let config = ServerConfig::from_toml_file(&args.config)?;
+    let before: serde_json::Value =
+        serde_json::from_str(&decree_server::control_request(&config.log_dir, "status")?)
+            .map_err(|e| format!("the member's status does not parse: {e}"))?;
+    let started = std::time::Instant::now();
+    let answer = decree_server::control_request(&config.log_dir, "switchover")?;
+    if let Some(why) = answer.strip_prefix("refused: ") {
+        return Err(format!("switchover refused: {why}").into());
+    }
+    println!("{answer}");
+    let old = before["epoch_raw"].as_u64().unwrap_or(0);
+    let deadline = started + std::time::Duration::from_secs(args.wait_s);
+    if args.wait_s == 0 {
+        return Ok(());
+    }
+    loop {
+        // The control socket is away while the member restarts as the backup.
+        let now = decree_server::control_request(&config.log_dir, "status").ok();
+        let now = now.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
+        if let Some(epoch) = now.filter(|s| s["role"] == "backup").and_then(|s| s["epoch_raw"].as_u64()) {
+            if epoch > old {
+                let (count, leader) = (epoch >> 8, epoch & 0xff);
+                println!(
+                    "member {leader} leads epoch {count}.{leader}; this member follows it ({:.0} ms)",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                return Ok(());
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "this member is not back as the backup of a newer epoch after {} s",
+                args.wait_s
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Prints the member's role, epoch, whether its peer is in sync, its link, lag and

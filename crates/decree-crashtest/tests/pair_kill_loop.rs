@@ -47,11 +47,12 @@
 //!
 //! Elected on etcd (`pair_kill_loop_postgres_postgres_elected_on_etcd`, issue 33, when
 //! scripts/test-etcd.sh's cluster runs), nobody promotes: the killed member is restarted at
-//! once and the election alone picks who leads next; the cycles add four faults in turn:
+//! once and the election alone picks who leads next; the cycles add five faults in turn:
 //! etcd's Raft leader killed before the primary, every etcd member killed for up to twice
 //! the lease (the primary holds its answers meanwhile) then the primary, both members
 //! killed at once, and the link cut through its proxies with both members alive for up to
-//! twice the lease (the primary waits), healed, then the primary killed during the catch-up.
+//! twice the lease (the primary waits), healed, then the primary killed during the catch-up;
+//! and a planned switchover (`decree switchover`) with nobody killed.
 //! Every cycle also delays the link by a random amount (half of them not at all).
 //!
 //! Then the test promotes the other member with `decree promote` (not forced: it caught
@@ -546,6 +547,24 @@ impl Pair {
         epoch
     }
 
+    /// A planned switchover under traffic, at a random moment: `decree switchover` on the
+    /// primary, which waits until it follows the in-sync backup's new epoch. Returns that
+    /// epoch (raw).
+    fn switch_over(&mut self, rng: &mut impl Rng, context: &str) -> u64 {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
+        let old = self.primary;
+        let (ok, text) = self.members[old].decree(&["switchover"]);
+        assert!(
+            ok && text.contains("this member follows it"),
+            "{context}: the switchover failed: {text}\nthe primary's log:\n{}",
+            self.members[old].log_tail()
+        );
+        let mut asked = [true, true];
+        asked[old] = false;
+        self.epoch = self.wait_elected(asked, context);
+        self.epoch
+    }
+
     /// Promotes the other member once the primary is dead (not forced: it caught up; in
     /// the catch-up mode forced if it had not, see [`Mode::CatchUp`]) and restarts the dead
     /// one, which rejoins as the backup. Returns the new primary's raw epoch, which must be
@@ -695,7 +714,7 @@ struct Totals {
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
     /// Cycles by mode (see [`Mode::index`]).
-    modes: [u64; 13],
+    modes: [u64; 14],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
     /// committed (the backup held the decision), rolled back, other.
     written_outcomes: [u64; 3],
@@ -856,6 +875,10 @@ enum Mode {
     /// answers: `alone_after_ms` is off), healed, then the primary SIGKILLed at a random
     /// moment of the backup's catch-up.
     LinkCut,
+    /// Elected on etcd only: a planned switchover under traffic (`decree switchover` on the
+    /// primary at a random moment): the in-sync backup leads next, the old primary follows
+    /// it, no process dies; the workload fails over as after a crash.
+    Switchover,
 }
 
 impl Mode {
@@ -864,8 +887,9 @@ impl Mode {
     /// double failure that mode does not survive).
     fn pick(cycle: u64, rng: &mut impl Rng, ack: &str, elected: bool) -> Mode {
         let nth = rng.gen_range(1..=8);
-        let kind = if elected { cycle % 14 } else { cycle % 10 };
+        let kind = if elected { cycle % 15 } else { cycle % 10 };
         match kind {
+            14 => Mode::Switchover,
             13 => Mode::LinkCut,
             10 => Mode::EtcdLeader,
             11 => Mode::EtcdGone,
@@ -900,6 +924,7 @@ impl Mode {
             Mode::EtcdGone => 10,
             Mode::BothMembers => 11,
             Mode::LinkCut => 12,
+            Mode::Switchover => 13,
         }
     }
 
@@ -923,6 +948,7 @@ impl Mode {
                 | Mode::EtcdGone
                 | Mode::BothMembers
                 | Mode::LinkCut
+                | Mode::Switchover
                 | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
         )
     }
@@ -961,6 +987,7 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
     let epoch_before = pair.epoch;
     let (crashed, epoch) = match mode {
         Mode::Deposition => (None, pair.depose_primary(rng, &context)),
+        Mode::Switchover => (None, pair.switch_over(rng, &context)),
         _ => {
             let crashed = kill(pair, &killing, &mut child.0, rng);
             (crashed, pair.promote_other(&context, mode))
@@ -1199,7 +1226,7 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
     eprintln!(
         "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
-         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut, switchover: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",

@@ -22,6 +22,10 @@
 //!   leader key to hold the writer's lease: a primary paused past its lease cannot land a
 //!   late "backup out of sync" after the backup has taken over, go alone and acknowledge
 //!   what the new primary will presume aborted.
+//! - **A switchover** ([`hand_over`]): the leader, once it stopped acting with every decision
+//!   it acknowledged held by its backup, names the backup alone in the sync record and
+//!   deletes the leader key, in one transaction that requires the key under its lease: the
+//!   backup alone may then campaign, and does at once.
 //! - A member is in sync only while the record names its **current run id**: a backup that
 //!   restarted (and in `received` mode lost what it acknowledged from memory) is out of sync
 //!   until it catches up again and the leader records it. The leader that wrote the record
@@ -336,6 +340,24 @@ pub fn record_sync(keys: &Keys, leader: &Leader, lease: LeaseId, backup: Option<
     Txn {
         compares: vec![Compare::Lease(keys.leader.clone(), lease)],
         ops: vec![Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None }],
+    }
+}
+
+/// The transaction by which the leader `leader` (holding `lease`) hands the lead to its
+/// in-sync backup `backup` (a switchover): the sync record names the backup alone, so that
+/// only it may campaign (the old leader, rejoining as its backup, may not race it for the
+/// lead), and the leader key goes, so that it campaigns at once. Sent only once the leader
+/// stopped acting and answered what was in flight: every decision it acknowledged is held
+/// by the backup (it was strict). It fails unless the leader key still holds the lease.
+pub fn hand_over(keys: &Keys, leader: &Leader, lease: LeaseId, backup: InSync) -> Txn {
+    // The backup's own log holds the epoch (it caught up in it): `since` is the epoch.
+    let sync = SyncRecord { epoch: leader.epoch, members: vec![backup], since: None };
+    Txn {
+        compares: vec![Compare::Lease(keys.leader.clone(), lease)],
+        ops: vec![
+            Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
+            Op::Delete(keys.leader.clone()),
+        ],
     }
 }
 

@@ -58,6 +58,8 @@ pub(crate) struct Election {
     pub(crate) keepalives: AtomicU64,
     /// Campaign transactions sent.
     pub(crate) campaigns: AtomicU64,
+    /// The backup process the sync record names now, as this member (leading) last wrote it.
+    recorded: Mutex<Option<BackupRun>>,
 }
 
 /// The name of a run id in etcd's records.
@@ -130,6 +132,7 @@ impl Election {
             requests: AtomicU64::new(1),
             keepalives: AtomicU64::new(0),
             campaigns: AtomicU64::new(0),
+            recorded: Mutex::new(None),
         });
         election.register().await.map_err(etcd_error)?;
         tracing::info!(pair = %config.pair, lease = %lease.id, run = %run_name(run), "registered on etcd");
@@ -540,6 +543,7 @@ impl Election {
             self.requests.fetch_add(1, Ordering::Relaxed);
             match self.etcd.txn(&compares, &ops, &[]).await {
                 Ok(result) if result.succeeded => {
+                    *self.recorded.lock() = backup;
                     match backup {
                         Some(b) => {
                             tracing::info!(backup = b.member.get(), run = %run_name(b.run), "the backup is recorded in sync on etcd")
@@ -559,6 +563,34 @@ impl Election {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+    }
+
+    /// The backup process this member, leading, last recorded in sync (a switchover hands
+    /// the lead to it only).
+    pub(crate) fn backup_in_sync(&self) -> Option<BackupRun> {
+        *self.recorded.lock()
+    }
+
+    /// Hands the lead of `epoch` to `backup` (a switchover), once this member stopped
+    /// acting and answered what was in flight: the sync record names the backup alone and
+    /// the leader key goes, in one transaction guarded by this member's lease
+    /// ([`rules::hand_over`]). The fence ends first: nothing is acknowledged after.
+    pub(crate) async fn hand_over(&self, epoch: Epoch, backup: BackupRun) -> Result<(), String> {
+        self.fence.end();
+        let lease = *self.lease.lock();
+        let record = LeaderRecord { member: self.member.get(), run: run_name(self.run), epoch: epoch.raw() };
+        let in_sync = InSync { member: backup.member.get(), run: run_name(backup.run) };
+        let (compares, ops) =
+            decree_etcd::election::txn(&rules::hand_over(&self.keys, &record, lease.0, in_sync));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match self.etcd.txn(&compares, &ops, &[]).await {
+            Ok(result) if result.succeeded => {
+                tracing::warn!(%epoch, backup = backup.member.get(), "the lead is handed over to the backup in sync");
+                Ok(())
+            }
+            Ok(_) => Err("the leader key no longer holds this member's lease".into()),
+            Err(e) => Err(format!("etcd: {e}")),
         }
     }
 

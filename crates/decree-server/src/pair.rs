@@ -28,7 +28,7 @@ use crate::{Bound, Listeners, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
 use decree_log::io::StdStorage;
 use decree_pair::link::follower::{AckMode, Follower};
-use decree_pair::link::leader::{DecisionGate, Leader, LiveSet};
+use decree_pair::link::leader::{BackupRun, DecisionGate, Leader, LiveSet};
 use decree_pair::link::Transport;
 use decree_pair::outbox::{OutboxLimits, Ticket};
 use decree_pair::rules::{self, Role};
@@ -386,7 +386,9 @@ pub(crate) async fn run(
     let member = Arc::new(Mutex::new(Member::Backup(follower.clone(), pair.ack)));
     let (promote_tx, promote_rx) = mpsc::channel::<PromoteRequest>(4);
     let control = bind_control(&config.log_dir)?;
-    let answers = ControlAnswers { member: member.clone(), election: election.clone() };
+    let switchover = Arc::new(Switchover { target: Mutex::new(None), stop: stop.clone() });
+    let answers =
+        ControlAnswers { member: member.clone(), election: election.clone(), switchover: switchover.clone() };
     tokio::spawn(serve_control(control, answers, promote_tx));
     // Bound once for both roles: a backup's figures are what an operator watches too.
     let (metrics_addr, _metrics) = serve_metrics(&config, member.clone(), election.clone()).await?;
@@ -457,13 +459,74 @@ pub(crate) async fn run(
     // The metrics endpoint bound above goes on serving, the state's figures now included.
     let config = ServerConfig { metrics: None, ..config };
     let served = crate::serve(config, state, stop, stop_rx, listening, listeners).await;
-    // Decisions in flight are answered: the lease goes now, and the backup campaigns at once.
-    pair_election::resign(&election).await;
-    served?;
-    match primary.deposed_by() {
-        Some(seen) => Err(ServerError::Deposed(seen.to_string())),
-        None => Ok(()),
+    stop_leading(&election, &switchover, epoch, served, primary.deposed_by()).await
+}
+
+/// A switchover asked through the control socket: the backup to hand the lead to, and the
+/// server's stop, which ends the primary phase once what is in flight is answered.
+struct Switchover {
+    target: Mutex<Option<BackupRun>>,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+/// After the primary phase answered its last decision: hands the lead of `epoch` over when
+/// a switchover asked for it, then gives up the lease (the backup campaigns at once). A
+/// member deposed or handed over rejoins as the backup (under an election: `run_with`).
+async fn stop_leading(
+    election: &Option<Arc<pair_election::Election>>,
+    switchover: &Switchover,
+    epoch: Epoch,
+    served: Result<(), ServerError>,
+    deposed_by: Option<Epoch>,
+) -> Result<(), ServerError> {
+    let handing = switchover.target.lock().take();
+    if let Some(backup) = handing {
+        if let Err(why) = pair_election::hand_over(election, epoch, backup).await {
+            tracing::error!(
+                "the switchover did not hand the lead over ({why}): the lease goes, the election chooses"
+            );
+        }
     }
+    pair_election::resign(election).await;
+    served?;
+    match (deposed_by, handing) {
+        (Some(seen), _) => Err(ServerError::Deposed(seen.to_string())),
+        (None, Some(backup)) => {
+            Err(ServerError::Deposed(format!("{epoch}, handed over to member {}", backup.member.get())))
+        }
+        (None, None) => Ok(()),
+    }
+}
+
+/// Starts a switchover on a primary whose backup is in sync (recorded in etcd, linked and
+/// caught up now): the answer names the backup that takes the lead, or why not.
+fn switchover_request(answers: &ControlAnswers) -> String {
+    let leader = match &*answers.member.lock() {
+        Member::Primary(leader, ..) => leader.clone(),
+        _ => return "refused: this member does not lead: ask the primary".into(),
+    };
+    let backup = match pair_election::switchover_target(&answers.election) {
+        Ok(backup) => backup,
+        Err(why) => return format!("refused: {why}"),
+    };
+    let (node, linked) = (leader.node(), *leader.caught_up_backups().borrow());
+    if node.role != (Role::Primary { alone: false })
+        || linked != Some(backup)
+        || !leader.link_report().connected
+    {
+        return format!(
+            "refused: the backup (member {}) is not linked and in sync now: wait until `decree status` on it says caught up",
+            backup.member.get()
+        );
+    }
+    *answers.switchover.target.lock() = Some(backup);
+    let _ = answers.switchover.stop.send(true);
+    format!(
+        "switching over: member {} stops leading epoch {} once what is in flight is answered; member {} (in sync) takes the lead",
+        node.member.get(),
+        node.seen,
+        backup.member.get()
+    )
 }
 
 /// Under an election, leads `epoch` on etcd: an elected member's acts wait for its lease
@@ -941,6 +1004,7 @@ async fn serve_control(
             }
             let answer = match line.trim() {
                 "status" => status_line(&member.lock(), &answers.election),
+                "switchover" => switchover_request(&answers),
                 "promote" | "promote --force" => {
                     let forced = line.trim().ends_with("--force");
                     let already = match &*member.lock() {
@@ -965,7 +1029,11 @@ async fn serve_control(
                     let spec = request.trim_start_matches("crash-point ");
                     crash_points::arm(spec).unwrap_or_else(|e| format!("refused: {e}"))
                 }
-                other => format!("refused: unknown request {other:?} (status, promote, promote --force)"),
+                other => {
+                    format!(
+                        "refused: unknown request {other:?} (status, promote, promote --force, switchover)"
+                    )
+                }
             };
             let _ = writer.write_all(format!("{answer}\n").as_bytes()).await;
         });
@@ -977,6 +1045,7 @@ async fn serve_control(
 struct ControlAnswers {
     member: Arc<Mutex<Member>>,
     election: Option<Arc<pair_election::Election>>,
+    switchover: Arc<Switchover>,
 }
 
 /// The member's state as one JSON line: role, epoch, whether the peer is in sync, the

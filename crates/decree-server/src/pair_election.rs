@@ -181,6 +181,52 @@ pub(crate) async fn resign(election: &Option<Arc<Election>>) {
 #[cfg(not(feature = "etcd"))]
 pub(crate) async fn resign(_election: &Option<Arc<Election>>) {}
 
+/// The backup a switchover would hand the lead to: the one this leader recorded in sync
+/// on etcd, or why there is none.
+#[cfg(feature = "etcd")]
+pub(crate) fn switchover_target(
+    election: &Option<Arc<Election>>,
+) -> Result<decree_pair::link::leader::BackupRun, String> {
+    let election = election.as_ref().ok_or_else(no_election)?;
+    election.backup_in_sync().ok_or_else(|| {
+        "no backup is recorded in sync on etcd: a switchover would lose what only this member holds".into()
+    })
+}
+
+/// The backup a switchover would hand the lead to (never, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn switchover_target(
+    _election: &Option<Arc<Election>>,
+) -> Result<decree_pair::link::leader::BackupRun, String> {
+    Err(no_election())
+}
+
+/// Why a pair without an election has no switchover.
+fn no_election() -> String {
+    "a switchover needs [pair.etcd] (without an election: stop this member, then decree promote the backup)"
+        .into()
+}
+
+/// Hands the lead of `epoch` to `backup` (a switchover), this member having stopped acting.
+#[cfg(feature = "etcd")]
+pub(crate) async fn hand_over(
+    election: &Option<Arc<Election>>,
+    epoch: Epoch,
+    backup: decree_pair::link::leader::BackupRun,
+) -> Result<(), String> {
+    election.as_ref().ok_or_else(no_election)?.hand_over(epoch, backup).await
+}
+
+/// Hands the lead over (never asked, in this build: no switchover target exists).
+#[cfg(not(feature = "etcd"))]
+pub(crate) async fn hand_over(
+    _election: &Option<Arc<Election>>,
+    _epoch: Epoch,
+    _backup: decree_pair::link::leader::BackupRun,
+) -> Result<(), String> {
+    Err(no_election())
+}
+
 /// The election's figures for `decree status`.
 #[cfg(feature = "etcd")]
 pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Value> {

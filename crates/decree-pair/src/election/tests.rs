@@ -118,6 +118,33 @@ fn the_in_sync_backup_takes_over_when_the_leaders_lease_expires_with_a_higher_ep
     );
 }
 
+/// A switchover: the leader hands over to its in-sync backup, which alone may campaign
+/// (the old leader, back as a backup with its log holding the epoch, may not race it),
+/// and a leader whose lease no longer holds the key hands nothing over.
+#[test]
+fn a_switchover_lets_the_in_sync_backup_alone_take_the_lead_at_once() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup.clone()))));
+    // A stranger's lease hands nothing over.
+    let stranger = etcd.grant(0, TTL);
+    assert!(!etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), stranger, backup.clone())));
+    assert!(etcd.get(0, &keys().leader).is_some());
+    assert!(etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup.clone())));
+    assert!(etcd.get(0, &keys().leader).is_none(), "the leader key goes with the handover");
+    // The old leader, its lease still alive and its log holding epoch 1.1, may not lead.
+    let again = Candidate { highest: one, ..a.clone() };
+    assert_eq!(campaign_at(&mut etcd, 0, &again), Err(NotNow::OutOfSync(one)));
+    let two = campaign_at(&mut etcd, 0, &b).unwrap();
+    assert_eq!(two.to_string(), "2.2");
+    // A late handover of the old leader (it holds no key now) changes nothing.
+    assert!(!etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup)));
+    assert_eq!(sync_record(&mut etcd, 0).epoch, two.raw());
+}
+
 #[test]
 fn the_new_epoch_is_above_the_members_own_highest_epoch() {
     let mut etcd = Etcd::default();
