@@ -639,3 +639,84 @@ fn pg_a_primary_continued_past_its_lease_acknowledges_nothing_and_touches_no_bra
     assert_eq!(connect(new).outcome(&x1c.xid).unwrap(), Outcome::RolledBack, "{}", x1c.xid);
     servers[p] = Some(stopped);
 }
+
+/// Runs `decree switchover --config` on `m`: whether it succeeded, and what it printed.
+fn switchover(m: &Member) -> (bool, String) {
+    let out = Command::new(common::decree_bin())
+        .args(["switchover", "--wait-s", "30", "--config"])
+        .arg(&m.config)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Decides through whichever member serves (`both`), again through a new client after each
+/// error, until `stop`: every acknowledged Xid, and the longest wait between two
+/// acknowledgements (what a client sees of a switchover).
+fn decide_through(both: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> (Vec<Xid>, Duration) {
+    let (mut acked, mut longest, mut last) = (Vec::new(), Duration::ZERO, Instant::now());
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let Ok(store) = RemoteDecisions::connect(&both) else { continue };
+        let Ok(session) = store.open_session() else { continue };
+        for sequence in 1.. {
+            let d = decision(&store, session, sequence);
+            if store.decide(&d).is_err() || stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            acked.push(d.xid);
+            longest = longest.max(last.elapsed());
+            last = Instant::now();
+        }
+    }
+    (acked, longest)
+}
+
+/// Issue 34's switchover: refused on the backup; under a client deciding all along, the
+/// primary hands the lead to its in-sync backup, which holds every acknowledged decision,
+/// and follows it; refused once the backup is gone. The client's longest wait is printed.
+#[test]
+fn a_switchover_hands_the_lead_to_the_in_sync_backup_and_is_refused_without_one() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("switchover"), links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let led = epoch(primary);
+    let (ok, text) = switchover(backup);
+    assert!(!ok && text.contains("does not lead"), "asked of the backup: {text}");
+
+    let both = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || decide_through(both, stop))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let (ok, text) = switchover(primary);
+    assert!(ok && text.contains("this member follows it"), "{text}\n{}", tail(primary));
+    eprintln!("switchover: {}", text.trim());
+    let (new_primary, new_backup) = wait_strict(&a, &b);
+    assert!(std::ptr::eq(new_primary, backup), "the backup leads after the switchover");
+    assert!(epoch(new_primary) > led, "a new epoch");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (acked, longest) = client.join().unwrap();
+    eprintln!("switchover: {} decisions acknowledged, the client's longest wait {longest:?}", acked.len());
+    let by_new =
+        acked.iter().filter(|x| x.origin().is_some_and(|o| o.incarnation == epoch(new_primary))).count();
+    assert!(by_new > 0 && by_new < acked.len(), "acknowledged by both epochs: {by_new} of {}", acked.len());
+    all_committed(new_primary, &acked);
+
+    // The backup gone, a switchover would lose what only the primary holds: refused.
+    let q = if std::ptr::eq(new_backup, &a) { 0 } else { 1 };
+    drop(servers[q].take());
+    eventually("the primary sees its link down", &[new_primary], || {
+        status(new_primary).is_some_and(|s| s["link"]["connected"] == false)
+    });
+    let (ok, text) = switchover(new_primary);
+    assert!(!ok && text.contains("not linked and in sync"), "without a backup: {text}");
+    assert_eq!(status(new_primary).map(|s| s["role"].clone()), Some("primary".into()), "it still leads");
+}

@@ -46,6 +46,12 @@ pub(crate) fn worker(state: Arc<State>, stop: Arc<AtomicBool>) {
     let mut backoff = None;
     let mut next_pass = Instant::now();
     loop {
+        // Checked before every wait too: the stop's wake-up may have been taken by the
+        // fenced wait below, and the next due time can be a second away (found by the
+        // switchover test: a primary stopping with orphans waited for its next recheck).
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
         let due = state.next_recheck().map_or(next_pass, |recheck| recheck.min(next_pass));
         let now = Instant::now();
         if due > now && !state.wait_for_work(due - now) && Instant::now() < due {
