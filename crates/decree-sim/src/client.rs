@@ -442,6 +442,7 @@ impl World {
                     );
                     self.note(|| line);
                     self.oracle.acknowledged_by(now, answer.xid, ack, &self.members, &self.databases);
+                    self.acknowledged_at(answer.member, answer.client, answer.xid, answer.role);
                     Reply::DecideOk(answer.xid)
                 }
                 other => Reply::DecideError(answer.xid, format!("{other:?}")),

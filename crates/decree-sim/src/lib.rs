@@ -32,7 +32,9 @@
 //! model of etcd ([`etcd`]: leases on the simulated clock, requests delayed, lost or cut
 //! off, member clocks drifting within ±1 %) and each member's part in the election
 //! ([`election`]: run ids, leases, campaigns, `record_sync`, stepping down, and the
-//! `lease_alive` fence on every act); each rule can be broken on purpose ([`Break`]).
+//! `lease_alive` fence on every act); each rule can be broken on purpose ([`Break`]), and
+//! in `received` seeds a crash point ([`nemesis::CrashPoint`]) plays the sequence the run
+//! id rule guards against, which random faults almost never line up.
 //!
 //! Not here: races between locks inside one process (the live-set snapshot against a
 //! session's close, `persist_seen` against `promote`), which are loom's or shuttle's.

@@ -71,6 +71,9 @@ pub struct Member {
     pub led_at: Option<Time>,
     /// Its process's part in the election on etcd (elected runs).
     pub candidacy: crate::election::Candidacy,
+    /// When its current process started: a `received` backup that started after a
+    /// decision was decided may have lost it with its previous process (the oracle).
+    pub started_at: Time,
 }
 
 /// A member's process.
@@ -162,6 +165,7 @@ impl Member {
             last_end: None,
             led_at: None,
             candidacy: Default::default(),
+            started_at: 0,
         }
     }
 
@@ -310,6 +314,7 @@ impl World {
         };
         let member = &mut self.members[index];
         member.life += 1;
+        member.started_at = self.now;
         member.disk_turn_due = false;
         let seen = follower.node().seen;
         member.proc = Proc::Backup(Box::new(BackupProc {

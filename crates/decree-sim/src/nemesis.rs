@@ -11,14 +11,40 @@
 //! the promoted member lacks then are forfeited (`Oracle::forfeit`), later ones are not.
 //! In `received` mode at most one member is down at a time (what that mode promises).
 //!
+//! Elected runs in `received` mode also arm a **crash point** now and then, like the kill
+//! loop's (`decree-crashtest`): the sequence of issue 33's restarted `received` backup,
+//! which random faults almost never line up. It waits for the moment a strict primary
+//! acknowledges a decision that its backup acknowledged on receipt and has not written
+//! yet; then the backup is killed (its log's queue, that decision with it, is lost), the
+//! client dies before its phase two (the decision's branches stay prepared), and the
+//! primary stops (SIGSTOP) for longer than its lease; the backup restarts in a new process
+//! (a new run id) before the primary continues, and in half the runs the primary is then
+//! killed. Only the run id rule keeps that backup, in the sync record under its old run
+//! id, from being elected without the decision: the primary, the leader of record, must
+//! come back to lead (`Break::RunIdIgnored` breaks it on purpose).
+//!
 //! In the liveness phase the faults stop, the network heals, paused members continue, the
 //! clients start no new transaction, and the operator restarts what is down and promotes
 //! as above until the pair is back to strict.
 
+use crate::etcd::{MARGIN, TTL};
 use crate::member::Proc;
-use crate::world::{Event, Phase, World, MS};
+use crate::world::{Event, Phase, World, MS, SECOND};
+use decree_core::Xid;
 use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_pair::link::follower::AckMode;
+use decree_pair::Role;
+
+/// A crash point the nemesis armed: a sequence of faults that matters only at one moment,
+/// which the nemesis waits for instead of hoping a random fault lands on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Issue 33's restarted `received` backup: waiting for a strict primary to acknowledge
+    /// a decision its backup acknowledged on receipt and has not written yet.
+    Armed,
+    /// That moment came in this step: `primary` acknowledged `xid`, decided by `client`.
+    Reached { primary: usize, client: usize, xid: Xid },
+}
 
 impl World {
     /// The next fault (safety phase) or operator's move (liveness phase).
@@ -68,6 +94,10 @@ impl World {
                 let client = self.rng.range(0, self.clients.len() as u64 - 1) as usize;
                 self.client_crash(client);
             }
+            // No operator's mistakes under an election: this range arms the crash point.
+            82..=85 if self.etcd.is_some() && self.scenario.ack == AckMode::Received => {
+                self.arm_crash_point()
+            }
             82..=89 if self.scenario.mistakes => self.mistaken_promotion(member),
             90..=93 if self.scenario.mistakes => self.disk_lost(member),
             _ => {}
@@ -93,7 +123,7 @@ impl World {
     }
 
     /// Restarts member `index` if it is down: it comes back as a backup.
-    fn restart(&mut self, index: usize) {
+    pub(crate) fn restart(&mut self, index: usize) {
         if matches!(self.members[index].proc, Proc::Down) {
             self.start_backup(index);
         }
@@ -198,9 +228,94 @@ impl World {
         self.oracle.forfeit(now, |xid| log.holds(xid));
     }
 
+    /// Kills member `index` if it still lives `life` and the faults still come (in
+    /// `received` mode only while the other member runs, as every kill).
+    pub(crate) fn kill(&mut self, index: usize, life: u64) {
+        if self.members[index].life == life && self.phase == Phase::Safety {
+            self.crash_member(index);
+        }
+    }
+
+    /// Arms the crash point of a restarted `received` backup, unless one is armed already.
+    fn arm_crash_point(&mut self) {
+        if self.crash_point.is_none() {
+            self.crash_point = Some(CrashPoint::Armed);
+            self.note(|| "crash point armed: a restarted received backup".to_string());
+        }
+    }
+
+    /// Primary `primary` acknowledged `xid` of client `client` (`role`: its role then): the
+    /// armed crash point is reached if it acknowledged strictly and its backup holds `xid`
+    /// only in its log's queue (acknowledged on receipt, not written yet).
+    pub fn acknowledged_at(&mut self, primary: usize, client: usize, xid: Xid, role: Role) {
+        if self.crash_point == Some(CrashPoint::Armed)
+            && role == (Role::Primary { alone: false })
+            && self.unwritten_on_backup(1 - primary, &xid)
+        {
+            self.crash_point = Some(CrashPoint::Reached { primary, client, xid });
+        }
+    }
+
+    /// Whether member `backup` is a caught-up backup whose log holds `xid` in its queue only.
+    fn unwritten_on_backup(&self, backup: usize, xid: &Xid) -> bool {
+        matches!(&self.members[backup].proc, Proc::Backup(b)
+            if b.follower.node().caught_up && b.log.holds(xid) && !b.log.durably_holds(xid))
+    }
+
+    /// After a step has settled: runs the crash point's sequence if its moment came in the
+    /// step and still holds (else the crash point waits for another). Whether it ran.
+    pub fn crash_point_reached(&mut self) -> bool {
+        let Some(CrashPoint::Reached { primary, client, xid }) = self.crash_point else { return false };
+        let holds = self.phase == Phase::Safety
+            && self.members[primary].leading()
+            && !self.members[primary].paused()
+            && self.unwritten_on_backup(1 - primary, &xid);
+        if !holds {
+            self.crash_point = Some(CrashPoint::Armed);
+            return false;
+        }
+        self.crash_point = None;
+        self.crash_points += 1;
+        self.received_backup_lost(primary, client, xid);
+        true
+    }
+
+    /// Issue 33's restarted `received` backup, from the moment `primary` acknowledged `xid`
+    /// that its backup holds only in its log's queue: the backup is killed (the queue, and
+    /// `xid` with it, is lost), the client dies before committing a branch, the primary
+    /// stops for longer than its lease (so that it neither finishes `xid` nor lets the
+    /// backup catch up), the backup restarts in a new process, and in half the runs the
+    /// primary is killed before it continues. The pair must wait for the primary, which
+    /// holds `xid`: the restarted backup is out of sync until it catches up again.
+    fn received_backup_lost(&mut self, primary: usize, client: usize, xid: Xid) {
+        let backup = 1 - primary;
+        self.note(|| {
+            format!(
+                "crash point: member {} acknowledged {xid} on receipt, not written yet; member {} acknowledged \
+                 it to client {client}",
+                backup + 1,
+                primary + 1
+            )
+        });
+        self.crash(backup, None);
+        if self.clients[client].txn.as_ref().is_some_and(|t| t.xid == xid) {
+            self.client_crash(client);
+        }
+        let stopped = self.rng.range(TTL + MARGIN, 3 * SECOND);
+        self.pause(primary, stopped);
+        let restart = self.rng.range(10 * MS, 500 * MS);
+        self.after(restart, Event::Restart { member: backup });
+        if self.rng.chance(500) {
+            let life = self.members[primary].life;
+            let kill = restart + self.rng.range(MS, 200 * MS);
+            self.after(kill, Event::Kill { member: primary, life });
+        }
+    }
+
     /// The liveness phase begins: faults stop, the network heals, members continue.
     pub fn begin_liveness(&mut self) {
         self.phase = Phase::Liveness;
+        self.crash_point = None;
         self.net.partitioned_until = None;
         if let Some(etcd) = &mut self.etcd {
             etcd.cut_until = [None, None];

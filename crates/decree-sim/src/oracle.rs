@@ -314,11 +314,16 @@ impl Oracle {
     /// `received` mode) at this moment.
     fn check_backup_holds(&mut self, at: Time, xid: &Xid, ack: &Ack, peer: &Member) {
         let durable = self.ack_mode == AckMode::Durable;
+        let decided_at = self.decided_at.get(xid).copied().unwrap_or(at);
         let held = match &peer.proc {
             Proc::Backup(b) if durable => b.log.durably_holds(xid),
             // So may one whose log failed after it acknowledged (it stops, fail-stop, and is
             // no longer caught up: never promoted without `--force`): that is its crash.
             Proc::Backup(b) if b.failed && !b.follower.node().caught_up => return,
+            // So may one killed after its acknowledgement left, and restarted before this
+            // primary read it: its new process is not caught up, and out of sync until it is
+            // (the run id rule keeps it from leading meanwhile), as one that is down.
+            Proc::Backup(b) if !b.follower.node().caught_up && peer.started_at > decided_at => return,
             Proc::Backup(b) => b.log.holds(xid),
             Proc::Primary(p) => p.server.holds(xid) || p.log.holds(xid),
             // In `received` mode a crashed backup may have lost it: one member down at a time.
@@ -327,7 +332,6 @@ impl Oracle {
             Proc::Down => SimLog::read_decisions(&peer.disk, &peer.dir()).contains(xid),
         };
         if !held {
-            let decided_at = self.decided_at.get(xid).copied().unwrap_or(at);
             let ack = Ack { decided_at, ..*ack };
             let defect = self.classify(&ack, Some((peer.index, peer.life)));
             let detail = format!(

@@ -70,6 +70,12 @@ pub enum Event {
     Keepalive { member: usize, life: u64 },
     /// A member reads etcd: a backup to campaign, a leader its leader key.
     Poll { member: usize, life: u64 },
+    /// A member that is down starts again: a step of a sequence of faults the nemesis set
+    /// off at a crash point (`nemesis.rs`), which must come in its order.
+    Restart { member: usize },
+    /// A member's process is killed if it still lives life `life`: a later step of such a
+    /// sequence (a process started since is not the one the sequence aimed at).
+    Kill { member: usize, life: u64 },
 }
 
 /// What a seed draws: the pair's configuration and how hard the faults come.
@@ -158,6 +164,9 @@ pub struct Report {
     pub promotions: u64,
     /// Member crashes (kills and power losses).
     pub crashes: u64,
+    /// Crash points whose sequence ran (`nemesis.rs`): a census says how often the
+    /// sequence it aims at was played.
+    pub crash_points: u64,
     /// Virtual time at the end.
     pub end: Time,
     /// One line per event and fault, when asked for (`DECREE_SIM_TRACE`).
@@ -203,6 +212,11 @@ pub struct World {
     pub promotions: u64,
     /// Member crashes so far.
     pub crashes: u64,
+    /// The crash point the nemesis set, waiting for its moment (elected runs in `received`
+    /// mode): a sequence of faults that needs one precise moment to matter.
+    pub crash_point: Option<crate::nemesis::CrashPoint>,
+    /// Crash points whose sequence ran so far.
+    pub crash_points: u64,
     trace: Option<Vec<String>>,
     steps: u64,
 }
@@ -254,6 +268,8 @@ impl World {
             phase: Phase::Safety,
             promotions: 0,
             crashes: 0,
+            crash_point: None,
+            crash_points: 0,
             trace: trace.then(Vec::new),
             steps: 0,
             scenario,
@@ -301,6 +317,8 @@ impl World {
             Event::EtcdAnswer { member, life, answer } => self.etcd_answer(member, life, answer),
             Event::Keepalive { member, life } => self.keepalive(member, life),
             Event::Poll { member, life } => self.poll(member, life),
+            Event::Restart { member } => self.restart(member),
+            Event::Kill { member, life } => self.kill(member, life),
         }
     }
 
@@ -391,6 +409,9 @@ pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
         }
         world.handle(event);
         world.settle();
+        if world.crash_point_reached() {
+            world.settle();
+        }
         world.check();
         if !world.oracle.violations.is_empty() {
             break;
@@ -416,6 +437,7 @@ pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
         steps: world.steps,
         promotions: world.promotions,
         crashes: world.crashes,
+        crash_points: world.crash_points,
         end: world.now,
         trace: world.trace.take().unwrap_or_default(),
         scenario: world.scenario.clone(),

@@ -189,11 +189,12 @@ const BREAKS: &[(&str, Break)] = &[
 fn print_report(seed: u64, report: &Report) {
     println!("seed {seed}: {:?}", report.scenario);
     println!(
-        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, ended at {} ms",
+        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, {} crash points, ended at {} ms",
         report.steps,
         report.acknowledged,
         report.promotions,
         report.crashes,
+        report.crash_points,
         report.end / 1000
     );
     for v in &report.violations {
@@ -224,6 +225,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     println!("simulating elected pairs from seed {first}");
     let started = Instant::now();
     let (mut runs, mut acknowledged, mut promotions, mut crashes) = (0, 0, 0, 0);
+    // Crash points played, and the seeds that played one (`received` seeds only).
+    let (mut crash_points, mut crash_point_seeds) = (0, 0);
     let mut failures = Vec::new();
     let mut violating = 0;
     for seed in first.. {
@@ -239,6 +242,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         acknowledged += report.acknowledged;
         promotions += report.promotions;
         crashes += report.crashes;
+        crash_points += report.crash_points;
+        crash_point_seeds += u64::from(report.crash_points > 0);
         for v in &report.violations {
             println!("seed {seed}: {v}");
         }
@@ -250,7 +255,7 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         }
     }
     println!(
-        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes; {violating} seeds violate an invariant, {} of them unknown",
+        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes, {crash_points} crash points in {crash_point_seeds} seeds; {violating} seeds violate an invariant, {} of them unknown",
         started.elapsed().as_secs_f64(),
         failures.len()
     );
