@@ -40,6 +40,10 @@ enum Command {
     Status(pair::StatusArgs),
     /// Hand a pair's lead to its in-sync backup (a planned switchover; a pair elected on etcd).
     Switchover(pair::SwitchoverArgs),
+    /// Pause a pair's automatic failover (recorded in etcd) to restart members for maintenance.
+    Pause(pair::PauseArgs),
+    /// Resume a pair's automatic failover after `decree pause`.
+    Resume(pair::PauseArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,8 @@ fn main() -> ExitCode {
         Command::Promote(args) => pair::promote(args),
         Command::Status(args) => pair::status(args),
         Command::Switchover(args) => pair::switchover(args),
+        Command::Pause(args) => pair::pause(args, true),
+        Command::Resume(args) => pair::pause(args, false),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

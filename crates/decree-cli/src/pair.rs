@@ -38,6 +38,15 @@ pub struct SwitchoverArgs {
     pub wait_s: u64,
 }
 
+/// Arguments of `decree pause` and `decree resume`.
+#[derive(Debug, clap::Args)]
+pub struct PauseArgs {
+    /// A member's TOML configuration (its `log_dir` holds the control socket): either
+    /// member of the pair may take the request, which it writes to etcd.
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+}
+
 /// Arguments of `decree status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -103,6 +112,18 @@ pub fn switchover(args: SwitchoverArgs) -> CliResult {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// Pauses (`paused`) or resumes the pair's automatic failover through a member, which
+/// records it in etcd; prints the answer, fails when refused.
+pub fn pause(args: PauseArgs, paused: bool) -> CliResult {
+    let config = ServerConfig::from_toml_file(&args.config)?;
+    let answer = decree_server::control_request(&config.log_dir, if paused { "pause" } else { "resume" })?;
+    if let Some(why) = answer.strip_prefix("refused: ") {
+        return Err(format!("{} refused: {why}", if paused { "pause" } else { "resume" }).into());
+    }
+    println!("{answer}");
+    Ok(())
 }
 
 /// Prints the member's role, epoch, whether its peer is in sync, its link, lag and
@@ -183,6 +204,13 @@ fn status_text(s: &serde_json::Value) -> String {
             text(&etcd["run"]),
             etcd["requests"]
         );
+        out += &match etcd["paused"].as_bool() {
+            Some(true) => {
+                format!("  automatic failover: PAUSED (by member {}): decree resume\n", etcd["paused_by"])
+            }
+            Some(false) => "  automatic failover: on\n".to_string(),
+            None => format!("  automatic failover: unknown ({})\n", text(&etcd["paused_unknown"])),
+        };
     }
     out
 }
@@ -213,6 +241,12 @@ mod tests {
             text.contains("elected on etcd (/decree/orders/leader): leads no, lease alive yes, run 00000000000000ff, 12 etcd requests"),
             "{text}"
         );
+        assert!(text.contains("automatic failover: unknown"), "no pause read: {text}");
+        let mut paused = status.clone();
+        paused["etcd"]["paused"] = true.into();
+        paused["etcd"]["paused_by"] = 1.into();
+        let text = status_text(&paused);
+        assert!(text.contains("automatic failover: PAUSED (by member 1)"), "{text}");
         let without = status_text(&serde_json::json!({"role": "backup", "member": 2, "epoch_raw": 0}));
         assert!(!without.contains("etcd"), "{without}");
     }

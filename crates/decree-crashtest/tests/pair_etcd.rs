@@ -640,15 +640,16 @@ fn pg_a_primary_continued_past_its_lease_acknowledges_nothing_and_touches_no_bra
     servers[p] = Some(stopped);
 }
 
-/// Runs `decree switchover --config` on `m`: whether it succeeded, and what it printed.
-fn switchover(m: &Member) -> (bool, String) {
-    let out = Command::new(common::decree_bin())
-        .args(["switchover", "--wait-s", "30", "--config"])
-        .arg(&m.config)
-        .output()
-        .unwrap();
+/// Runs `decree ARGS --config` of `m`: whether it succeeded, and what it printed.
+fn decree(m: &Member, args: &[&str]) -> (bool, String) {
+    let out = Command::new(common::decree_bin()).args(args).arg("--config").arg(&m.config).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
+}
+
+/// Runs `decree switchover` on `m`.
+fn switchover(m: &Member) -> (bool, String) {
+    decree(m, &["switchover", "--wait-s", "30"])
 }
 
 /// Decides through whichever member serves (`both`), again through a new client after each
@@ -719,4 +720,42 @@ fn a_switchover_hands_the_lead_to_the_in_sync_backup_and_is_refused_without_one(
     let (ok, text) = switchover(new_primary);
     assert!(!ok && text.contains("not linked and in sync"), "without a backup: {text}");
     assert_eq!(status(new_primary).map(|s| s["role"].clone()), Some("primary".into()), "it still leads");
+}
+
+/// Issue 34's maintenance pause: recorded in etcd through the backup and shown in both
+/// members' status; while it stands the primary is killed and the in-sync backup, however
+/// long it waits, does not take over; after `decree resume` it does, with every
+/// acknowledged decision.
+#[test]
+fn while_paused_a_dead_primary_is_not_replaced_and_after_resume_the_backup_takes_over() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("pause"), links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let (p, led) = (if std::ptr::eq(primary, &a) { 0 } else { 1 }, epoch(primary));
+    let acknowledged = decide(primary, 50);
+    let paused_of =
+        |m: &Member| status(m).map(|s| (s["etcd"]["paused"].clone(), s["etcd"]["paused_by"].clone()));
+    assert_eq!(paused_of(backup), Some((false.into(), serde_json::Value::Null)), "not paused at first");
+    let (ok, text) = decree(backup, &["pause"]);
+    assert!(ok && text.contains("paused"), "{text}");
+    let by = status(backup).expect("a status")["member"].clone();
+    assert_eq!(paused_of(primary), Some((true.into(), by)), "the primary reads the pause from etcd");
+
+    drop(servers[p].take());
+    std::thread::sleep(WELL_PAST_THE_LEASE);
+    let s = status(backup).expect("the backup answers");
+    assert_eq!(s["role"], "backup", "a failover while paused: {s}\n{}", tail(backup));
+    assert!(tail(backup).contains("paused"), "the backup says why it does not campaign:\n{}", tail(backup));
+
+    let (ok, text) = decree(backup, &["resume"]);
+    assert!(ok && text.contains("resumed"), "{text}");
+    let took = eventually("the backup takes over after the resume", &[backup], || {
+        status(backup).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    eprintln!("pause: the backup led {took:?} after decree resume");
+    all_committed(backup, &acknowledged);
 }

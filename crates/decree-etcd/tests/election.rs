@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use decree_etcd::{election, Etcd};
 use decree_pair::election::{
-    campaign, from_json, record_sync, Candidate, InSync, Keys, Leader, NotNow, Read, SyncRecord, View,
+    campaign, from_json, record_sync, Candidate, InSync, Keys, Leader, NotNow, Pause, Read, SyncRecord, View,
 };
 use decree_pair::{Epoch, MemberId};
 
@@ -28,6 +28,7 @@ async fn view(etcd: &Etcd, keys: &Keys) -> View {
         leader: read(etcd, &keys.leader, |t| from_json::<Leader>(&keys.leader, t).unwrap()).await,
         sync: read(etcd, &keys.sync, |t| from_json::<SyncRecord>(&keys.sync, t).unwrap()).await,
         counter: read(etcd, &keys.epoch, |t| t.parse().unwrap()).await,
+        pause: read(etcd, &keys.pause, |t| from_json::<Pause>(&keys.pause, t).unwrap()).await,
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `sync` | the leader only (and the first leader of a new pair) | none: it must outlive its writer | [`SyncRecord`]: the epoch, the members holding every decision acknowledged in it, each with its run id |
 //! | `epoch` | the member taking the lead | none | the count of the latest epoch |
 //! | `members/{id}` | each member | its own | [`Registration`]: run id, addresses |
+//! | `pause` | the operator (`decree pause`, through a member) | none | [`Pause`]: who paused, when; no campaign while it exists |
 //!
 //! The rules, each a transaction (etcd's compare-and-swap on several keys at once):
 //! - **Taking the lead** ([`campaign`]): the leader key is absent, the sync record names this
@@ -22,6 +23,9 @@
 //!   leader key to hold the writer's lease: a primary paused past its lease cannot land a
 //!   late "backup out of sync" after the backup has taken over, go alone and acknowledge
 //!   what the new primary will presume aborted.
+//! - **A maintenance pause**: while the `pause` key exists no member campaigns (the campaign
+//!   compares it absent), so an operator may restart members without a failover; the
+//!   leader leads on. Removing it (`decree resume`) lets the election act again.
 //! - **A switchover** ([`hand_over`]): the leader, once it stopped acting with every decision
 //!   it acknowledged held by its backup, names the backup alone in the sync record and
 //!   deletes the leader key, in one transaction that requires the key under its lease: the
@@ -62,6 +66,8 @@ pub struct Keys {
     pub epoch: String,
     /// The prefix of the members' registrations.
     pub members: String,
+    /// The maintenance pause's key.
+    pub pause: String,
 }
 
 impl Keys {
@@ -73,6 +79,7 @@ impl Keys {
             sync: format!("{base}/sync"),
             epoch: format!("{base}/epoch"),
             members: format!("{base}/members/"),
+            pause: format!("{base}/pause"),
         }
     }
 
@@ -148,6 +155,15 @@ pub struct Registration {
     pub clients: String,
 }
 
+/// The pause key's value: who paused the pair's automatic failover, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// The member whose control socket took the operator's request.
+    pub by: u8,
+    /// When, in milliseconds since the Unix epoch (the operator's information only).
+    pub at_unix_ms: u64,
+}
+
 /// A value as read, with the key's modification revision (0: the key is absent), which a
 /// transaction compares so that nothing changed in between.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +190,8 @@ pub struct View {
     pub sync: Read<SyncRecord>,
     /// The epoch counter.
     pub counter: Read<u64>,
+    /// The maintenance pause.
+    pub pause: Read<Pause>,
 }
 
 /// A member asking to lead.
@@ -234,6 +252,11 @@ pub enum NotNow {
     /// The records do not parse, or disagree (a counter below the sync record's epoch).
     #[error("the pair's records in etcd are inconsistent: {0}")]
     Inconsistent(String),
+    /// The operator paused automatic failover (`decree pause`).
+    #[error(
+        "automatic failover is paused (by member {0}'s decree pause): decree resume lets the election act"
+    )]
+    Paused(u8),
     /// An epoch above this member's forced one was minted meanwhile: it must step down.
     #[error("epoch count {0} was minted after this member's forced epoch: it must step down")]
     Superseded(u64),
@@ -250,6 +273,9 @@ pub fn epoch_of(count: u64, member: MemberId) -> Epoch {
 pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch), NotNow> {
     if let Some(leader) = &view.leader.value {
         return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)));
+    }
+    if let Some(pause) = &view.pause.value {
+        return Err(NotNow::Paused(pause.by));
     }
     let counter = match (&view.sync.value, view.counter.value) {
         (None, None) if me.highest == Epoch::NONE => 0,
@@ -272,7 +298,10 @@ pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch)
         }
     };
     let epoch = epoch_of(counter.max(me.highest.count()) + 1, me.member);
-    Ok((take_the_lead(view, 0, me, (epoch, me.highest), keys), epoch))
+    let mut txn = take_the_lead(view, 0, me, (epoch, me.highest), keys);
+    // A pause written after the read makes the campaign fail.
+    txn.compares.push(Compare::ModRevision(keys.pause.clone(), 0));
+    Ok((txn, epoch))
 }
 
 /// The transaction that makes `me` lead `epoch`, unless the keys changed since `view` (the

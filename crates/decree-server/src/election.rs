@@ -247,12 +247,13 @@ impl Election {
 
     /// What etcd holds of the pair now.
     async fn view(&self) -> Result<View, String> {
-        self.requests.fetch_add(3, Ordering::Relaxed);
+        self.requests.fetch_add(4, Ordering::Relaxed);
         let get = |key: String| async move { self.etcd.get(key).await.map_err(|e| e.to_string()) };
-        let (leader, sync, counter) = tokio::try_join!(
+        let (leader, sync, counter, pause) = tokio::try_join!(
             get(self.keys.leader.clone()),
             get(self.keys.sync.clone()),
-            get(self.keys.epoch.clone())
+            get(self.keys.epoch.clone()),
+            get(self.keys.pause.clone())
         )?;
         let counter = match counter.entry {
             None => Read::absent(),
@@ -267,6 +268,7 @@ impl Election {
             leader: parse(&self.keys.leader, leader).map_err(|e| e.to_string())?,
             sync: parse(&self.keys.sync, sync).map_err(|e| e.to_string())?,
             counter,
+            pause: parse(&self.keys.pause, pause).map_err(|e| e.to_string())?,
         })
     }
 
@@ -592,6 +594,31 @@ impl Election {
             Ok(_) => Err("the leader key no longer holds this member's lease".into()),
             Err(e) => Err(format!("etcd: {e}")),
         }
+    }
+
+    /// Pauses the pair's automatic failover (`paused`: the pause key written, naming this
+    /// member) or resumes it (the key deleted): the operator's `decree pause` / `resume`.
+    pub(crate) async fn set_paused(&self, paused: bool) -> Result<(), String> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let op = if paused {
+            let at_unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let pause = rules::Pause { by: self.member.get(), at_unix_ms };
+            rules::Op::Put { key: self.keys.pause.clone(), value: rules::to_json(&pause), lease: None }
+        } else {
+            rules::Op::Delete(self.keys.pause.clone())
+        };
+        let (compares, ops) = decree_etcd::election::txn(&rules::Txn { compares: vec![], ops: vec![op] });
+        self.etcd.txn(&compares, &ops, &[]).await.map(|_| ()).map_err(|e| format!("etcd: {e}"))
+    }
+
+    /// The pair's maintenance pause as etcd holds it now (`Ok(None)`: not paused), or why
+    /// it cannot be told.
+    pub(crate) async fn paused(&self) -> Result<Option<rules::Pause>, String> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let got = self.etcd.get(self.keys.pause.clone()).await.map_err(|e| format!("etcd: {e}"))?;
+        Ok(parse::<rules::Pause>(&self.keys.pause, got).map_err(|e| e.to_string())?.value)
     }
 
     /// Gives up this member's lease (at a clean stop): its leader key and registration go

@@ -1003,8 +1003,13 @@ async fn serve_control(
                 return;
             }
             let answer = match line.trim() {
-                "status" => status_line(&member.lock(), &answers.election),
+                "status" => {
+                    let pause = pair_election::pause_status(&answers.election).await;
+                    status_line(&member.lock(), &answers.election, pause)
+                }
                 "switchover" => switchover_request(&answers),
+                "pause" => pair_election::set_paused(&answers.election, true).await,
+                "resume" => pair_election::set_paused(&answers.election, false).await,
                 "promote" | "promote --force" => {
                     let forced = line.trim().ends_with("--force");
                     let already = match &*member.lock() {
@@ -1031,7 +1036,7 @@ async fn serve_control(
                 }
                 other => {
                     format!(
-                        "refused: unknown request {other:?} (status, promote, promote --force, switchover)"
+                        "refused: unknown request {other:?} (status, promote, promote --force, switchover, pause, resume)"
                     )
                 }
             };
@@ -1050,7 +1055,11 @@ struct ControlAnswers {
 
 /// The member's state as one JSON line: role, epoch, whether the peer is in sync, the
 /// link, the replication lag (on a primary), this member's promotion and its election.
-fn status_line(member: &Member, election: &Option<Arc<pair_election::Election>>) -> String {
+fn status_line(
+    member: &Member,
+    election: &Option<Arc<pair_election::Election>>,
+    pause: Option<serde_json::Value>,
+) -> String {
     let (node, report, mut status) = match member {
         Member::Backup(follower, ack) => {
             let node = follower.node();
@@ -1097,7 +1106,10 @@ fn status_line(member: &Member, election: &Option<Arc<pair_election::Election>>)
     });
     if let (Some(status), serde_json::Value::Object(common)) = (status.as_object_mut(), common) {
         status.extend(common);
-        if let Some(etcd) = pair_election::status(election) {
+        if let Some(mut etcd) = pair_election::status(election) {
+            if let (Some(etcd), Some(serde_json::Value::Object(pause))) = (etcd.as_object_mut(), pause) {
+                etcd.extend(pause);
+            }
             status.insert("etcd".into(), etcd);
         }
     }

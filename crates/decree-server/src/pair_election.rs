@@ -227,6 +227,51 @@ pub(crate) async fn hand_over(
     Err(no_election())
 }
 
+/// Pauses (`paused`) or resumes the pair's automatic failover: the operator's request
+/// through this member's control socket; the answer for the operator.
+#[cfg(feature = "etcd")]
+pub(crate) async fn set_paused(election: &Option<Arc<Election>>, paused: bool) -> String {
+    let Some(election) = election else { return format!("refused: {}", no_failover()) };
+    match election.set_paused(paused).await {
+        Ok(()) if paused => "paused: no member campaigns until decree resume (the primary leads on)".into(),
+        Ok(()) => "resumed: the election acts again (a pair without a leader elects one now)".into(),
+        Err(why) => format!("refused: {why}"),
+    }
+}
+
+/// Pauses or resumes automatic failover (none, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) async fn set_paused(_election: &Option<Arc<Election>>, _paused: bool) -> String {
+    format!("refused: {}", no_failover())
+}
+
+/// Why a pair without an election has no automatic failover to pause.
+fn no_failover() -> &'static str {
+    "this pair has no automatic failover to pause or resume (no [pair.etcd])"
+}
+
+/// The pause as etcd holds it, for `decree status`: `paused` true or false, `null` with
+/// `paused_unknown` saying why when etcd did not answer within a second.
+#[cfg(feature = "etcd")]
+pub(crate) async fn pause_status(election: &Option<Arc<Election>>) -> Option<serde_json::Value> {
+    let election = election.as_ref()?;
+    let read = tokio::time::timeout(std::time::Duration::from_secs(1), election.paused()).await;
+    Some(match read {
+        Ok(Ok(None)) => serde_json::json!({ "paused": false }),
+        Ok(Ok(Some(p))) => {
+            serde_json::json!({ "paused": true, "paused_by": p.by, "paused_at_unix_ms": p.at_unix_ms })
+        }
+        Ok(Err(why)) => serde_json::json!({ "paused": null, "paused_unknown": why }),
+        Err(_) => serde_json::json!({ "paused": null, "paused_unknown": "etcd did not answer within 1 s" }),
+    })
+}
+
+/// The pause (none, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) async fn pause_status(_election: &Option<Arc<Election>>) -> Option<serde_json::Value> {
+    None
+}
+
 /// The election's figures for `decree status`.
 #[cfg(feature = "etcd")]
 pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Value> {

@@ -164,6 +164,8 @@ impl EtcdWorld {
                 value: counter.as_ref().map(|e| e.value.parse().expect("a count")),
                 mod_revision: counter.map_or(0, |e| e.mod_revision),
             },
+            // Nobody pauses the simulated pair.
+            pause: Read::absent(),
         }
     }
 

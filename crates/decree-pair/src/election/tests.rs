@@ -36,6 +36,13 @@ fn view(etcd: &mut Etcd, now: u64) -> View {
             value: counter.as_ref().map(|e| e.value.parse().unwrap()),
             mod_revision: counter.map_or(0, |e| e.mod_revision),
         },
+        pause: {
+            let pause = read(etcd, &k.pause);
+            Read {
+                value: pause.as_ref().map(|e| from_json(&k.pause, &e.value).unwrap()),
+                mod_revision: pause.map_or(0, |e| e.mod_revision),
+            }
+        },
     }
 }
 
@@ -143,6 +150,32 @@ fn a_switchover_lets_the_in_sync_backup_alone_take_the_lead_at_once() {
     // A late handover of the old leader (it holds no key now) changes nothing.
     assert!(!etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup)));
     assert_eq!(sync_record(&mut etcd, 0).epoch, two.raw());
+}
+
+/// A maintenance pause: the in-sync backup does not take over while it stands, even once
+/// the leader's lease lapsed; a pause written between a campaign's read and its
+/// transaction makes the transaction fail; after the resume the backup takes over.
+#[test]
+fn no_member_campaigns_while_failover_is_paused() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup))));
+    let read_before_the_pause = view(&mut etcd, 0);
+    let pause = Op::Put { key: keys().pause, value: to_json(&Pause { by: 1, at_unix_ms: 5 }), lease: None };
+    assert!(etcd.txn(0, &Txn { compares: vec![], ops: vec![pause] }));
+    etcd.revoke(a.lease);
+    assert_eq!(campaign_at(&mut etcd, 0, &b), Err(NotNow::Paused(1)));
+    // A campaign from a view read before the pause fails at etcd.
+    let mut stale = read_before_the_pause;
+    stale.leader = Read::absent();
+    let (txn, _) = campaign(&stale, &b, &keys()).unwrap();
+    assert!(!etcd.txn(0, &txn), "the pause is compared absent");
+    assert!(etcd.get(0, &keys().leader).is_none(), "nobody leads while paused");
+    assert!(etcd.txn(0, &Txn { compares: vec![], ops: vec![Op::Delete(keys().pause)] }));
+    assert_eq!(campaign_at(&mut etcd, 0, &b).unwrap().to_string(), "2.2");
 }
 
 #[test]
@@ -259,6 +292,7 @@ fn inconsistent_or_unreadable_records_are_named() {
         leader: Read::absent(),
         sync: Read { value: Some(sync), mod_revision: 5 },
         counter: Read { value: Some(3), mod_revision: 6 },
+        pause: Read::absent(),
     };
     let me = Candidate { member: m(2), run: "r".into(), lease: 1, highest: Epoch::NONE };
     let e = campaign(&v, &me, &k).unwrap_err().to_string();
