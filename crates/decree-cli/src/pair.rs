@@ -56,6 +56,10 @@ pub struct StatusArgs {
     /// `table`: a few lines for people; `json`: the member's answer, one JSON line.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// Every pair under the member's etcd prefix instead (who leads which epoch, who is in
+    /// sync, the members registered, the pause), as etcd holds it, read through the member.
+    #[arg(long)]
+    pub etcd: bool,
 }
 
 /// Asks the member to lead; prints its answer, fails when it refused.
@@ -130,8 +134,18 @@ pub fn pause(args: PauseArgs, paused: bool) -> CliResult {
 /// promotion: as lines for people, or as the member's JSON line (`--format json`).
 pub fn status(args: StatusArgs) -> CliResult {
     let config = ServerConfig::from_toml_file(&args.config)?;
-    let answer = decree_server::control_request(&config.log_dir, "status")?;
+    let answer =
+        decree_server::control_request(&config.log_dir, if args.etcd { "cluster" } else { "status" })?;
+    if let Some(why) = answer.strip_prefix("refused: ") {
+        return Err(format!("status refused: {why}").into());
+    }
     match args.format {
+        Format::Table if args.etcd => {
+            let cluster: serde_json::Value = serde_json::from_str(&answer).map_err(|e| {
+                format!("the member answered something that is not etcd's view ({e}): {answer}")
+            })?;
+            print!("{}", cluster_text(&cluster));
+        }
         Format::Json => println!("{answer}"),
         Format::Table => {
             let status: serde_json::Value = serde_json::from_str(&answer).map_err(|e| {
@@ -215,6 +229,53 @@ fn status_text(s: &serde_json::Value) -> String {
     out
 }
 
+/// etcd's view of every pair for people: one block per pair.
+fn cluster_text(c: &serde_json::Value) -> String {
+    let epoch =
+        |raw: &serde_json::Value| raw.as_u64().map_or("?".into(), |r| format!("{}.{}", r >> 8, r & 0xff));
+    let mut out = String::new();
+    for p in c["pairs"].as_array().into_iter().flatten() {
+        out += &format!("pair {} (epoch count {})\n", text(&p["pair"]), p["epoch_count"]);
+        out += &match p["leader"].as_object() {
+            Some(l) => format!(
+                "  leader: member {} in epoch {} (run {})\n",
+                l["member"],
+                epoch(&l["epoch"]),
+                text(&l["run"])
+            ),
+            None => "  leader: none (nobody leads now)\n".into(),
+        };
+        let in_sync: Vec<String> = p["sync"]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| format!("member {} (run {})", m["member"], text(&m["run"])))
+            .collect();
+        out += &format!("  in sync for epoch {}: {}\n", epoch(&p["sync"]["epoch"]), in_sync.join(", "));
+        for (id, r) in p["members"].as_object().into_iter().flatten() {
+            out += &format!(
+                "  member {id} registered: run {}, clients {}\n",
+                text(&r["run"]),
+                text(&r["clients"])
+            );
+        }
+        out += &match p["pause"].as_object() {
+            Some(pause) => format!("  automatic failover: PAUSED (by member {})\n", pause["by"]),
+            None => "  automatic failover: on\n".into(),
+        };
+        for e in p["unreadable"].as_array().into_iter().flatten() {
+            out += &format!("  unreadable: {}\n", text(e));
+        }
+    }
+    if c["truncated"] == true {
+        out += "(more keys than were read: the list is cut)\n";
+    }
+    if out.is_empty() {
+        out = format!("no pair under {} on etcd\n", text(&c["prefix"]));
+    }
+    out
+}
+
 /// A JSON string without its quotes (anything else as JSON).
 fn text(v: &serde_json::Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), str::to_string)
@@ -247,6 +308,16 @@ mod tests {
         paused["etcd"]["paused_by"] = 1.into();
         let text = status_text(&paused);
         assert!(text.contains("automatic failover: PAUSED (by member 1)"), "{text}");
+        let cluster = serde_json::json!({"prefix": "/decree/", "truncated": false, "pairs": [{
+            "pair": "orders", "epoch_count": 3,
+            "leader": {"member": 2, "run": "r2", "epoch": 770},
+            "sync": {"epoch": 770, "members": [{"member": 2, "run": "r2"}, {"member": 1, "run": "r1"}]},
+            "members": {"1": {"run": "r1", "link": "l", "clients": "unix:/a"}}, "pause": null, "unreadable": []}]});
+        let text = cluster_text(&cluster);
+        assert!(text.contains("leader: member 2 in epoch 3.2 (run r2)"), "{text}");
+        assert!(text.contains("in sync for epoch 3.2: member 2 (run r2), member 1 (run r1)"), "{text}");
+        assert!(text.contains("member 1 registered: run r1, clients unix:/a"), "{text}");
+        assert!(text.contains("automatic failover: on"), "{text}");
         let without = status_text(&serde_json::json!({"role": "backup", "member": 2, "epoch_raw": 0}));
         assert!(!without.contains("etcd"), "{without}");
     }

@@ -759,3 +759,99 @@ fn while_paused_a_dead_primary_is_not_replaced_and_after_resume_the_backup_takes
     eprintln!("pause: the backup led {took:?} after decree resume");
     all_committed(backup, &acknowledged);
 }
+
+/// The pair `m` belongs to in `decree status --etcd --format json` through `m`.
+fn etcd_view(m: &Member, pair: &str) -> serde_json::Value {
+    let (ok, text) = decree(m, &["status", "--etcd", "--format", "json"]);
+    assert!(ok, "{text}");
+    let view: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let pairs = view["pairs"].as_array().unwrap_or_else(|| panic!("no pairs: {view}"));
+    pairs.iter().find(|p| p["pair"] == pair).cloned().unwrap_or_else(|| panic!("no pair {pair}: {view}"))
+}
+
+/// Checks `view` field by field against what the pair's primary and backup say of themselves.
+fn check_view(view: &serde_json::Value, primary: &Member, backup: &Member) {
+    let (p, b) = (status(primary).expect("primary"), status(backup).expect("backup"));
+    assert_eq!(view["leader"]["member"], p["member"], "{view}");
+    assert_eq!(view["leader"]["epoch"], p["epoch_raw"], "{view}");
+    assert_eq!(view["leader"]["run"], p["etcd"]["run"], "{view}");
+    assert_eq!(view["epoch_count"].as_u64(), p["epoch_raw"].as_u64().map(|e| e >> 8), "{view}");
+    let in_sync: Vec<(serde_json::Value, serde_json::Value)> = view["sync"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["member"].clone(), m["run"].clone()))
+        .collect();
+    assert_eq!(
+        in_sync,
+        vec![
+            (p["member"].clone(), p["etcd"]["run"].clone()),
+            (b["member"].clone(), b["etcd"]["run"].clone())
+        ]
+    );
+    for s in [&p, &b] {
+        let registered = &view["members"][s["member"].to_string()];
+        assert_eq!(registered["run"], s["etcd"]["run"], "{view}");
+    }
+    assert_eq!(
+        (view["pause"].clone(), view["unreadable"].clone()),
+        (serde_json::Value::Null, serde_json::json!([]))
+    );
+}
+
+/// Issue 34's several pairs: two pairs (each its own node id) under one etcd prefix, each
+/// seen field by field in `decree status --etcd`; one pair's primary killed while the other
+/// pair's client decides all along: the other pair's epoch never changes and its client
+/// sees no error, and the view follows the failover.
+#[test]
+fn two_pairs_under_one_prefix_each_fail_over_alone_and_status_shows_both() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let (dir_x, dir_y) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (pair_x, pair_y) = (pair_name("pair-x"), pair_name("pair-y"));
+    let links_x = (free_port(), free_port());
+    let (a, b) = members(dir_x.path(), &endpoints, &pair_x, links_x, links_x.1);
+    let links_y = (free_port(), free_port());
+    let (c, d) = members(dir_y.path(), &endpoints, &pair_y, links_y, links_y.1);
+    for m in [&c, &d] {
+        let text = std::fs::read_to_string(&m.config).unwrap().replace("node = 6\n", "node = 7\n");
+        std::fs::write(&m.config, text).unwrap();
+    }
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let _y = [serve(&c), serve(&d)];
+    let (px, bx) = wait_strict(&a, &b);
+    let (py, by) = wait_strict(&c, &d);
+    check_view(&etcd_view(&c, &pair_x), px, bx);
+    check_view(&etcd_view(&a, &pair_y), py, by);
+    let (ok, table) = decree(&a, &["status", "--etcd"]);
+    assert!(
+        ok && table.contains(&format!("pair {pair_x}")) && table.contains(&format!("pair {pair_y}")),
+        "{table}"
+    );
+
+    let (led_x, led_y) = (epoch(px), epoch(py));
+    let acknowledged_x = decide(px, 20);
+    let store_y = connect(py);
+    let session_y = store_y.open_session().unwrap();
+    let mut acknowledged_y = Vec::new();
+    let p = if std::ptr::eq(px, &a) { 0 } else { 1 };
+    drop(servers[p].take());
+    let mut sequence = 0;
+    eventually("pair X's backup leads", &[bx], || {
+        sequence += 1;
+        let d = decision(&store_y, session_y, sequence);
+        store_y.decide(&d).expect("pair Y's client sees nothing of pair X's failover");
+        acknowledged_y.push(d.xid);
+        status(bx).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led_x))
+    });
+    assert_eq!(epoch(py), led_y, "pair Y kept its epoch");
+    all_committed(bx, &acknowledged_x);
+    all_committed(py, &acknowledged_y);
+    let view = etcd_view(&c, &pair_x);
+    assert_eq!(
+        (view["leader"]["member"].clone(), view["leader"]["epoch"].as_u64()),
+        (status(bx).unwrap()["member"].clone(), Some(epoch(bx))),
+        "{view}"
+    );
+    check_view(&etcd_view(bx, &pair_y), py, by);
+}

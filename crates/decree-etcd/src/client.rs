@@ -217,6 +217,25 @@ impl Etcd {
         Ok(Got { entry: answer.kvs().first().map(Entry::from_kv), revision })
     }
 
+    /// Reads every key under `prefix`, at most `limit` of them (`decree status --etcd`
+    /// lists every pair under the members' prefix): the entries, and whether more were left.
+    pub async fn get_prefix(
+        &self,
+        prefix: impl Into<Vec<u8>>,
+        limit: i64,
+    ) -> Result<(Vec<Entry>, bool), EtcdError> {
+        let prefix = prefix.into();
+        let answer = self
+            .call(Operation::Get, Retry::Yes, |mut c| {
+                let prefix = prefix.clone();
+                async move {
+                    c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_limit(limit))).await
+                }
+            })
+            .await?;
+        Ok((answer.kvs().iter().map(Entry::from_kv).collect(), answer.more()))
+    }
+
     /// One transaction: if every compare holds, the `then` operations, else the `otherwise`
     /// ones, atomically. Taking the lead and every write to the sync record are one of these,
     /// so that no interleaving of two members' writes can break the election's rules. It is

@@ -164,6 +164,59 @@ pub struct Pause {
     pub at_unix_ms: u64,
 }
 
+/// One pair as etcd holds it, for `decree status --etcd`: who leads, who is in sync, the
+/// latest epoch, the members registered, the pause.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PairView {
+    /// The pair's name.
+    pub pair: String,
+    /// The leader key, if someone leads.
+    pub leader: Option<Leader>,
+    /// The sync record.
+    pub sync: Option<SyncRecord>,
+    /// The epoch counter.
+    pub epoch_count: Option<u64>,
+    /// The members registered now (under their leases), by member id.
+    pub members: std::collections::BTreeMap<u8, Registration>,
+    /// The maintenance pause, if one stands.
+    pub pause: Option<Pause>,
+    /// Keys of the pair that do not parse, named with what is wrong.
+    pub unreadable: Vec<String>,
+}
+
+/// Every pair under `prefix`, from the `(key, value)` pairs read under it (pure: what
+/// `decree status --etcd` shows; a key that does not parse is named in its pair's view,
+/// keys of no pair are ignored).
+pub fn cluster(prefix: &str, entries: &[(String, String)]) -> Vec<PairView> {
+    let base = format!("{}/", prefix.trim_end_matches('/'));
+    let mut pairs: std::collections::BTreeMap<String, PairView> = std::collections::BTreeMap::new();
+    for (key, value) in entries {
+        let Some((pair, rest)) = key.strip_prefix(&base).and_then(|k| k.split_once('/')) else { continue };
+        let view = pairs
+            .entry(pair.to_string())
+            .or_insert_with(|| PairView { pair: pair.into(), ..Default::default() });
+        let read = match rest {
+            "leader" => from_json(key, value).map(|l| view.leader = Some(l)),
+            "sync" => from_json(key, value).map(|r| view.sync = Some(r)),
+            "pause" => from_json(key, value).map(|p| view.pause = Some(p)),
+            "epoch" => value
+                .parse()
+                .map(|c| view.epoch_count = Some(c))
+                .map_err(|e| NotNow::Inconsistent(format!("{key} holds {value:?}: {e}"))),
+            other => match other.strip_prefix("members/").map(str::parse::<u8>) {
+                Some(Ok(id)) => from_json(key, value).map(|r| {
+                    view.members.insert(id, r);
+                }),
+                _ => Ok(()),
+            },
+        };
+        if let Err(e) = read {
+            view.unreadable.push(e.to_string());
+        }
+    }
+    pairs.into_values().collect()
+}
+
 /// A value as read, with the key's modification revision (0: the key is absent), which a
 /// transaction compares so that nothing changed in between.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,9 @@ use tokio::sync::watch;
 /// How often a leader with `alone_after_ms` looks at how long decisions have waited.
 const ALONE_CHECK: Duration = Duration::from_millis(50);
 
+/// Keys `decree status --etcd` reads under the prefix, at most (a few per pair and member).
+const CLUSTER_KEYS_MAX: i64 = 4096;
+
 /// The longest pause between two reads of the leader key by a backup whose watch fails.
 const POLL_MAX: Duration = Duration::from_millis(500);
 
@@ -619,6 +622,23 @@ impl Election {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let got = self.etcd.get(self.keys.pause.clone()).await.map_err(|e| format!("etcd: {e}"))?;
         Ok(parse::<rules::Pause>(&self.keys.pause, got).map_err(|e| e.to_string())?.value)
+    }
+
+    /// Every pair under this member's prefix as etcd holds it (`decree status --etcd`), at
+    /// most [`CLUSTER_KEYS_MAX`] keys read: JSON, with `truncated` when more were left.
+    pub(crate) async fn cluster(&self) -> Result<serde_json::Value, String> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("{}/", self.config.prefix.trim_end_matches('/'));
+        let (entries, more) =
+            self.etcd.get_prefix(prefix.clone(), CLUSTER_KEYS_MAX).await.map_err(|e| format!("etcd: {e}"))?;
+        let entries: Vec<(String, String)> = entries
+            .iter()
+            .map(|e| {
+                (String::from_utf8_lossy(&e.key).into_owned(), String::from_utf8_lossy(&e.value).into_owned())
+            })
+            .collect();
+        let pairs = rules::cluster(&prefix, &entries);
+        Ok(serde_json::json!({ "prefix": prefix, "pairs": pairs, "truncated": more }))
     }
 
     /// Gives up this member's lease (at a clean stop): its leader key and registration go

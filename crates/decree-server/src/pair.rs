@@ -1008,6 +1008,7 @@ async fn serve_control(
                     status_line(&member.lock(), &answers.election, pause)
                 }
                 "switchover" => switchover_request(&answers),
+                "cluster" => pair_election::cluster(&answers.election).await,
                 "pause" => pair_election::set_paused(&answers.election, true).await,
                 "resume" => pair_election::set_paused(&answers.election, false).await,
                 "promote" | "promote --force" => {
@@ -1036,7 +1037,7 @@ async fn serve_control(
                 }
                 other => {
                     format!(
-                        "refused: unknown request {other:?} (status, promote, promote --force, switchover, pause, resume)"
+                        "refused: unknown request {other:?} (status, cluster, promote, promote --force, switchover, pause, resume)"
                     )
                 }
             };

@@ -272,6 +272,25 @@ pub(crate) async fn pause_status(_election: &Option<Arc<Election>>) -> Option<se
     None
 }
 
+/// Every pair under this member's prefix as etcd holds it, for `decree status --etcd`: one
+/// JSON line, or the refusal.
+#[cfg(feature = "etcd")]
+pub(crate) async fn cluster(election: &Option<Arc<Election>>) -> String {
+    let Some(election) = election else {
+        return "refused: this member is not elected on etcd (no [pair.etcd])".into();
+    };
+    match election.cluster().await {
+        Ok(view) => view.to_string(),
+        Err(why) => format!("refused: {why}"),
+    }
+}
+
+/// Every pair under the prefix (none, in this build).
+#[cfg(not(feature = "etcd"))]
+pub(crate) async fn cluster(_election: &Option<Arc<Election>>) -> String {
+    "refused: this member is not elected on etcd (no [pair.etcd])".into()
+}
+
 /// The election's figures for `decree status`.
 #[cfg(feature = "etcd")]
 pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Value> {

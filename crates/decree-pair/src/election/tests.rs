@@ -393,3 +393,35 @@ fn a_member_that_won_and_died_before_recording_the_epoch_can_lead_again() {
     let blank = candidate(&mut etcd, 5 * TTL, 2, "run-b3", Epoch::NONE);
     assert_eq!(campaign_at(&mut etcd, 5 * TTL, &blank), Err(NotNow::OutOfSync(three)));
 }
+
+/// `decree status --etcd`'s reading: each pair under the prefix with its leader, sync
+/// record, counter, registered members and pause; what does not parse is named; keys of
+/// another prefix or of no pair are ignored.
+#[test]
+fn the_cluster_view_groups_the_keys_by_pair_and_names_what_does_not_parse() {
+    let leader = Leader { member: 2, run: "r2".into(), epoch: epoch_of(3, m(2)).raw() };
+    let registration = Registration { run: "r1".into(), link: "l".into(), clients: "c".into() };
+    let entries: Vec<(String, String)> = vec![
+        ("/decree/orders/leader".into(), to_json(&leader)),
+        ("/decree/orders/epoch".into(), "3".into()),
+        ("/decree/orders/members/1".into(), to_json(&registration)),
+        ("/decree/orders/pause".into(), to_json(&Pause { by: 1, at_unix_ms: 7 })),
+        ("/decree/stock/epoch".into(), "x".into()),
+        ("/decree/stock/sync".into(), "{".into()),
+        ("/decree/stray".into(), "1".into()),
+        ("/other/orders/leader".into(), "{}".into()),
+    ];
+    let views = cluster("/decree/", &entries);
+    assert_eq!(views.len(), 2, "{views:?}");
+    let orders = &views[0];
+    assert_eq!(
+        (orders.pair.as_str(), orders.leader.as_ref(), orders.epoch_count),
+        ("orders", Some(&leader), Some(3))
+    );
+    assert_eq!(orders.members.get(&1), Some(&registration));
+    assert_eq!(orders.pause, Some(Pause { by: 1, at_unix_ms: 7 }));
+    assert!(orders.unreadable.is_empty() && orders.sync.is_none());
+    let stock = &views[1];
+    assert_eq!(stock.unreadable.len(), 2, "{:?}", stock.unreadable);
+    assert!(stock.unreadable.iter().any(|e| e.contains("/decree/stock/epoch")), "{:?}", stock.unreadable);
+}
