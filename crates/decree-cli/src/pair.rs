@@ -127,6 +127,10 @@ fn status_text(s: &serde_json::Value) -> String {
             text(&etcd["run"]),
             etcd["requests"]
         );
+        // What keeps this member out of the election: etcd unreachable, or refusing it.
+        if let Some(error) = etcd["error"].as_str() {
+            out += &format!("  etcd {}: {error}\n", text(&etcd["state"]));
+        }
     }
     out
 }
@@ -155,6 +159,15 @@ mod tests {
         let text = status_text(&status);
         assert!(
             text.contains("elected on etcd (/decree/orders/leader): leads no, lease alive yes, run 00000000000000ff, 12 etcd requests"),
+            "{text}"
+        );
+        assert!(!text.contains("etcd ok"), "{text}");
+        let mut refused = status.clone();
+        refused["etcd"]["state"] = "refused".into();
+        refused["etcd"]["error"] = "etcd refused user decree's password: check [pair.etcd] user".into();
+        let text = status_text(&refused);
+        assert!(
+            text.contains("  etcd refused: etcd refused user decree's password: check [pair.etcd] user\n"),
             "{text}"
         );
         let without = status_text(&serde_json::json!({"role": "backup", "member": 2, "epoch_raw": 0}));
