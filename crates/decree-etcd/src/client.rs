@@ -208,8 +208,12 @@ impl Etcd {
         }
         let mut client = self.client.clone();
         client.remove_client_auth();
+        // Generation 0 until it succeeds: the next request authenticates first, whatever
+        // the generation it was refused in (a failure here, etcd down or refusing the
+        // password, must not leave the client without a token for good).
+        auth.generation.store(0, Ordering::SeqCst);
         client.set_client_auth(auth.user.clone(), auth.password.clone()).await?;
-        auth.generation.fetch_add(1, Ordering::SeqCst);
+        auth.generation.store(generation.max(1) + 1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -354,12 +358,14 @@ pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
 }
 
 /// True when etcd refused the request's token (expired, unknown after a restart of etcd,
-/// issued before a change of users or roles, or absent): the request was not applied, and
-/// is sent again with a new token.
+/// issued before a change of users or roles, or absent), or refused permission, which is
+/// what a request sent without a token while another renewed it gets when etcd takes the
+/// client certificate's common name for the user: the request was not applied (etcd checks
+/// before applying), and is sent again, once, with a new token.
 pub(crate) fn token_refused(e: &etcd_client::Error) -> bool {
     let etcd_client::Error::GRpcStatus(status) = e else { return false };
     let message = status.message();
-    ["invalid auth token", "revision of auth store is old", "user name is empty"]
+    ["invalid auth token", "revision of auth store is old", "user name is empty", "permission denied"]
         .iter()
         .any(|m| message.contains(m))
 }
@@ -432,6 +438,42 @@ mod tests {
             panic!("connected to nothing")
         };
         assert!(matches!(e.cause, Cause::Invalid(_)), "{e}");
+    }
+
+    #[test]
+    fn a_refused_token_is_renewed_and_refusals_name_what_to_fix() {
+        let status = |code, message: &str| etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
+        let error = |e| EtcdError {
+            endpoints: "https://127.0.0.1:1".into(),
+            operation: Operation::Transaction,
+            cause: Cause::Client(e),
+        };
+        let expired = status(tonic::Code::Unauthenticated, "etcdserver: invalid auth token");
+        assert!(token_refused(&expired) && error(expired).refusal().is_none());
+        let old = status(tonic::Code::FailedPrecondition, "etcdserver: revision of auth store is old");
+        assert!(token_refused(&old));
+        let cases = [
+            (
+                tonic::Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+                crate::Refusal::BadCredentials,
+            ),
+            (
+                tonic::Code::PermissionDenied,
+                "etcdserver: permission denied",
+                crate::Refusal::PermissionDenied,
+            ),
+            (tonic::Code::InvalidArgument, "etcdserver: user name is empty", crate::Refusal::AuthRequired),
+        ];
+        for (code, message, refusal) in cases {
+            let e = status(code, message);
+            assert_eq!(token_refused(&e), refusal != crate::Refusal::BadCredentials, "{message}");
+            assert_eq!(error(e).refusal(), Some(refusal), "{message}");
+        }
+        let down = status(tonic::Code::Unavailable, "tcp connect error");
+        assert_eq!(error(down).refusal(), None);
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate);
+        assert_eq!(crate::diagnose::refusal(&alert), Some(crate::Refusal::ClientCertificate));
     }
 
     #[test]

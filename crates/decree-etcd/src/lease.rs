@@ -113,7 +113,13 @@ impl KeepAlive {
         let mut renewed_token = false;
         loop {
             let generation = self.etcd.auth_generation();
-            let cause = match tokio::time::timeout_at(deadline, self.renew_once()).await {
+            let renewing = async {
+                if generation == 0 {
+                    self.etcd.authenticate(0).await?;
+                }
+                self.renew_once().await
+            };
+            let cause = match tokio::time::timeout_at(deadline, renewing).await {
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(cause)) => cause,
                 Err(_) => Cause::TimedOut(timeout),
