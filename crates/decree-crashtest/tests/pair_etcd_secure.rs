@@ -149,11 +149,17 @@ impl SecureEtcd {
     /// POSTs `body` to etcd's JSON gateway on the plaintext port; the answer's body, `None`
     /// while etcd does not answer.
     fn post(&self, path: &str, body: &str) -> Option<serde_json::Value> {
+        self.post_as(None, path, body)
+    }
+
+    /// [`SecureEtcd::post`] with an authentication token.
+    fn post_as(&self, token: Option<&str>, path: &str, body: &str) -> Option<serde_json::Value> {
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.plain_port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let authorization = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
         let request = format!(
             "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
+             {authorization}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         stream.write_all(request.as_bytes()).ok()?;
@@ -191,6 +197,27 @@ impl SecureEtcd {
     }
 }
 
+impl SecureEtcd {
+    /// Whether pair `pair`'s sync record names the process `run` (read as root): the
+    /// primary recorded that backup in sync, so that it may take over.
+    fn in_sync(&self, pair: &str, run: &str) -> bool {
+        let login = format!(r#"{{"name":"root","password":"{PASSWORD}"}}"#);
+        let Some(token) =
+            self.post("/v3/auth/authenticate", &login).and_then(|a| a["token"].as_str().map(str::to_string))
+        else {
+            return false;
+        };
+        let key = base64(format!("/decree/{pair}/sync").as_bytes());
+        let Some(answer) = self.post_as(Some(&token), "/v3/kv/range", &format!(r#"{{"key":"{key}"}}"#))
+        else {
+            return false;
+        };
+        let value = answer["kvs"][0]["value"].as_str().map(unbase64).unwrap_or_default();
+        let record: serde_json::Value = serde_json::from_slice(&value).unwrap_or_default();
+        record["members"].as_array().is_some_and(|members| members.iter().any(|m| m["run"] == run))
+    }
+}
+
 impl Drop for SecureEtcd {
     fn drop(&mut self) {
         self.kill();
@@ -208,6 +235,24 @@ fn base64(bytes: &[u8]) -> String {
             let c = if i <= chunk.len() { ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' };
             out.push(c);
         }
+    }
+    out
+}
+
+/// Standard base64 decoded (etcd's JSON gateway answers values so).
+fn unbase64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let digits: Vec<u8> = text.bytes().filter(|&c| c != b'=').map(value).collect();
+    let mut out = Vec::new();
+    for chunk in digits.chunks(4) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, d)| n | u32::from(*d) << (18 - 6 * i));
+        out.extend(n.to_be_bytes()[1..chunk.len()].iter());
     }
     out
 }
@@ -352,25 +397,28 @@ fn connect(m: &Member) -> RemoteDecisions {
 
 /// Decides `count` transactions through `primary`; returns their Xids, all acknowledged.
 fn decide(primary: &Member, count: u64) -> Vec<Xid> {
-    let store = connect(primary);
-    let session = store.open_session().expect("a session");
-    (1..=count)
-        .map(|sequence| {
-            let xid = Xid::decree(Origin {
-                node: store.node(),
-                incarnation: store.incarnation(),
-                session,
-                sequence,
-            });
-            let branches = vec![
-                BranchRecord { rm: "dummy-0".into(), branch: 0 },
-                BranchRecord { rm: "dummy-1".into(), branch: 1 },
-            ];
-            let d = Decision { xid, branches };
-            store.decide(&d).unwrap_or_else(|e| panic!("decision {sequence} not acknowledged: {e}"));
-            d.xid
-        })
-        .collect()
+    let mut acknowledged = Vec::new();
+    try_decide(primary, count, &mut acknowledged).unwrap_or_else(|e| panic!("{e}"));
+    acknowledged
+}
+
+/// [`decide`], adding each acknowledged Xid to `acknowledged`, until the first error.
+fn try_decide(primary: &Member, count: u64, acknowledged: &mut Vec<Xid>) -> Result<(), String> {
+    let endpoint = format!("unix:{}", primary.socket.display());
+    let store = RemoteDecisions::connect(&endpoint).map_err(|e| e.to_string())?;
+    let session = store.open_session().map_err(|e| e.to_string())?;
+    for sequence in 1..=count {
+        let xid =
+            Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence });
+        let branches = vec![
+            BranchRecord { rm: "dummy-0".into(), branch: 0 },
+            BranchRecord { rm: "dummy-1".into(), branch: 1 },
+        ];
+        let d = Decision { xid, branches };
+        store.decide(&d).map_err(|e| format!("decision {sequence} not acknowledged: {e}"))?;
+        acknowledged.push(d.xid);
+    }
+    Ok(())
 }
 
 /// Every Xid is answered committed by `m`.
@@ -406,8 +454,9 @@ fn a_pair_on_etcd_with_tls_and_a_password_elects_acknowledges_and_fails_over() {
     }
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let (_etcd, access) = secure_etcd(dir.path());
-    let (a, b) = pair(dir.path(), &pair_name("secure"), &access);
+    let (etcd, access) = secure_etcd(dir.path());
+    let name = pair_name("secure");
+    let (a, b) = pair(dir.path(), &name, &access);
     let mut servers = [Some(serve(&a)), Some(serve(&b))];
     let (primary, backup) = wait_strict(&a, &b);
     let p = if std::ptr::eq(primary, &a) { 0 } else { 1 };
@@ -415,6 +464,10 @@ fn a_pair_on_etcd_with_tls_and_a_password_elects_acknowledges_and_fails_over() {
     assert_eq!(s["etcd"]["state"], "ok", "{s}");
     let led = epoch(primary);
     let acknowledged = decide(primary, 100);
+    let run = status(backup).expect("the backup answers")["etcd"]["run"].clone();
+    eventually("the primary records its backup in sync", &[primary, backup], || {
+        etcd.in_sync(&name, run.as_str().unwrap_or_default())
+    });
 
     // The primary dies: the backup, in sync, is elected over TLS with its password.
     drop(servers[p].take());
@@ -500,6 +553,17 @@ fn a_member_etcd_refuses_serves_as_a_backup_says_why_and_nothing_acknowledged_is
         assert!(s["role"] == "backup" && s["etcd"]["lease"].is_null() && s["etcd"]["campaigns"] == 0, "{s}");
     }
 
+    // A configuration the member can check alone is not an outage: it exits at once,
+    // naming the file.
+    let missing = dir.path().join("missing-cert.pem");
+    let mut files = CertFiles { cert: missing.clone(), key: missing.clone() };
+    files.key.set_extension("key");
+    let broken = Access { tls: Some((etcd.ca.clone(), files)), ..good.clone() };
+    let c = member(dir.path(), "c", 2, (free_port(), links.0), &name, &broken);
+    let out = Command::new(common::decree_bin()).args(["serve", "--config"]).arg(&c.config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains(&missing.display().to_string()), "{}: {said}", out.status);
+
     // The primary dies and comes back while the refused member runs: the refused member
     // never leads, and the primary, restarted, leads again with every acknowledged decision.
     drop(primary.take());
@@ -523,7 +587,8 @@ fn a_member_started_while_etcd_is_down_serves_as_a_backup_then_joins_the_electio
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let (mut etcd, access) = secure_etcd(dir.path());
-    let (a, b) = pair(dir.path(), &pair_name("etcd-down"), &access);
+    let name = pair_name("etcd-down");
+    let (a, b) = pair(dir.path(), &name, &access);
     let mut servers = [Some(serve(&a)), Some(serve(&b))];
     let (primary, backup) = wait_strict(&a, &b);
     let q = if std::ptr::eq(primary, &a) { 1 } else { 0 };
@@ -555,17 +620,31 @@ fn a_member_started_while_etcd_is_down_serves_as_a_backup_then_joins_the_electio
     // etcd returns (every token it had issued is gone): the backup takes its lease, and is
     // the backup of the primary, which records it in sync.
     etcd.restart();
-    let (primary, backup) = wait_strict(&a, &b);
+    // etcd is back, every token it had issued gone: the primary keeps its epoch, or, its
+    // lease lapsed meanwhile (a loaded machine), steps down and is elected again. Either
+    // way the pair settles: strict, the backup's process recorded in sync by the primary
+    // (with a new token), both members holding a lease.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (primary, backup) = loop {
+        assert!(Instant::now() < deadline, "the pair never settled:\n{}\n{}", tail(&a), tail(&b));
+        let (primary, backup) = wait_strict(&a, &b);
+        let run = status(backup).map(|s| s["etcd"]["run"].clone()).unwrap_or_default();
+        let leased = [primary, backup].iter().all(|m| status(m).is_some_and(|s| s["etcd"]["state"] == "ok"));
+        if !leased || !etcd.in_sync(&name, run.as_str().unwrap_or_default()) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        match try_decide(primary, 10, &mut acknowledged) {
+            Ok(()) => break (primary, backup),
+            Err(e) => eprintln!("the pair changed roles meanwhile ({e}): settling again"),
+        }
+    };
     let (p, q) = if std::ptr::eq(primary, &a) { (0, 1) } else { (1, 0) };
     eprintln!(
         "etcd back: {} leads, epoch {} (led {led} before the outage)",
         primary.name,
         if epoch(primary) == led { "unchanged" } else { "new" }
     );
-    eventually("both members hold an etcd lease", &[primary, backup], || {
-        [primary, backup].iter().all(|m| status(m).is_some_and(|s| s["etcd"]["state"] == "ok"))
-    });
-    acknowledged.extend(decide(primary, 10));
 
     // The primary dies: the backup started while etcd was down is elected, with every
     // acknowledged decision.
