@@ -225,6 +225,10 @@ fn status_text(s: &serde_json::Value) -> String {
             Some(false) => "  automatic failover: on\n".to_string(),
             None => format!("  automatic failover: unknown ({})\n", text(&etcd["paused_unknown"])),
         };
+        // What keeps this member out of the election: etcd unreachable, or refusing it.
+        if let Some(error) = etcd["error"].as_str() {
+            out += &format!("  etcd {}: {error}\n", text(&etcd["state"]));
+        }
     }
     out
 }
@@ -300,6 +304,15 @@ mod tests {
         let text = status_text(&status);
         assert!(
             text.contains("elected on etcd (/decree/orders/leader): leads no, lease alive yes, run 00000000000000ff, 12 etcd requests"),
+            "{text}"
+        );
+        assert!(!text.contains("etcd ok"), "{text}");
+        let mut refused = status.clone();
+        refused["etcd"]["state"] = "refused".into();
+        refused["etcd"]["error"] = "etcd refused user decree's password: check [pair.etcd] user".into();
+        let text = status_text(&refused);
+        assert!(
+            text.contains("  etcd refused: etcd refused user decree's password: check [pair.etcd] user\n"),
             "{text}"
         );
         assert!(text.contains("automatic failover: unknown"), "no pause read: {text}");

@@ -2,6 +2,8 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, CompareOp, ConnectOptions, Identity, TlsOptions, TxnOpResponse};
@@ -56,6 +58,22 @@ pub struct Etcd {
     pub(crate) client: Client,
     pub(crate) endpoints: String,
     pub(crate) request_timeout: Duration,
+    /// The endpoints and TLS files, for [`Etcd::diagnose`]'s look below gRPC.
+    pub(crate) endpoint_list: Arc<Vec<String>>,
+    pub(crate) tls: Option<TlsPaths>,
+    /// The user and password, kept to authenticate again: etcd's tokens expire (a simple
+    /// token after 5 idle minutes, every token when etcd restarts), and the client library
+    /// never renews the token it got at connection.
+    auth: Option<Arc<Auth>>,
+}
+
+/// The credentials and the token's generation (bumped at each authentication, so that
+/// requests refused together authenticate once).
+struct Auth {
+    user: String,
+    password: String,
+    generation: AtomicU64,
+    authenticating: tokio::sync::Mutex<()>,
 }
 
 /// One condition of a transaction.
@@ -128,9 +146,10 @@ impl Entry {
 }
 
 impl Etcd {
-    /// Connects to the cluster. Connections are made on demand: this fails on a bad
-    /// configuration (no endpoints, an unreadable TLS file, refused credentials), not because
-    /// etcd is down at this moment; a member must be able to start while etcd is away.
+    /// Connects to the cluster. Connections are made on demand and the user authenticates
+    /// at the first request: this fails on a bad configuration (no endpoints, an unreadable
+    /// TLS file), not because etcd is down or refuses the credentials at this moment; a
+    /// member must be able to start while etcd is away.
     pub async fn connect(config: &EtcdConfig) -> Result<Etcd, EtcdError> {
         let endpoints = config.endpoints.join(",");
         let fail = |cause| EtcdError { endpoints: endpoints.clone(), operation: Operation::Connect, cause };
@@ -145,9 +164,6 @@ impl Etcd {
             // A member cut off from the cluster's leader refuses at once instead of
             // answering reads from a minority or letting a request hang.
             .with_require_leader(true);
-        if let Some((user, password)) = &config.user {
-            options = options.with_user(user, password);
-        }
         if let Some(tls) = &config.tls {
             options = options.with_tls(tls_options(tls).map_err(fail)?);
         }
@@ -157,7 +173,53 @@ impl Etcd {
             Ok(Err(e)) => return Err(fail(Cause::Client(e))),
             Err(_) => return Err(fail(Cause::TimedOut(config.request_timeout))),
         };
-        Ok(Etcd { client, endpoints, request_timeout: config.request_timeout })
+        let auth = config.user.as_ref().map(|(user, password)| {
+            Arc::new(Auth {
+                user: user.clone(),
+                password: password.clone(),
+                generation: AtomicU64::new(0),
+                authenticating: tokio::sync::Mutex::new(()),
+            })
+        });
+        Ok(Etcd {
+            client,
+            endpoints,
+            request_timeout: config.request_timeout,
+            endpoint_list: Arc::new(config.endpoints.clone()),
+            tls: config.tls.clone(),
+            auth,
+        })
+    }
+
+    /// The token's generation now (0: never authenticated), taken before a request so that
+    /// a refusal for its token renews that token only once.
+    pub(crate) fn auth_generation(&self) -> u64 {
+        self.auth.as_ref().map_or(u64::MAX, |a| a.generation.load(Ordering::SeqCst))
+    }
+
+    /// Authenticates (again) when the token of `generation` is still the current one: at the
+    /// first request, and when etcd refused a token (expired, or etcd restarted). The stale
+    /// token is dropped first: etcd refuses even an authentication that carries one.
+    pub(crate) async fn authenticate(&self, generation: u64) -> Result<(), etcd_client::Error> {
+        let Some(auth) = &self.auth else { return Ok(()) };
+        let _one = auth.authenticating.lock().await;
+        if auth.generation.load(Ordering::SeqCst) != generation {
+            return Ok(());
+        }
+        let mut client = self.client.clone();
+        client.remove_client_auth();
+        // Generation 0 until it succeeds: the next request authenticates first, whatever
+        // the generation it was refused in (a failure here, etcd down or refusing the
+        // password, must not leave the client without a token for good).
+        auth.generation.store(0, Ordering::SeqCst);
+        client.set_client_auth(auth.user.clone(), auth.password.clone()).await?;
+        auth.generation.store(generation.max(1) + 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The user this client authenticates as, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.auth.as_ref().map(|a| a.user.as_str())
     }
 
     /// The endpoints, comma-separated, as errors name them.
@@ -182,10 +244,29 @@ impl Etcd {
         F: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut renewed_token = false;
         loop {
-            let attempt = tokio::time::timeout_at(deadline, request(self.client.clone())).await;
+            let generation = self.auth_generation();
+            let attempt = tokio::time::timeout_at(deadline, async {
+                if generation == 0 {
+                    self.authenticate(0).await?;
+                }
+                request(self.client.clone()).await
+            })
+            .await;
             match attempt {
                 Ok(Ok(answer)) => return Ok(answer),
+                // Refused before it was applied (etcd checks the token first): sent again,
+                // once, with a new token.
+                Ok(Err(e)) if token_refused(&e) && self.auth.is_some() && !renewed_token => {
+                    renewed_token = true;
+                    let renewing = tokio::time::timeout_at(deadline, self.authenticate(generation));
+                    match renewing.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(self.error(operation, Cause::Client(e))),
+                        Err(_) => return Err(self.error(operation, Cause::TimedOut(self.request_timeout))),
+                    }
+                }
                 Ok(Err(e)) if never_sent(&e) || (retry == Retry::Yes && connection_failed(&e)) => {
                     if tokio::time::Instant::now() + RETRY_PAUSE >= deadline {
                         let cause = Cause::Unreachable { timeout: self.request_timeout, last: e };
@@ -295,6 +376,19 @@ pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// True when etcd refused the request's token (expired, unknown after a restart of etcd,
+/// issued before a change of users or roles, or absent), or refused permission, which is
+/// what a request sent without a token while another renewed it gets when etcd takes the
+/// client certificate's common name for the user: the request was not applied (etcd checks
+/// before applying), and is sent again, once, with a new token.
+pub(crate) fn token_refused(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else { return false };
+    let message = status.message();
+    ["invalid auth token", "revision of auth store is old", "user name is empty", "permission denied"]
+        .iter()
+        .any(|m| message.contains(m))
+}
+
 /// True when `e` says no connection could be made (tonic's `ConnectError` in the chain): the
 /// request never reached etcd, so even a transaction may be sent again.
 pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
@@ -363,6 +457,42 @@ mod tests {
             panic!("connected to nothing")
         };
         assert!(matches!(e.cause, Cause::Invalid(_)), "{e}");
+    }
+
+    #[test]
+    fn a_refused_token_is_renewed_and_refusals_name_what_to_fix() {
+        let status = |code, message: &str| etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
+        let error = |e| EtcdError {
+            endpoints: "https://127.0.0.1:1".into(),
+            operation: Operation::Transaction,
+            cause: Cause::Client(e),
+        };
+        let expired = status(tonic::Code::Unauthenticated, "etcdserver: invalid auth token");
+        assert!(token_refused(&expired) && error(expired).refusal().is_none());
+        let old = status(tonic::Code::FailedPrecondition, "etcdserver: revision of auth store is old");
+        assert!(token_refused(&old));
+        let cases = [
+            (
+                tonic::Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+                crate::Refusal::BadCredentials,
+            ),
+            (
+                tonic::Code::PermissionDenied,
+                "etcdserver: permission denied",
+                crate::Refusal::PermissionDenied,
+            ),
+            (tonic::Code::InvalidArgument, "etcdserver: user name is empty", crate::Refusal::AuthRequired),
+        ];
+        for (code, message, refusal) in cases {
+            let e = status(code, message);
+            assert_eq!(token_refused(&e), refusal != crate::Refusal::BadCredentials, "{message}");
+            assert_eq!(error(e).refusal(), Some(refusal), "{message}");
+        }
+        let down = status(tonic::Code::Unavailable, "tcp connect error");
+        assert_eq!(error(down).refusal(), None);
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate);
+        assert_eq!(crate::diagnose::refusal(&alert), Some(crate::Refusal::ClientCertificate));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
 use crate::boot_clock::BootInstant;
-use crate::client::{connection_failed, Etcd, Retry, RETRY_PAUSE};
+use crate::client::{connection_failed, token_refused, Etcd, Retry, RETRY_PAUSE};
 use crate::error::{Cause, EtcdError, Operation};
 
 /// An etcd lease's id.
@@ -110,14 +110,31 @@ impl KeepAlive {
     pub async fn renew(&mut self) -> Result<KeepAliveAnswer, EtcdError> {
         let timeout = self.etcd.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut renewed_token = false;
         loop {
-            let cause = match tokio::time::timeout_at(deadline, self.renew_once()).await {
+            let generation = self.etcd.auth_generation();
+            let renewing = async {
+                if generation == 0 {
+                    self.etcd.authenticate(0).await?;
+                }
+                self.renew_once().await
+            };
+            let cause = match tokio::time::timeout_at(deadline, renewing).await {
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(cause)) => cause,
                 Err(_) => Cause::TimedOut(timeout),
             };
             self.stream = None;
             let cause = match cause {
+                // etcd no longer knows the token (it restarted): once more with a new one.
+                Cause::Client(e) if token_refused(&e) && self.etcd.user().is_some() && !renewed_token => {
+                    renewed_token = true;
+                    match tokio::time::timeout_at(deadline, self.etcd.authenticate(generation)).await {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(e)) => Cause::Client(e),
+                        Err(_) => Cause::TimedOut(timeout),
+                    }
+                }
                 Cause::Client(e) if connection_failed(&e) => {
                     if tokio::time::Instant::now() + RETRY_PAUSE < deadline {
                         tokio::time::sleep(RETRY_PAUSE).await;

@@ -9,7 +9,10 @@
 //!   from) and [`Etcd::revoke_lease`];
 //! - [`Etcd::txn`], one transaction of [`Compare`]s and [`Op`]s (the leader key and the sync
 //!   record are only ever written this way);
-//! - [`Etcd::get`] with the key's mod revision, and [`Etcd::watch_prefix`].
+//! - [`Etcd::get`] with the key's mod revision, and [`Etcd::watch_prefix`];
+//! - [`EtcdError::refusal`] and [`Etcd::diagnose`]: whether etcd refused this client (its
+//!   password, permissions, certificate, or plaintext sent to a TLS port) rather than
+//!   failed to answer, so that a member tells a configuration to fix from an outage.
 //!
 //! Every call has a deadline ([`EtcdConfig::request_timeout`]): a member that cannot reach
 //! etcd must learn it in bounded time, never wait on a dead cluster. Every error names the
@@ -21,6 +24,7 @@
 
 mod boot_clock;
 mod client;
+mod diagnose;
 pub mod election;
 mod error;
 mod lease;
@@ -28,6 +32,6 @@ mod watch;
 
 pub use boot_clock::BootInstant;
 pub use client::{Compare, Entry, Etcd, EtcdConfig, Got, Op, TlsPaths, TxnResult};
-pub use error::{Cause, EtcdError, Operation};
+pub use error::{Cause, EtcdError, Operation, Refusal};
 pub use lease::{KeepAlive, KeepAliveAnswer, Lease, LeaseId};
 pub use watch::{PrefixWatch, WatchEvent};

@@ -3,9 +3,14 @@
 //! carries out their transactions and keeps the member's lease.
 //!
 //! - At start the member connects, takes a lease and registers under it
-//!   (`members/{id}`: its run id and addresses). A keepalive every quarter of the TTL moves
-//!   the member's [`Fence`] to `sent + TTL - margin` (sent: when the keepalive left, on
-//!   `CLOCK_BOOTTIME`); every act of a primary checks the fence just before it.
+//!   (`members/{id}`: its run id and addresses). While etcd is unreachable or refuses it
+//!   (credentials, certificate, permissions), the member runs all the same, as a backup
+//!   that takes no part in the election: `decree status` and the log say why, naming the
+//!   endpoints, and it tries again with a bounded backoff. Only a configuration it can
+//!   check alone (an unreadable TLS or password file) stops it at start. A keepalive every
+//!   quarter of the TTL moves the member's [`Fence`] to `sent + TTL - margin` (sent: when
+//!   the keepalive left, on `CLOCK_BOOTTIME`); every act of a primary checks the fence
+//!   just before it.
 //! - A backup campaigns whenever the leader key is absent (a watch on it tells, a poll
 //!   backs the watch up): one transaction, which succeeds only if the sync record names
 //!   this member's current run (or this member as the leader that wrote it).
@@ -32,6 +37,20 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// The first and the longest pause between two attempts to take a lease while etcd is
+/// unreachable or refuses this member (doubling in between).
+const ACQUIRE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// Why etcd does not serve this member now.
+#[derive(Clone, Debug)]
+pub(crate) struct Trouble {
+    /// `unreachable` (no answer: an outage) or `refused` (etcd answered no: its
+    /// configuration or this member's is wrong, and retrying will not help until fixed).
+    pub(crate) state: &'static str,
+    /// The error, naming the endpoints, the operation and what to check.
+    pub(crate) error: String,
+}
+
 /// How often a leader with `alone_after_ms` looks at how long decisions have waited.
 const ALONE_CHECK: Duration = Duration::from_millis(50);
 
@@ -48,7 +67,13 @@ pub(crate) struct Election {
     member: MemberId,
     run: u64,
     config: PairEtcdConfig,
-    lease: Mutex<LeaseId>,
+    /// This member's lease: `None` until etcd first granted one (etcd may be unreachable, or
+    /// refuse this member, when it starts: it serves as a backup meanwhile).
+    lease: Mutex<Option<LeaseId>>,
+    /// Set once the lease is granted and registered: campaigns wait for it.
+    leased: watch::Sender<bool>,
+    /// What is wrong with etcd now, for `decree status`: `None` while it answers.
+    trouble: Mutex<Option<Trouble>>,
     fence: Arc<Fence>,
     registration: String,
     /// Set while this member leads: a lost lease then means stepping down.
@@ -99,9 +124,46 @@ fn etcd_error(e: EtcdError) -> ServerError {
     ServerError::Io(format!("etcd: {e}"))
 }
 
+/// `e` with what it means for this member's configuration, when etcd refused it (see
+/// [`decree_etcd::Refusal`]): the operator reads what to fix, not only a gRPC status.
+fn explain(config: &PairEtcdConfig, e: &EtcdError, refusal: Option<decree_etcd::Refusal>) -> Trouble {
+    use decree_etcd::Refusal;
+    let user = config.user.as_deref().unwrap_or("(none)");
+    let keys = format!("{}/{}/", config.prefix, config.pair);
+    let hint = match refusal {
+        None => return Trouble { state: "unreachable", error: format!("etcd is unreachable: {e}") },
+        Some(Refusal::BadCredentials) => {
+            format!("etcd refused user {user}'s password: check [pair.etcd] user and password_file")
+        }
+        Some(Refusal::AuthRequired) => {
+            "etcd has authentication on: set [pair.etcd] user and password_file".to_string()
+        }
+        Some(Refusal::PermissionDenied) => {
+            format!("etcd user {user} may not read and write {keys}: grant its role readwrite on that prefix")
+        }
+        Some(Refusal::ClientCertificate) => {
+            let cert = config.tls.as_ref().map_or("(none)".into(), |t| t.cert.display().to_string());
+            format!(
+                "etcd refused this member's client certificate {cert}: it must be signed by the CA \
+                 etcd trusts (its --trusted-ca-file)"
+            )
+        }
+        Some(Refusal::ServerCertificate) => {
+            let ca = config.tls.as_ref().map_or("(none)".into(), |t| t.ca.display().to_string());
+            format!("this member does not trust etcd's certificate: check [pair.etcd.tls] ca ({ca})")
+        }
+        Some(Refusal::NotPlaintext) => {
+            "the endpoint speaks TLS, not plaintext: write https:// and add [pair.etcd.tls]".to_string()
+        }
+    };
+    Trouble { state: "refused", error: format!("{hint} ({e})") }
+}
+
 impl Election {
-    /// Connects to etcd, takes this member's lease and registers it; the keepalive starts
-    /// with [`Election::keep_alive`].
+    /// Connects to etcd (no request yet: a configuration that cannot work, such as an
+    /// unreadable TLS file or password file, fails here and the member exits); the lease is
+    /// taken and the member registered by [`Election::keep_alive`], retried while etcd is
+    /// unreachable or refuses this member, which serves as a backup meanwhile.
     pub(crate) async fn start(
         config: &PairEtcdConfig,
         member: MemberId,
@@ -120,26 +182,95 @@ impl Election {
             etcd_config.user = Some((user.clone(), password.trim_end().to_string()));
         }
         let etcd = Etcd::connect(&etcd_config).await.map_err(etcd_error)?;
-        let lease = etcd.grant_lease(config.lease_ttl()).await.map_err(etcd_error)?;
-        let election = Arc::new(Election {
+        Ok(Arc::new(Election {
             etcd,
             keys: Keys::new(&config.prefix, &config.pair),
             member,
             run,
             config: config.clone(),
-            lease: Mutex::new(lease.id),
+            lease: Mutex::new(None),
+            leased: watch::channel(false).0,
+            trouble: Mutex::new(Some(Trouble {
+                state: "connecting",
+                error: format!("no answer from etcd at {} yet", config.endpoints.join(",")),
+            })),
             fence: Arc::new(Fence::closed()),
             registration: rules::to_json(&registration),
             leading: AtomicBool::new(false),
             lease_lost: watch::channel(false).0,
-            requests: AtomicU64::new(1),
+            requests: AtomicU64::new(0),
             keepalives: AtomicU64::new(0),
             campaigns: AtomicU64::new(0),
             recorded: Mutex::new(None),
-        });
-        election.register().await.map_err(etcd_error)?;
-        tracing::info!(pair = %config.pair, lease = %lease.id, run = %run_name(run), "registered on etcd");
-        Ok(election)
+        }))
+    }
+
+    /// Takes a lease and registers under it, again and again (the pause doubling up to
+    /// [`ACQUIRE_BACKOFF`]) until etcd grants both or `stop`; meanwhile `decree status` and
+    /// the log say why not.
+    async fn acquire(&self, stop: &mut watch::Receiver<bool>) -> Option<KeepAlive> {
+        let mut pause = ACQUIRE_BACKOFF.0;
+        loop {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let granted = match self.etcd.grant_lease(self.config.lease_ttl()).await {
+                Ok(lease) => self.register(lease.id).await.map(|()| lease.id),
+                Err(e) => Err(e),
+            };
+            match granted {
+                Ok(lease) => {
+                    *self.lease.lock() = Some(lease);
+                    if self.trouble.lock().take().is_some_and(|t| t.state != "connecting") {
+                        tracing::warn!(endpoints = %self.etcd.endpoints(), "etcd answers this member again");
+                    }
+                    self.leased.send_replace(true);
+                    tracing::info!(pair = %self.config.pair, %lease, run = %run_name(self.run), "registered on etcd");
+                    return Some(self.etcd.keep_alive(lease));
+                }
+                Err(e) => {
+                    // A connection closed without a word may be etcd refusing this member.
+                    let refusal = match e.refusal() {
+                        Some(refusal) => Some(refusal),
+                        None => self.etcd.diagnose().await,
+                    };
+                    self.report(&explain(&self.config, &e, refusal));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.changed() => return None,
+            }
+            pause = (pause * 2).min(ACQUIRE_BACKOFF.1);
+        }
+    }
+
+    /// Records what keeps this member from its lease for `decree status`, logging it when
+    /// it changes.
+    fn report(&self, trouble: &Trouble) {
+        let mut now = self.trouble.lock();
+        if now.as_ref().map(|t| &t.error) != Some(&trouble.error) {
+            tracing::error!(
+                state = trouble.state,
+                "{}: this member serves as a backup only and takes no part in the election until etcd \
+                 grants it a lease; retrying",
+                trouble.error
+            );
+        }
+        *now = Some(trouble.clone());
+    }
+
+    /// What is wrong with etcd now, if anything.
+    pub(crate) fn trouble(&self) -> Option<Trouble> {
+        self.trouble.lock().clone()
+    }
+
+    /// This member's lease, once granted.
+    pub(crate) fn lease(&self) -> Option<LeaseId> {
+        *self.lease.lock()
+    }
+
+    /// The etcd endpoints, comma-separated.
+    pub(crate) fn endpoints(&self) -> &str {
+        self.etcd.endpoints()
     }
 
     /// The fence this member's acts check.
@@ -167,8 +298,7 @@ impl Election {
         !self.fence.ended() && self.fence.alive()
     }
 
-    async fn register(&self) -> Result<(), EtcdError> {
-        let lease = *self.lease.lock();
+    async fn register(&self, lease: LeaseId) -> Result<(), EtcdError> {
         let put = decree_etcd::Op::Put {
             key: self.keys.member(self.member).into_bytes(),
             value: self.registration.clone().into_bytes(),
@@ -183,7 +313,7 @@ impl Election {
     pub(crate) async fn keep_alive(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let ttl = self.config.lease_ttl();
         let period = ttl / 4;
-        let mut keeper = self.etcd.keep_alive(*self.lease.lock());
+        let Some(mut keeper) = self.acquire(&mut stop).await else { return };
         let mut complained = false;
         loop {
             match keeper.renew().await {
@@ -200,6 +330,7 @@ impl Election {
                         tracing::warn!("etcd answers keepalives again");
                         complained = false;
                     }
+                    self.trouble.lock().take();
                 }
                 Err(EtcdError { cause: Cause::LeaseGone(_), .. }) => {
                     if let Some(renewed) = self.lease_gone().await {
@@ -211,6 +342,7 @@ impl Election {
                         tracing::warn!(error = %e, "etcd does not answer keepalives: this member's lease may lapse");
                         complained = true;
                     }
+                    *self.trouble.lock() = Some(explain(&self.config, &e, e.refusal()));
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                         _ = stop.changed() => return,
@@ -241,8 +373,8 @@ impl Election {
                 return None;
             }
         };
-        *self.lease.lock() = lease.id;
-        if let Err(e) = self.register().await {
+        *self.lease.lock() = Some(lease.id);
+        if let Err(e) = self.register(lease.id).await {
             tracing::warn!(error = %e, "cannot register again on etcd; will retry");
         }
         Some(self.etcd.keep_alive(lease.id))
@@ -285,6 +417,12 @@ impl Election {
     {
         let mut last_reason = String::new();
         let mut watch = None;
+        // No campaign before this member holds a lease: the leader key lives under it.
+        let mut leased = self.leased.subscribe();
+        tokio::select! {
+            _ = leased.wait_for(|leased| *leased) => {}
+            _ = stop.changed() => return None,
+        }
         loop {
             if *stop.borrow() {
                 return None;
@@ -332,7 +470,7 @@ impl Election {
         if let Some(leader) = &view.leader.value {
             return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)).to_string());
         }
-        let lease = *self.lease.lock();
+        let Some(lease) = self.lease() else { return Err("this member holds no etcd lease yet".into()) };
         let candidate = Candidate {
             member: self.member,
             run: run_name(self.run),
@@ -519,8 +657,10 @@ impl Election {
 
     /// One attempt: whether the forced epoch is recorded now.
     async fn try_record_forced(&self, epoch: Epoch) -> Result<bool, NotNow> {
+        let Some(lease) = self.lease() else {
+            return Err(NotNow::Inconsistent("this member holds no etcd lease yet".into()));
+        };
         let view = self.view().await.map_err(NotNow::Inconsistent)?;
-        let lease = *self.lease.lock();
         let me = Candidate { member: self.member, run: run_name(self.run), lease: lease.0, highest: epoch };
         let txn = rules::record_forced(&view, &me, epoch, &self.keys)?;
         let (compares, ops) = decree_etcd::election::txn(&txn);
@@ -540,7 +680,8 @@ impl Election {
         record: &LeaderRecord,
         backup: Option<BackupRun>,
     ) -> Result<(), Option<Epoch>> {
-        let lease = *self.lease.lock();
+        // A leader holds a lease (it campaigned or recorded its epoch with it).
+        let Some(lease) = self.lease() else { return Err(None) };
         let in_sync = backup.map(|b| InSync { member: b.member.get(), run: run_name(b.run) });
         let txn = rules::record_sync(&self.keys, record, lease.0, in_sync);
         let (compares, ops) = decree_etcd::election::txn(&txn);
@@ -583,7 +724,7 @@ impl Election {
     /// ([`rules::hand_over`]). The fence ends first: nothing is acknowledged after.
     pub(crate) async fn hand_over(&self, epoch: Epoch, backup: BackupRun) -> Result<(), String> {
         self.fence.end();
-        let lease = *self.lease.lock();
+        let Some(lease) = self.lease() else { return Err("this member holds no etcd lease".into()) };
         let record = LeaderRecord { member: self.member.get(), run: run_name(self.run), epoch: epoch.raw() };
         let in_sync = InSync { member: backup.member.get(), run: run_name(backup.run) };
         let (compares, ops) =
@@ -645,7 +786,7 @@ impl Election {
     /// at once, so that the backup campaigns without waiting for the TTL.
     pub(crate) async fn resign(&self) {
         self.fence.end();
-        let lease = *self.lease.lock();
+        let Some(lease) = self.lease() else { return };
         self.requests.fetch_add(1, Ordering::Relaxed);
         match self.etcd.revoke_lease(lease).await {
             Ok(()) => tracing::info!("the etcd lease is revoked"),

@@ -296,7 +296,15 @@ pub(crate) async fn cluster(_election: &Option<Arc<Election>>) -> String {
 pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Value> {
     use std::sync::atomic::Ordering;
     let election = election.as_ref()?;
+    let trouble = election.trouble();
     Some(serde_json::json!({
+        // `ok`, `unreachable` (an outage: retried) or `refused` (etcd said no: a configuration
+        // to fix, on etcd's side or this member's; retried too), with the error naming the
+        // endpoints and what to check.
+        "state": trouble.as_ref().map_or("ok", |t| t.state),
+        "error": trouble.map(|t| t.error),
+        "endpoints": election.endpoints(),
+        "lease": election.lease().map(|l| l.to_string()),
         "run": crate::election::run_name(election.run()),
         "lease_alive": election.lease_alive(),
         "leads": election.leads(),
