@@ -80,8 +80,11 @@ pub(crate) struct Election {
     leading: AtomicBool,
     /// Set when the lease is found gone (a leader steps down on it).
     lease_lost: watch::Sender<bool>,
-    /// etcd requests made, keepalives excepted (none on the commit path).
+    /// etcd requests the election made, keepalives excepted (none on the commit path).
     pub(crate) requests: AtomicU64,
+    /// etcd reads made for the operator (`decree status` reads the pause; `--etcd`, every
+    /// pair), counted apart: asking the status does not change `requests`.
+    pub(crate) operator_requests: AtomicU64,
     /// Keepalives answered.
     pub(crate) keepalives: AtomicU64,
     /// Campaign transactions sent.
@@ -199,6 +202,7 @@ impl Election {
             leading: AtomicBool::new(false),
             lease_lost: watch::channel(false).0,
             requests: AtomicU64::new(0),
+            operator_requests: AtomicU64::new(0),
             keepalives: AtomicU64::new(0),
             campaigns: AtomicU64::new(0),
             recorded: Mutex::new(None),
@@ -760,7 +764,7 @@ impl Election {
     /// The pair's maintenance pause as etcd holds it now (`Ok(None)`: not paused), or why
     /// it cannot be told.
     pub(crate) async fn paused(&self) -> Result<Option<rules::Pause>, String> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.operator_requests.fetch_add(1, Ordering::Relaxed);
         let got = self.etcd.get(self.keys.pause.clone()).await.map_err(|e| format!("etcd: {e}"))?;
         Ok(parse::<rules::Pause>(&self.keys.pause, got).map_err(|e| e.to_string())?.value)
     }
@@ -768,7 +772,7 @@ impl Election {
     /// Every pair under this member's prefix as etcd holds it (`decree status --etcd`), at
     /// most [`CLUSTER_KEYS_MAX`] keys read: JSON, with `truncated` when more were left.
     pub(crate) async fn cluster(&self) -> Result<serde_json::Value, String> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.operator_requests.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("{}/", self.config.prefix.trim_end_matches('/'));
         let (entries, more) =
             self.etcd.get_prefix(prefix.clone(), CLUSTER_KEYS_MAX).await.map_err(|e| format!("etcd: {e}"))?;

@@ -310,6 +310,7 @@ pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Val
         "leads": election.leads(),
         "leader_key": election.keys().leader,
         "requests": election.requests.load(Ordering::Relaxed),
+        "operator_requests": election.operator_requests.load(Ordering::Relaxed),
         "keepalives": election.keepalives.load(Ordering::Relaxed),
         "campaigns": election.campaigns.load(Ordering::Relaxed),
     }))
