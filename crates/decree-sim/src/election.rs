@@ -20,6 +20,11 @@
 //! last keepalive that etcd answered was sent. Held answers go when a keepalive succeeds
 //! again, or never (it stepped down: the connection closes unanswered).
 //!
+//! A switchover ([`World::switchover`], issue 34) is `pair.rs`'s: refused unless the
+//! leader is strict with the backup process recorded in sync the last to catch up on an
+//! open link; then the server stops (fence ended, nothing waiting answered) and, once it
+//! exited, sends decree-pair's `hand_over` as it is, revokes its lease and rejoins.
+//!
 //! Not modelled: the watch itself (a poll every [`POLL`] stands for it), a keepalive's
 //! wait for its answer before the next (keepalives go every quarter TTL regardless).
 
@@ -50,6 +55,10 @@ pub struct Candidacy {
     pub run: u64,
     /// Its lease, once granted.
     pub lease: Option<LeaseId>,
+    /// When its grant in flight was sent: one at a time, as `decree serve` awaits its
+    /// grant (`Election::start`, and again after a lease found gone); an answer after the
+    /// request's deadline is dropped with the request, and its lease lapses unused.
+    pub granting: Option<Time>,
     /// Its clock (nanoseconds) when the last keepalive etcd answered was sent.
     pub sent: Option<u64>,
     /// It stepped down: its fence never opens again.
@@ -58,8 +67,12 @@ pub struct Candidacy {
     pub record: Option<rules::Leader>,
     /// A leader's: the backup processes that catch up.
     pub caught_up: Option<watch::Receiver<Option<BackupRun>>>,
-    /// A leader's: the sync record's write not answered yet, and when it was last sent.
-    pub unrecorded: Option<(Txn, Time)>,
+    /// A leader's: the sync record's write not answered yet, the backup process it names,
+    /// and when it was last sent.
+    pub unrecorded: Option<(Txn, BackupRun, Time)>,
+    /// A leader's: the backup process last recorded in sync (`backup_in_sync` in
+    /// `election.rs`: the only one a switchover hands the lead to).
+    pub recorded: Option<BackupRun>,
     /// Answers its fence holds.
     pub held: Vec<Held>,
 }
@@ -105,12 +118,19 @@ impl World {
             self.schedule(until, Event::Keepalive { member: index, life });
             return;
         }
-        let (lease, now) = (member.candidacy.lease, self.now);
+        let (lease, granting, now) = (member.candidacy.lease, member.candidacy.granting, self.now);
         let call = match lease {
-            None => Call::Grant,
-            Some(lease) => Call::KeepAlive { lease, sent: self.etcd().clock_ns(index, now) },
+            // One grant at a time: the one in flight is awaited until its deadline.
+            None if granting.is_some_and(|at| now < at + REQUEST_TIMEOUT) => None,
+            None => {
+                self.members[index].candidacy.granting = Some(now);
+                Some(Call::Grant)
+            }
+            Some(lease) => Some(Call::KeepAlive { lease, sent: self.etcd().clock_ns(index, now) }),
         };
-        self.etcd_send(index, call);
+        if let Some(call) = call {
+            self.etcd_send(index, call);
+        }
         let period = self.etcd().true_span(index, TTL / 4);
         self.after(period, Event::Keepalive { member: index, life });
     }
@@ -132,16 +152,16 @@ impl World {
             Proc::Down => (false, false),
         };
         let now = self.now;
-        let resend = member.candidacy.unrecorded.clone().filter(|(_, at)| now >= at + REQUEST_TIMEOUT);
+        let resend = member.candidacy.unrecorded.clone().filter(|(_, _, at)| now >= at + REQUEST_TIMEOUT);
         if backup {
             self.etcd_send(index, Call::Read);
         }
         if leader {
             self.etcd_send(index, Call::ReadLeader);
-            if let Some((txn, _)) = resend {
+            if let Some((txn, backup, _)) = resend {
                 // `record_in_sync` retries while etcd does not answer.
-                self.members[index].candidacy.unrecorded = Some((txn.clone(), now));
-                self.etcd_send(index, Call::RecordSync { txn });
+                self.members[index].candidacy.unrecorded = Some((txn.clone(), backup, now));
+                self.etcd_send(index, Call::RecordSync { txn, backup });
             }
         }
         self.after(POLL, Event::Poll { member: index, life });
@@ -162,9 +182,19 @@ impl World {
         let lease = member.candidacy.lease;
         match answer {
             Answer::Granted(lease) => {
+                let now = self.now;
                 let candidacy = &mut self.members[index].candidacy;
-                candidacy.lease = Some(lease);
-                candidacy.sent = None;
+                let awaited = candidacy.lease.is_none()
+                    && candidacy.granting.is_some_and(|at| now < at + REQUEST_TIMEOUT);
+                if awaited {
+                    candidacy.lease = Some(lease);
+                    candidacy.sent = None;
+                    candidacy.granting = None;
+                } else {
+                    let line =
+                        format!("member {}: lease {lease} answered past its deadline: unused", index + 1);
+                    self.note(|| line);
+                }
             }
             // An answer about a lease this process no longer holds (it took a new one).
             Answer::KeptAlive { lease: of, .. } if Some(of) != lease => {}
@@ -182,9 +212,10 @@ impl World {
             }
             Answer::Viewed(view) if backup => self.campaign(index, view),
             Answer::Campaigned { epoch, won: true } => self.elected(index, epoch),
-            Answer::Recorded { written } if leading => {
+            Answer::Recorded { written, backup } if leading => {
                 self.members[index].candidacy.unrecorded = None;
                 if written {
+                    self.members[index].candidacy.recorded = Some(backup);
                     self.note(|| format!("member {}: the backup is recorded in sync", index + 1));
                 } else {
                     self.step_down(
@@ -278,8 +309,8 @@ impl World {
             // The broken write: no compare of the leader key's lease.
             txn.compares.clear();
         }
-        self.members[index].candidacy.unrecorded = Some((txn.clone(), self.now));
-        self.etcd_send(index, Call::RecordSync { txn });
+        self.members[index].candidacy.unrecorded = Some((txn.clone(), backup, self.now));
+        self.etcd_send(index, Call::RecordSync { txn, backup });
         true
     }
 
@@ -295,13 +326,76 @@ impl World {
         self.note(|| line);
     }
 
-    /// A leader's process ended (elected runs): its lease is given up, and it rejoins the
+    /// A leader's process ended (elected runs): when a switchover stopped it, the lead goes
+    /// to `handing` (`pair.rs`'s `stop_leading`); its lease is given up, and it rejoins the
     /// pair as a backup in a new process.
-    pub fn rejoin(&mut self, index: usize) {
-        if let Some(lease) = self.members[index].candidacy.lease {
+    pub fn rejoin(&mut self, index: usize, handing: Option<BackupRun>) {
+        let Some(lease) = self.members[index].candidacy.lease else {
+            return self.start_backup(index);
+        };
+        let handed = handing.is_some_and(|backup| self.hand_over(index, backup));
+        if !handed {
             self.etcd_send(index, Call::Revoke { lease });
         }
         self.start_backup(index);
+    }
+
+    /// Sends decree-pair's `hand_over` transaction naming `backup` alone in the sync record
+    /// and deleting the leader key, guarded by member `index`'s lease, which is revoked after
+    /// it (modelled as one request; when it is lost, `decree serve` revokes the lease once the
+    /// transaction's deadline passed: the caller does so at once). Whether it left.
+    fn hand_over(&mut self, index: usize, backup: BackupRun) -> bool {
+        let candidacy = &self.members[index].candidacy;
+        let (Some(record), Some(lease)) = (candidacy.record.clone(), candidacy.lease) else { return false };
+        let in_sync = InSync { member: backup.member.get(), run: run_name(backup.run) };
+        let keys = self.etcd().keys.clone();
+        let txn = rules::hand_over(&keys, &record, lease, in_sync);
+        let line = format!("member {} hands the lead of {:?} over to {backup:?}", index + 1, record.epoch);
+        self.note(|| line);
+        self.etcd_send(index, Call::HandOver { txn, lease })
+    }
+
+    /// The operator's `decree switchover` on member `index` (`pair.rs`'s
+    /// `switchover_request`): refused unless it leads strictly with the backup process
+    /// recorded in sync on etcd linked now and the last to catch up; then the server stops
+    /// as at SIGTERM (its fence ends, what waits for the backup is never answered) and, once
+    /// it exited, hands the lead over ([`World::rejoin`]). With
+    /// [`Break::HandOverUnsynced`], none of this: the transaction goes at once to the other
+    /// member's current process, and the primary goes on acting.
+    pub fn switchover(&mut self, index: usize) {
+        let broken = self.etcd().broken(Break::HandOverUnsynced);
+        let member = &self.members[index];
+        let Proc::Primary(p) = &member.proc else { return };
+        if p.stopping || member.paused() {
+            return;
+        }
+        if broken {
+            let other = &self.members[1 - index];
+            if matches!(other.proc, Proc::Backup(_)) {
+                let backup = BackupRun { member: other.id(), run: other.candidacy.run };
+                self.switchovers += 1;
+                self.hand_over(index, backup);
+            }
+            return;
+        }
+        let recorded = member.candidacy.recorded;
+        let linked = *p.leader.caught_up_backups().borrow();
+        let strict = p.leader.node().role == (decree_pair::Role::Primary { alone: false });
+        let Some(backup) = recorded.filter(|&b| strict && linked == Some(b) && p.link.is_some()) else {
+            let line = format!(
+                "member {}: switchover refused (recorded {recorded:?}, caught up {linked:?}, strict {strict}, linked {})",
+                index + 1,
+                p.link.is_some()
+            );
+            return self.note(|| line);
+        };
+        let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("checked") };
+        p.handing = Some(backup);
+        self.switchovers += 1;
+        let candidacy = &mut self.members[index].candidacy;
+        candidacy.ended = true;
+        candidacy.held.clear();
+        self.begin_stop(index, "switches over: stopping");
     }
 
     /// Holds `held` until the fence opens again (dropped once the member stepped down).

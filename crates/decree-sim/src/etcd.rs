@@ -12,6 +12,7 @@
 use crate::world::{Event, Time, World, MS, SECOND};
 use decree_pair::election::model::Etcd;
 use decree_pair::election::{from_json, Keys, LeaseId, Read, Txn, View};
+use decree_pair::link::leader::BackupRun;
 use decree_pair::Epoch;
 
 /// The lease's TTL (`[pair.etcd] lease_ttl_s`; 1 s as in the elected kill loop).
@@ -45,6 +46,11 @@ pub enum Break {
     /// The fence is ignored: a member acts (acknowledges, answers `Outcome`, calls the
     /// resource managers) after its lease lapsed.
     FenceIgnored,
+    /// A switchover without its checks and without stopping first: the primary hands the
+    /// lead to the other member's current process whatever its state (not caught up, not
+    /// the run recorded in sync, the primary alone), at once, and goes on acting (what is
+    /// in flight answered, recovery passes) until it reads that the leader key is gone.
+    HandOverUnsynced,
 }
 
 /// What an elected seed draws beyond the pair's scenario.
@@ -69,8 +75,11 @@ pub enum Call {
     Read,
     /// Take the lead: the campaign's transaction for `epoch`.
     Campaign { txn: Txn, epoch: Epoch },
-    /// Record who is in sync (a leader's `record_sync`).
-    RecordSync { txn: Txn },
+    /// Record who is in sync (a leader's `record_sync`): `backup` is the process named.
+    RecordSync { txn: Txn, backup: BackupRun },
+    /// A switchover's `hand_over` transaction, then the revocation of `lease` (`decree
+    /// serve` revokes its lease once the transaction is answered).
+    HandOver { txn: Txn, lease: LeaseId },
     /// Read the leader key (a leader's watch on it).
     ReadLeader,
     /// Give the lease up (a clean stop).
@@ -88,8 +97,10 @@ pub enum Answer {
     Viewed(View),
     /// Whether the campaign's transaction succeeded.
     Campaigned { epoch: Epoch, won: bool },
-    /// Whether the sync record was written.
-    Recorded { written: bool },
+    /// Whether the sync record naming `backup` was written.
+    Recorded { written: bool, backup: BackupRun },
+    /// Whether a switchover's transaction applied (its sender's process is gone by then).
+    HandedOver { written: bool },
     /// The leader key's value.
     LeaderIs(Option<decree_pair::election::Leader>),
 }
@@ -198,7 +209,12 @@ impl EtcdWorld {
             }
             Call::Read => Answer::Viewed(self.view(now)),
             Call::Campaign { txn, epoch } => Answer::Campaigned { epoch, won: self.etcd.txn(at, &txn) },
-            Call::RecordSync { txn } => Answer::Recorded { written: self.etcd.txn(at, &txn) },
+            Call::RecordSync { txn, backup } => Answer::Recorded { written: self.etcd.txn(at, &txn), backup },
+            Call::HandOver { txn, lease } => {
+                let written = self.etcd.txn(at, &txn);
+                self.etcd.revoke(lease);
+                Answer::HandedOver { written }
+            }
             Call::ReadLeader => Answer::LeaderIs(self.view(now).leader.value),
             Call::Revoke { lease } => {
                 self.etcd.revoke(lease);
@@ -302,6 +318,7 @@ fn call_name(call: &Call) -> &'static str {
         Call::Read => "read",
         Call::Campaign { .. } => "campaign",
         Call::RecordSync { .. } => "record_sync",
+        Call::HandOver { .. } => "hand_over",
         Call::ReadLeader => "leader read",
         Call::Revoke { .. } => "revoke",
     }

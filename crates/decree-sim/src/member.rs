@@ -150,6 +150,8 @@ pub struct PrimaryProc {
     pub epoch: Epoch,
     /// Its clients' sessions, by the client's connection token.
     pub sessions: BTreeMap<u64, ServerSession>,
+    /// A switchover stopped it: the backup process it hands the lead to once it exited.
+    pub handing: Option<decree_pair::link::leader::BackupRun>,
 }
 
 impl Member {
@@ -417,6 +419,7 @@ impl World {
             promoted_at: self.now,
             epoch,
             sessions: BTreeMap::new(),
+            handing: None,
         }));
         self.members[index].led_at = Some(self.now);
         self.promotions += 1;
@@ -475,13 +478,15 @@ impl World {
         drop(old);
     }
 
-    /// A deposed primary's shutdown begins: it takes no new request, nobody answers the
-    /// decides waiting for the backup, and those whose write is on its way finish.
-    fn begin_stop(&mut self, index: usize) {
+    /// A primary's shutdown begins (deposed, or switching over): it takes no new request,
+    /// nobody answers the decides waiting for the backup, and those whose write is on its
+    /// way finish.
+    pub(crate) fn begin_stop(&mut self, index: usize, why: &str) {
         let Proc::Primary(p) = &mut self.members[index].proc else { return };
         p.stopping = true;
         p.server.abandon_pending();
-        self.note(|| format!("member {} was deposed: stopping", index + 1));
+        let line = format!("member {} {why}", index + 1);
+        self.note(|| line);
     }
 
     /// A stopping primary's shutdown ends: its memory and log are synced, it exits.
@@ -491,6 +496,7 @@ impl World {
             return;
         }
         let Proc::Primary(p) = &member.proc else { return };
+        let handing = p.handing;
         let _ = p.server.sync_outcomes();
         p.log.flush();
         member.proc = Proc::Down;
@@ -501,7 +507,7 @@ impl World {
         self.sessions_lost(index, false);
         self.note(|| format!("member {} exited", index + 1));
         if self.etcd.is_some() {
-            self.rejoin(index);
+            self.rejoin(index, handing);
         }
     }
 
@@ -702,7 +708,7 @@ impl World {
         let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };
         let mut progress = false;
         if !p.stopping && *p.stop.borrow() {
-            self.begin_stop(index);
+            self.begin_stop(index, "was deposed: stopping");
             progress = true;
         }
         let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };

@@ -99,6 +99,12 @@ impl World {
                 self.arm_crash_point()
             }
             82..=89 if self.scenario.mistakes => self.mistaken_promotion(member),
+            // Unused by an elected run's other faults: the operator's `decree switchover`.
+            94..=97 if self.etcd.is_some() => {
+                if let Some(primary) = (0..self.members.len()).find(|&i| self.members[i].leading()) {
+                    self.switchover(primary);
+                }
+            }
             90..=93 if self.scenario.mistakes => self.disk_lost(member),
             _ => {}
         }
@@ -351,6 +357,9 @@ impl World {
         if let Some(why) = self.epoch_won_by_the_dead() {
             return (Some(15), format!("{why}: {summary}"));
         }
+        if let Some(why) = self.handed_to_the_dead() {
+            return (Some(16), format!("{why}: {summary}"));
+        }
         let stuck_overflow = self.members.iter().any(|m| match &m.proc {
             Proc::Primary(p) => p.server.waiting() > 0 && p.leader.lag().records == 0 && p.link.is_some(),
             _ => false,
@@ -435,6 +444,34 @@ impl World {
                 only.run,
                 only.member,
                 member.seen()
+            )
+        })
+    }
+
+    /// New finding 16 (elected runs, switchovers): nobody leads, and the sync record is a
+    /// switchover's (it names one member alone for an epoch the other minted) naming a
+    /// process of that member which is not its current one: the backup the lead was handed
+    /// to died before it campaigned. Its new process is out of sync (a new run id), and the
+    /// old primary, which holds every decision, was taken off the record: nobody may lead.
+    fn handed_to_the_dead(&self) -> Option<String> {
+        let etcd = self.etcd.as_ref()?;
+        let mut etcd = crate::etcd::EtcdWorld {
+            etcd: etcd.etcd.clone(),
+            ..crate::etcd::EtcdWorld::new(etcd.elected.clone())
+        };
+        let view = etcd.view(self.now);
+        let sync = view.sync.value.filter(|_| view.leader.value.is_none())?;
+        let [only] = &sync.members[..] else { return None };
+        let epoch = decree_pair::Epoch::from_raw(sync.epoch);
+        let member = self.members.get(usize::from(only.member).checked_sub(1)?)?;
+        let current = crate::election::run_name(member.candidacy.run);
+        let handed = epoch.member().is_some_and(|m| m != member.id());
+        (handed && only.run != current).then(|| {
+            format!(
+                "the lead of {epoch} was handed over to member {}'s process {}, which died before it \
+                 campaigned; its process {current} is out of sync and the old primary is off the record, so no \
+                 member may campaign",
+                only.member, only.run
             )
         })
     }

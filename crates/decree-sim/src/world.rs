@@ -167,6 +167,8 @@ pub struct Report {
     /// Crash points whose sequence ran (`nemesis.rs`): a census says how often the
     /// sequence it aims at was played.
     pub crash_points: u64,
+    /// Switchovers begun (elected runs): the primary stopped to hand its lead over.
+    pub switchovers: u64,
     /// Virtual time at the end.
     pub end: Time,
     /// One line per event and fault, when asked for (`DECREE_SIM_TRACE`).
@@ -217,6 +219,8 @@ pub struct World {
     pub crash_point: Option<crate::nemesis::CrashPoint>,
     /// Crash points whose sequence ran so far.
     pub crash_points: u64,
+    /// Switchovers begun so far (elected runs: the nemesis asks the primary).
+    pub switchovers: u64,
     trace: Option<Vec<String>>,
     steps: u64,
 }
@@ -270,6 +274,7 @@ impl World {
             crashes: 0,
             crash_point: None,
             crash_points: 0,
+            switchovers: 0,
             trace: trace.then(Vec::new),
             steps: 0,
             scenario,
@@ -438,6 +443,7 @@ pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
         promotions: world.promotions,
         crashes: world.crashes,
         crash_points: world.crash_points,
+        switchovers: world.switchovers,
         end: world.now,
         trace: world.trace.take().unwrap_or_default(),
         scenario: world.scenario.clone(),

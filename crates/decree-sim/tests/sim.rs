@@ -11,7 +11,8 @@
 //!   `DECREE_SIM_STRICT=1`.
 //! - Elected on etcd (issue 33), the same with `DECREE_SIM_ELECTED_` before `SECONDS`,
 //!   `SEEDS` and `SEED`: no operator, every violation fails. `DECREE_SIM_BREAK=late-sync-write`,
-//!   `run-id-ignored` or `fence-ignored` breaks that rule of the election in the replay.
+//!   `run-id-ignored`, `fence-ignored` or `hand-over-unsynced` breaks that rule of the
+//!   election in the replay.
 //! - `cargo test --release -p decree-sim --test sim -- --ignored` finds, for each rule of
 //!   the election broken on purpose, the first seed that shows it.
 
@@ -159,8 +160,12 @@ fn a_seed_replays_exactly() {
 /// What elected seeds find on today's code, reported and not failed (with
 /// `DECREE_SIM_STRICT=1` they fail): 6 with chaos only (frames dropped, which TCP never does).
 /// Finding 15 (a campaign won by a process that died before its `PAIR` recorded the epoch)
-/// is fixed: its seeds fail CI again if it returns (docs/simulation.md).
-const ELECTED_KNOWN_DEFECTS: &[u8] = &[6];
+/// is fixed: its seeds fail CI again if it returns (docs/simulation.md). New finding 16 (a
+/// switchover hands the lead to a backup process that is dead by then: its machine lost
+/// power under a half-open link, or it restarted and its new process linked without
+/// catching up yet, or it dies before it campaigns; nobody may lead afterwards) is
+/// decree-pair's and decree-server's to fix, reported, not failed.
+const ELECTED_KNOWN_DEFECTS: &[u8] = &[6, 16];
 
 /// Whether an elected run's report fails the test.
 fn elected_fails(report: &Report, strict: bool) -> bool {
@@ -184,17 +189,19 @@ const BREAKS: &[(&str, Break)] = &[
     ("late-sync-write", Break::LateSyncWrite),
     ("run-id-ignored", Break::RunIdIgnored),
     ("fence-ignored", Break::FenceIgnored),
+    ("hand-over-unsynced", Break::HandOverUnsynced),
 ];
 
 fn print_report(seed: u64, report: &Report) {
     println!("seed {seed}: {:?}", report.scenario);
     println!(
-        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, {} crash points, ended at {} ms",
+        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, {} crash points, {} switchovers, ended at {} ms",
         report.steps,
         report.acknowledged,
         report.promotions,
         report.crashes,
         report.crash_points,
+        report.switchovers,
         report.end / 1000
     );
     for v in &report.violations {
@@ -227,6 +234,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     let (mut runs, mut acknowledged, mut promotions, mut crashes) = (0, 0, 0, 0);
     // Crash points played, and the seeds that played one (`received` seeds only).
     let (mut crash_points, mut crash_point_seeds) = (0, 0);
+    // Switchovers begun, and the seeds that began one.
+    let (mut switchovers, mut switchover_seeds) = (0, 0);
     let mut failures = Vec::new();
     let mut violating = 0;
     for seed in first.. {
@@ -244,6 +253,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         crashes += report.crashes;
         crash_points += report.crash_points;
         crash_point_seeds += u64::from(report.crash_points > 0);
+        switchovers += report.switchovers;
+        switchover_seeds += u64::from(report.switchovers > 0);
         for v in &report.violations {
             println!("seed {seed}: {v}");
         }
@@ -255,7 +266,7 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         }
     }
     println!(
-        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes, {crash_points} crash points in {crash_point_seeds} seeds; {violating} seeds violate an invariant, {} of them unknown",
+        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes, {crash_points} crash points in {crash_point_seeds} seeds, {switchovers} switchovers in {switchover_seeds} seeds; {violating} seeds violate an invariant, {} of them unknown",
         started.elapsed().as_secs_f64(),
         failures.len()
     );
