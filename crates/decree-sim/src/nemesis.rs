@@ -100,7 +100,7 @@ impl World {
             }
             82..=89 if self.scenario.mistakes => self.mistaken_promotion(member),
             // Unused by an elected run's other faults: the operator's `decree switchover`.
-            94..=97 if self.etcd.is_some() => {
+            94..=97 if self.scenario.elected.as_ref().is_some_and(|e| e.switchovers) => {
                 if let Some(primary) = (0..self.members.len()).find(|&i| self.members[i].leading()) {
                     self.switchover(primary);
                 }
