@@ -13,29 +13,14 @@
 
 mod common;
 
+use common::pair_member::*;
 use decree_client::RemoteDecisions;
 use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
 use decree_server::testing::etcd::{self, Killed};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// A child killed and reaped when the test ends, so that a failed assertion leaves no
-/// server running.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A loopback port free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// One test at a time: one of them kills etcd.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -45,12 +30,6 @@ const LEASE_TTL_S: u64 = 1;
 
 /// Longer than a lease surely lasts on a busy machine, for "it did not happen" checks.
 const WELL_PAST_THE_LEASE: Duration = Duration::from_secs(3);
-
-struct Member {
-    config: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
 
 /// The etcd cluster's endpoints; `None`, saying so, when it does not run (the test skips).
 fn etcd_endpoints() -> Option<Vec<String>> {
@@ -75,7 +54,7 @@ fn members_with(
     extra: &str,
 ) -> (Member, Member) {
     let (links, b_link) = ports;
-    let write = |name: &str, id: u8, link: u16, peer_link: u16, peer: &str| {
+    let write = |name: &'static str, id: u8, link: u16, peer_link: u16, peer: &str| {
         let (config, socket) = (dir.join(format!("{name}.toml")), dir.join(format!("{name}.sock")));
         let endpoints: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
         let text = format!(
@@ -91,112 +70,9 @@ fn members_with(
             endpoints.join(", "),
         );
         std::fs::write(&config, text).unwrap();
-        Member { log: config.with_extension("log"), config, socket }
+        Member { name, log: config.with_extension("log"), config, socket }
     };
     (write("a", 1, links.0, links.1, "b"), write("b", 2, b_link, links.0, "a"))
-}
-
-fn serve(m: &Member) -> Reaped {
-    let _ = std::fs::remove_file(&m.socket);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
-    let child = Command::new(common::decree_bin())
-        .args(["serve", "-v", "--config"])
-        .arg(&m.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts decree serve");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !m.socket.exists() {
-        assert!(Instant::now() < deadline, "no socket after 20 s:\n{}", tail(m));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Reaped(child)
-}
-
-fn tail(m: &Member) -> String {
-    let text = std::fs::read_to_string(&m.log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
-/// The member's status, `None` while it cannot answer.
-fn status(m: &Member) -> Option<serde_json::Value> {
-    let out = Command::new(common::decree_bin())
-        .args(["status", "--format", "json", "--config"])
-        .arg(&m.config)
-        .output()
-        .unwrap();
-    out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
-}
-
-fn eventually(what: &str, members: &[&Member], mut cond: impl FnMut() -> bool) -> Duration {
-    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(30));
-    while !cond() {
-        let logs: Vec<String> = members.iter().map(|m| tail(m)).collect();
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting until {what}; logs:\n{}",
-            logs.join("\n----\n")
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
-
-/// Whether `m` leads strictly with its backup caught up (`backup`'s status says so).
-fn strict_pair(primary: &Member, backup: &Member) -> bool {
-    let (Some(p), Some(b)) = (status(primary), status(backup)) else { return false };
-    p["role"] == "primary" && p["strict"] == true && b["role"] == "backup" && b["caught_up"] == true
-}
-
-/// Waits until one of the two leads strictly with the other caught up; returns (primary,
-/// backup).
-fn wait_strict<'a>(a: &'a Member, b: &'a Member) -> (&'a Member, &'a Member) {
-    let mut found = None;
-    eventually("one member leads strictly, the other caught up", &[a, b], || {
-        found = [(a, b), (b, a)].into_iter().find(|(p, q)| strict_pair(p, q));
-        found.is_some()
-    });
-    found.expect("found")
-}
-
-fn epoch(m: &Member) -> u64 {
-    status(m).and_then(|s| s["epoch_raw"].as_u64()).unwrap_or(0)
-}
-
-fn connect(m: &Member) -> RemoteDecisions {
-    RemoteDecisions::connect(&format!("unix:{}", m.socket.display())).expect("connect to the primary")
-}
-
-fn decision(store: &RemoteDecisions, session: u64, sequence: u64) -> Decision {
-    let xid = Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence });
-    let branches = vec![
-        BranchRecord { rm: "dummy-0".into(), branch: 0 },
-        BranchRecord { rm: "dummy-1".into(), branch: 1 },
-    ];
-    Decision { xid, branches }
-}
-
-/// Decides `count` transactions through `primary`; returns their Xids, all acknowledged.
-fn decide(primary: &Member, count: u64) -> Vec<Xid> {
-    let store = connect(primary);
-    let session = store.open_session().expect("a session");
-    (1..=count)
-        .map(|sequence| {
-            let d = decision(&store, session, sequence);
-            store.decide(&d).unwrap_or_else(|e| panic!("decision {sequence} not acknowledged: {e}"));
-            d.xid
-        })
-        .collect()
-}
-
-/// Every Xid is answered committed by `m`.
-fn all_committed(m: &Member, xids: &[Xid]) {
-    let store = connect(m);
-    for xid in xids {
-        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid} after the failover");
-    }
 }
 
 /// The etcd requests a member made (keepalives aside), from its status.
@@ -204,11 +80,6 @@ fn etcd_requests(m: &Member) -> u64 {
     status(m)
         .and_then(|s| s["etcd"]["requests"].as_u64())
         .expect("an elected member reports its etcd requests")
-}
-
-/// A new pair name (etcd's data outlives one test run).
-fn pair_name(test: &str) -> String {
-    format!("{test}-{}-{}", std::process::id(), free_port())
 }
 
 #[test]
@@ -324,8 +195,12 @@ fn out_of_sync_backup(alone_after_ms: Option<u64>) {
     drop(servers[q].take());
     let cut = dir.path().join("cut");
     std::fs::create_dir(&cut).unwrap();
-    let moved =
-        Member { config: cut.join("moved.toml"), socket: backup.socket.clone(), log: backup.log.clone() };
+    let moved = Member {
+        name: "moved",
+        config: cut.join("moved.toml"),
+        socket: backup.socket.clone(),
+        log: backup.log.clone(),
+    };
     let text = std::fs::read_to_string(&backup.config).unwrap();
     let own_link = format!("\nlink = \"127.0.0.1:{}\"", if q == 1 { links.1 } else { links.0 });
     assert!(text.contains(&own_link), "{text}");

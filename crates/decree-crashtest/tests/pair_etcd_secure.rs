@@ -17,29 +17,12 @@
 
 mod common;
 
-use decree_client::RemoteDecisions;
-use decree_core::{BranchRecord, Decision, DecisionStore, Origin, Outcome, Xid};
+use common::pair_member::*;
 use decree_server::testing::{CertFiles, TestCa, Validity};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A child killed and reaped when the test ends, so that a failed assertion leaves no
-/// process running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A loopback port free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 const ETCD: &str = "/usr/bin/etcd";
 
@@ -267,13 +250,6 @@ struct Access {
     tls: Option<(PathBuf, CertFiles)>,
 }
 
-struct Member {
-    name: &'static str,
-    config: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
 /// Writes member `name` (id `id`) of pair `pair` in `dir`: it listens for its primary's
 /// link on `link` and dials `peer_link`.
 fn member(dir: &Path, name: &'static str, id: u8, links: (u16, u16), pair: &str, access: &Access) -> Member {
@@ -319,119 +295,6 @@ fn pair(dir: &Path, pair_name: &str, access: &Access) -> (Member, Member) {
         member(dir, "a", 1, links, pair_name, access),
         member(dir, "b", 2, (links.1, links.0), pair_name, access),
     )
-}
-
-fn serve(m: &Member) -> Reaped {
-    let _ = std::fs::remove_file(&m.socket);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
-    let mut child = Command::new(common::decree_bin())
-        .args(["serve", "-v", "--config"])
-        .arg(&m.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts decree serve");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !m.socket.exists() {
-        if let Ok(Some(exit)) = child.try_wait() {
-            panic!("decree serve ({}) exited: {exit}\n{}", m.name, tail(m));
-        }
-        assert!(Instant::now() < deadline, "no socket after 20 s:\n{}", tail(m));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Reaped(child)
-}
-
-fn tail(m: &Member) -> String {
-    let text = std::fs::read_to_string(&m.log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    format!("[{}]\n{}", m.name, lines[lines.len().saturating_sub(30)..].join("\n"))
-}
-
-/// The member's status, `None` while it cannot answer.
-fn status(m: &Member) -> Option<serde_json::Value> {
-    let out = Command::new(common::decree_bin())
-        .args(["status", "--format", "json", "--config"])
-        .arg(&m.config)
-        .output()
-        .unwrap();
-    out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
-}
-
-fn eventually(what: &str, members: &[&Member], mut cond: impl FnMut() -> bool) -> Duration {
-    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(30));
-    while !cond() {
-        let logs: Vec<String> = members.iter().map(|m| tail(m)).collect();
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting until {what}; logs:\n{}",
-            logs.join("\n----\n")
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    started.elapsed()
-}
-
-fn strict_pair(primary: &Member, backup: &Member) -> bool {
-    let (Some(p), Some(b)) = (status(primary), status(backup)) else { return false };
-    p["role"] == "primary" && p["strict"] == true && b["role"] == "backup" && b["caught_up"] == true
-}
-
-/// Waits until one of the two leads strictly with the other caught up; (primary, backup).
-fn wait_strict<'a>(a: &'a Member, b: &'a Member) -> (&'a Member, &'a Member) {
-    let mut found = None;
-    eventually("one member leads strictly, the other caught up", &[a, b], || {
-        found = [(a, b), (b, a)].into_iter().find(|(p, q)| strict_pair(p, q));
-        found.is_some()
-    });
-    found.expect("found")
-}
-
-fn epoch(m: &Member) -> u64 {
-    status(m).and_then(|s| s["epoch_raw"].as_u64()).unwrap_or(0)
-}
-
-fn connect(m: &Member) -> RemoteDecisions {
-    RemoteDecisions::connect(&format!("unix:{}", m.socket.display())).expect("connect to the primary")
-}
-
-/// Decides `count` transactions through `primary`; returns their Xids, all acknowledged.
-fn decide(primary: &Member, count: u64) -> Vec<Xid> {
-    let mut acknowledged = Vec::new();
-    try_decide(primary, count, &mut acknowledged).unwrap_or_else(|e| panic!("{e}"));
-    acknowledged
-}
-
-/// [`decide`], adding each acknowledged Xid to `acknowledged`, until the first error.
-fn try_decide(primary: &Member, count: u64, acknowledged: &mut Vec<Xid>) -> Result<(), String> {
-    let endpoint = format!("unix:{}", primary.socket.display());
-    let store = RemoteDecisions::connect(&endpoint).map_err(|e| e.to_string())?;
-    let session = store.open_session().map_err(|e| e.to_string())?;
-    for sequence in 1..=count {
-        let xid =
-            Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence });
-        let branches = vec![
-            BranchRecord { rm: "dummy-0".into(), branch: 0 },
-            BranchRecord { rm: "dummy-1".into(), branch: 1 },
-        ];
-        let d = Decision { xid, branches };
-        store.decide(&d).map_err(|e| format!("decision {sequence} not acknowledged: {e}"))?;
-        acknowledged.push(d.xid);
-    }
-    Ok(())
-}
-
-/// Every Xid is answered committed by `m`.
-fn all_committed(m: &Member, xids: &[Xid]) {
-    let store = connect(m);
-    for xid in xids {
-        assert_eq!(store.outcome(xid).unwrap(), Outcome::Committed, "{xid} on {}", m.name);
-    }
-}
-
-/// A new pair name.
-fn pair_name(test: &str) -> String {
-    format!("{test}-{}-{}", std::process::id(), free_port())
 }
 
 /// The CA of the test's etcd, etcd itself, and the access of a well-configured member.

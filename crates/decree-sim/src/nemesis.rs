@@ -416,12 +416,11 @@ impl World {
         (None, summary)
     }
 
-    /// New finding 15 (elected runs): nobody leads, and the sync record names one member
-    /// alone for an epoch that member's log and `PAIR` never heard of: its process won the
-    /// campaign in etcd and died before `promote_elected` recorded the epoch. The rules let
-    /// nobody lead then (`led_by` wants the epoch in the member's log, as after a lost disk):
-    /// only the operator's `decree promote --force` can.
-    fn epoch_won_by_the_dead(&self) -> Option<String> {
+    /// When nobody leads and etcd's sync record names one member alone: that entry, the
+    /// record's epoch and the member (what findings 15 and 16 look at).
+    fn led_by_nobody_but(
+        &self,
+    ) -> Option<(decree_pair::election::InSync, decree_pair::Epoch, &crate::member::Member)> {
         let etcd = self.etcd.as_ref()?;
         let mut etcd = crate::etcd::EtcdWorld {
             etcd: etcd.etcd.clone(),
@@ -432,6 +431,16 @@ impl World {
         let [only] = &sync.members[..] else { return None };
         let epoch = decree_pair::Epoch::from_raw(sync.epoch);
         let member = self.members.get(usize::from(only.member).checked_sub(1)?)?;
+        Some((only.clone(), epoch, member))
+    }
+
+    /// New finding 15 (elected runs): nobody leads, and the sync record names one member
+    /// alone for an epoch that member's log and `PAIR` never heard of: its process won the
+    /// campaign in etcd and died before `promote_elected` recorded the epoch. The rules let
+    /// nobody lead then (`led_by` wants the epoch in the member's log, as after a lost disk):
+    /// only the operator's `decree promote --force` can.
+    fn epoch_won_by_the_dead(&self) -> Option<String> {
+        let (only, epoch, member) = self.led_by_nobody_but()?;
         let unknown = match &member.proc {
             Proc::Backup(b) => b.follower.highest_known() < epoch,
             _ => false,
@@ -454,16 +463,7 @@ impl World {
     /// to died before it campaigned. Its new process is out of sync (a new run id), and the
     /// old primary, which holds every decision, was taken off the record: nobody may lead.
     fn handed_to_the_dead(&self) -> Option<String> {
-        let etcd = self.etcd.as_ref()?;
-        let mut etcd = crate::etcd::EtcdWorld {
-            etcd: etcd.etcd.clone(),
-            ..crate::etcd::EtcdWorld::new(etcd.elected.clone())
-        };
-        let view = etcd.view(self.now);
-        let sync = view.sync.value.filter(|_| view.leader.value.is_none())?;
-        let [only] = &sync.members[..] else { return None };
-        let epoch = decree_pair::Epoch::from_raw(sync.epoch);
-        let member = self.members.get(usize::from(only.member).checked_sub(1)?)?;
+        let (only, epoch, member) = self.led_by_nobody_but()?;
         let current = crate::election::run_name(member.candidacy.run);
         let handed = epoch.member().is_some_and(|m| m != member.id());
         (handed && only.run != current).then(|| {

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod pair_member;
+
 use decree_crashtest::{BankConfig, PairKind};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
