@@ -16,8 +16,10 @@ scripts/test-etcd.sh start
 trap 'scripts/test-etcd.sh stop; scripts/test-dbs.sh stop' EXIT
 eval "$(scripts/test-etcd.sh env)"
 
-cargo test --workspace --release "$@"
-# Every interleaving of the pair's state changes (crates/decree-pair/src/state_cell.rs).
-cargo test --release -p decree-pair --features loom --lib state_cell
+# The `decree` the tests run is built with the pair kill loop's crash points and the election
+# on etcd, which the crash tests then use as it is (crates/decree-crashtest/tests/common:
+# `decree_bin`) instead of building decree-server and decree-cli a second time.
+export DECREE_TEST_WORKSPACE_FEATURES=crash-points,etcd
+cargo test --workspace --release --features decree-cli/crash-points,decree-cli/etcd "$@"
 scripts/test-python.sh
 scripts/test-java.sh

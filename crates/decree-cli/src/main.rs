@@ -15,9 +15,21 @@ mod serve;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// `decree --version`: the version and the optional features this binary was built with, so
+/// that an operator (and the crash tests, which need `crash-points`) can tell whether a
+/// binary elects its primary on etcd before configuring a pair that way.
+#[cfg(all(feature = "etcd", feature = "crash-points"))]
+const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\nfeatures: etcd crash-points");
+#[cfg(all(feature = "etcd", not(feature = "crash-points")))]
+const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\nfeatures: etcd");
+#[cfg(all(not(feature = "etcd"), feature = "crash-points"))]
+const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\nfeatures: crash-points");
+#[cfg(all(not(feature = "etcd"), not(feature = "crash-points")))]
+const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\nfeatures: none");
+
 /// decree: a fast, crash-safe XA two-phase-commit transaction manager.
 #[derive(Debug, Parser)]
-#[command(name = "decree", version, long_about = None)]
+#[command(name = "decree", version, long_version = LONG_VERSION, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -13,6 +13,24 @@ fn decree(args: &[&str], cwd: &std::path::Path) -> (bool, String, String) {
 }
 
 #[test]
+fn the_long_version_names_the_features_the_binary_was_built_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = decree(&["--version"], dir.path());
+    assert!(ok, "{err}");
+    let mut expected = Vec::new();
+    if cfg!(feature = "etcd") {
+        expected.push("etcd");
+    }
+    if cfg!(feature = "crash-points") {
+        expected.push("crash-points");
+    }
+    let expected = if expected.is_empty() { "none".to_string() } else { expected.join(" ") };
+    assert_eq!(out, format!("decree {}\nfeatures: {expected}\n", env!("CARGO_PKG_VERSION")));
+    let (ok, out, _) = decree(&["-V"], dir.path());
+    assert!(ok && out == format!("decree {}\n", env!("CARGO_PKG_VERSION")), "{out}");
+}
+
+#[test]
 fn bench_log_json_lines() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let args =

@@ -7,8 +7,8 @@
 //! win: a promotion could move `seen` back below an epoch the link had just recorded, or
 //! drop a forced promotion's record, and the two writes shared one temporary file (issue 32,
 //! defect 7). [`StateCell::change`] reads, computes and stores under one lock; readers take
-//! a copy without waiting for a store. `tests.rs` checks every interleaving of the two
-//! changes under loom (the `loom` feature, see scripts/test.sh).
+//! a copy without waiting for a store. crates/decree-pair-loom compiles this file over
+//! loom's locks and checks every interleaving of the two changes.
 
 use crate::state_file::PairState;
 use crate::sync::Mutex;
@@ -51,6 +51,3 @@ impl StateCell {
         Ok(Some(next))
     }
 }
-
-#[cfg(all(test, feature = "loom"))]
-mod tests;

@@ -1,17 +1,11 @@
-//! The locks of the code that loom checks ([`crate::state_cell`]): loom's with the `loom`
-//! feature, which explores every interleaving of the threads of a test, and parking_lot's
-//! otherwise. (A feature, not `--cfg loom`: that flag would rebuild every dependency, and
-//! tokio reads it.)
+//! The locks of [`crate::state_cell`]: parking_lot's here. crates/decree-pair-loom compiles
+//! the same state_cell.rs over loom's locks (its own `sync` module), to check every
+//! interleaving of its callers.
 
-#[cfg(feature = "loom")]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
-#[cfg(not(feature = "loom"))]
 pub(crate) use parking_lot::{Mutex, MutexGuard};
 
-/// Locks `mutex` (loom's lock returns a `Result` for poisoning, which no test here causes).
+/// Locks `mutex` (a function, as loom's lock is in decree-pair-loom: state_cell.rs calls
+/// the same name in both crates).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(feature = "loom")]
-    return mutex.lock().expect("no test thread panics while holding a lock");
-    #[cfg(not(feature = "loom"))]
-    return mutex.lock();
+    mutex.lock()
 }

@@ -3,7 +3,8 @@
 //! half done (the pair kill loop, `decree-crashtest/tests/pair_kill_loop.rs`).
 //!
 //! The points are compiled in only with the `crash-points` feature (decree-cli's
-//! `crash-points` feature forwards it; the pair kill loop builds its `decree` with it).
+//! `crash-points` feature forwards it; scripts/test.sh builds the tests' `decree` with it,
+//! and the pair kill loop builds its own when run alone).
 //! Without the feature [`pass`] is an empty inline function: the shipped binary has no
 //! way to be told to die, and its commit path does not even read an atomic. The binary
 //! under test differs from the shipped one by exactly these calls.

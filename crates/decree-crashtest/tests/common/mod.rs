@@ -117,6 +117,27 @@ pub fn spawn_past_a_busy_binary(command: &mut Command) -> std::io::Result<std::p
     command.spawn()
 }
 
+/// The `decree` that scripts/test.sh's workspace build linked with `features` (it builds
+/// every test with decree-cli's `crash-points` and `etcd`, so that this test needs no build
+/// of its own: a second build of decree-server, decree-bench and decree-cli took 1 min 45 s
+/// of the CI's 30 minutes). `decree --version` names the features it was built with.
+fn workspace_decree(profile_dir: &Path, features: &str) -> PathBuf {
+    let bin = profile_dir.join("decree");
+    let version = Command::new(&bin).arg("--version").output();
+    let version = version.unwrap_or_else(|e| panic!("{} --version: {e}", bin.display()));
+    let version = String::from_utf8_lossy(&version.stdout);
+    let built_with = version.lines().find_map(|l| l.strip_prefix("features: ")).unwrap_or("");
+    for feature in features.split(',') {
+        assert!(
+            built_with.split(' ').any(|f| f == feature),
+            "{} was built without `{feature}` ({version:?}): scripts/test.sh builds the workspace's tests \
+             with DECREE_TEST_WORKSPACE_FEATURES={features}",
+            bin.display()
+        );
+    }
+    bin
+}
+
 /// The `decree` binary of this workspace, built once per test process with the profile
 /// and target directory of this test (cargo releases its lock while tests run), with the
 /// `crash-points` feature (decree-server/src/crash_points.rs): the members can be told to
@@ -131,12 +152,15 @@ pub fn decree_bin() -> &'static Path {
         let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
         let target_dir = profile_dir.parent().expect("target/");
         let profile = profile_dir.file_name().and_then(|p| p.to_str()).expect("a profile name");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
         // The election on etcd too when the test script started etcd (its client's build
         // needs protoc, which the script installs with etcd).
         let etcd = std::env::var("DECREE_TEST_ETCD").is_ok_and(|e| !e.is_empty());
         let features = if etcd { "crash-points,etcd" } else { "crash-points" };
+        if std::env::var_os("DECREE_TEST_WORKSPACE_FEATURES").is_some_and(|f| f == features) {
+            return workspace_decree(profile_dir, features);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
         build
             .args(["build", "-q", "-p", "decree-cli", "--bin", "decree", "--features", features])
             .arg("--target-dir")

@@ -1,10 +1,11 @@
-//! Every interleaving of a promotion and a newer epoch heard on the link, under loom:
-//! `cargo test -p decree-pair --features loom --lib state_cell` (scripts/test.sh
-//! runs it). Both go through [`StateCell::change`], as `Follower::promote` and
+//! Every interleaving of a promotion and a newer epoch heard on the link, under loom
+//! (`cargo test --release -p decree-pair-loom`; the workspace's test run includes it).
+//! Both go through [`StateCell::change`], as `Follower::promote` and
 //! `Follower::persist_seen` do; the store is a list of the records written, in order.
 
-use super::*;
-use crate::epoch::{Epoch, MemberId};
+use crate::state_cell::StateCell;
+use decree_pair::epoch::{Epoch, MemberId};
+use decree_pair::state_file::PairState;
 use loom::sync::Arc;
 
 fn epoch(count: u64, member: u8) -> Epoch {
