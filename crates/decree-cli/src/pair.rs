@@ -97,9 +97,20 @@ pub fn switchover(args: SwitchoverArgs) -> CliResult {
         // The control socket is away while the member restarts as the backup.
         let now = decree_server::control_request(&config.log_dir, "status").ok();
         let now = now.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
-        if let Some(epoch) = now.filter(|s| s["role"] == "backup").and_then(|s| s["epoch_raw"].as_u64()) {
-            if epoch > old {
-                let (count, leader) = (epoch >> 8, epoch & 0xff);
+        let me = before["member"].as_u64();
+        let newer = now.as_ref().and_then(|s| s["epoch_raw"].as_u64()).filter(|&epoch| epoch > old);
+        if let Some(epoch) = newer {
+            let (count, leader) = (epoch >> 8, epoch & 0xff);
+            if Some(leader) == me {
+                // The backup never campaigned (dead since its last acknowledgement): once
+                // its turn was over, this member, which holds every decision too, won.
+                return Err(format!(
+                    "the backup did not take the lead: this member leads again, epoch {count}.{leader} ({:.0} ms)",
+                    started.elapsed().as_secs_f64() * 1e3
+                )
+                .into());
+            }
+            if now.as_ref().is_some_and(|s| s["role"] == "backup") {
                 println!(
                     "member {leader} leads epoch {count}.{leader}; this member follows it ({:.0} ms)",
                     started.elapsed().as_secs_f64() * 1e3

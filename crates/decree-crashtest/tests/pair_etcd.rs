@@ -597,6 +597,43 @@ fn a_switchover_hands_the_lead_to_the_in_sync_backup_and_is_refused_without_one(
     assert_eq!(status(new_primary).map(|s| s["role"].clone()), Some("primary".into()), "it still leads");
 }
 
+/// Simulator finding 16 with real processes: a switchover to a backup that dies. The backup
+/// is SIGSTOPped (its machine gone under a link that still looks open: nothing is in flight,
+/// so the primary notices nothing), the switchover is accepted and the lead handed to it; it
+/// never campaigns. Once its turn is over the old primary, whose log holds every decision,
+/// leads again in a newer epoch (`decree switchover` says so and fails); the backup,
+/// continued, follows that epoch, and every decision acknowledged before is committed.
+#[test]
+fn a_switchover_to_a_backup_that_died_gives_the_lead_back_to_the_old_primary() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("switchover-dead"), links, links.1);
+    let servers = [serve(&a), serve(&b)];
+    let (primary, backup) = wait_strict(&a, &b);
+    let led = epoch(primary);
+    let mut acknowledged = decide(primary, 20);
+    let stopped = &servers[if std::ptr::eq(backup, &a) { 0 } else { 1 }];
+    signal(stopped, libc::SIGSTOP);
+    let started = Instant::now();
+    let (ok, text) = switchover(primary);
+    eprintln!("switchover to a stopped backup ({:?}): {}", started.elapsed(), text.trim());
+    assert!(
+        !ok && text.contains("leads again"),
+        "the old primary says it leads again: {text}\n{}",
+        tail(primary)
+    );
+    eventually("the old primary leads a newer epoch", &[primary], || {
+        status(primary).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    signal(stopped, libc::SIGCONT);
+    let (new_primary, _) = wait_strict(&a, &b);
+    assert!(std::ptr::eq(new_primary, primary), "the continued backup follows, it does not lead");
+    acknowledged.extend(decide(primary, 20));
+    all_committed(primary, &acknowledged);
+}
+
 /// Issue 34's maintenance pause: recorded in etcd through the backup and shown in both
 /// members' status; while it stands the primary is killed and the in-sync backup, however
 /// long it waits, does not take over; after `decree resume` it does, with every

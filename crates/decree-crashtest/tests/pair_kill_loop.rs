@@ -76,6 +76,7 @@
 
 mod common;
 
+use common::pair_member::free_port;
 use decree_crashtest::{BankConfig, CrashPoint, PairKind, Snapshot};
 use rand::Rng;
 use std::collections::{BTreeMap, HashSet};
@@ -197,10 +198,6 @@ fn delayed_pipe(mut from: TcpStream, mut to: TcpStream, delay: Arc<AtomicU64>, c
         let _ = to.shutdown(Shutdown::Both);
         let _ = reader_side.shutdown(Shutdown::Both);
     });
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A TOML basic string.

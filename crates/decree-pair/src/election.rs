@@ -118,6 +118,13 @@ impl SyncRecord {
         self.members.iter().any(|m| m.member == member.get() && m.run == run)
     }
 
+    /// The member a switchover handed the lead to, when this record is a hand-over's: it
+    /// names first a member that did not mint the record's epoch ([`hand_over`]).
+    pub fn handed_to(&self) -> Option<u8> {
+        let first = self.members.first()?.member;
+        (Epoch::from_raw(self.epoch).member().map(MemberId::get) != Some(first)).then_some(first)
+    }
+
     /// Whether `candidate` is the leader that wrote this record, back in any process: the
     /// record's epoch is one it minted, it is named first, and its log and `PAIR` know what
     /// the record says they hold (`since`: a member whose disk was lost does not). Its own
@@ -125,9 +132,11 @@ impl SyncRecord {
     /// lead again: a primary running alone whose process died is not locked out of its
     /// pair, nor is a member that won a campaign and died before recording the epoch in
     /// `PAIR` (issue 33's simulator, finding 15: nothing was acknowledged in that epoch).
+    /// After a switchover the record names the backup first and this leader after it
+    /// ([`hand_over`]): the same holds, once the backup has had its turn.
     pub fn led_by(&self, candidate: &Candidate) -> bool {
         let epoch = Epoch::from_raw(self.epoch);
-        self.members.first().is_some_and(|first| first.member == candidate.member.get())
+        self.members.iter().any(|named| named.member == candidate.member.get())
             && epoch.member() == Some(candidate.member)
             && candidate.highest >= Epoch::from_raw(self.since.unwrap_or(self.epoch))
     }
@@ -310,6 +319,10 @@ pub enum NotNow {
         "automatic failover is paused (by member {0}'s decree pause): decree resume lets the election act"
     )]
     Paused(u8),
+    /// A switchover handed the lead to another member, which campaigns first: this one
+    /// may campaign only once that member has had [`HAND_OVER_TURN_TTLS`] lease TTLs to.
+    #[error("the lead was handed over to member {0}, which campaigns first")]
+    HandedOver(u8),
     /// An epoch above this member's forced one was minted meanwhile: it must step down.
     #[error("epoch count {0} was minted after this member's forced epoch: it must step down")]
     Superseded(u64),
@@ -324,6 +337,33 @@ pub fn epoch_of(count: u64, member: MemberId) -> Epoch {
 /// not try now. The transaction fails (someone else moved first) unless every key is still
 /// as `view` read it.
 pub fn campaign(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch), NotNow> {
+    if let Some(to) = view.sync.value.as_ref().and_then(SyncRecord::handed_to) {
+        if to != me.member.get() && view.leader.value.is_none() && view.pause.value.is_none() {
+            return Err(NotNow::HandedOver(to));
+        }
+    }
+    campaign_after_turn(view, me, keys)
+}
+
+/// The epoch this member's process (`member`, `run`) leads by `view`'s leader key, if the
+/// key names it: a campaign it sent won although its answer was lost (and so was the read
+/// after it). Its lease still holds the key: it must lead, or nobody ever will until the
+/// lease lapses, which its keepalives prevent (the simulator's seed 1795802648032).
+pub fn won(view: &View, member: MemberId, run: &str) -> Option<Epoch> {
+    let leader = view.leader.value.as_ref()?;
+    (leader.member == member.get() && leader.run == run).then(|| Epoch::from_raw(leader.epoch))
+}
+
+/// How many lease TTLs the member a switchover handed the lead to has to campaign before
+/// the other member may: it campaigns as soon as it sees the leader key go, so its turn
+/// ends only if it is dead or cut off (simulator finding 16: a switchover to a backup whose
+/// process had died locked the pair out, nobody being allowed to lead).
+pub const HAND_OVER_TURN_TTLS: u32 = 2;
+
+/// [`campaign`], once the member a switchover handed the lead to has had its turn (the
+/// runtime counts [`HAND_OVER_TURN_TTLS`] lease TTLs from when it first read the
+/// hand-over's record): the old leader, named after it, holds every decision too.
+pub fn campaign_after_turn(view: &View, me: &Candidate, keys: &Keys) -> Result<(Txn, Epoch), NotNow> {
     if let Some(leader) = &view.leader.value {
         return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)));
     }
@@ -426,14 +466,18 @@ pub fn record_sync(keys: &Keys, leader: &Leader, lease: LeaseId, backup: Option<
 }
 
 /// The transaction by which the leader `leader` (holding `lease`) hands the lead to its
-/// in-sync backup `backup` (a switchover): the sync record names the backup alone, so that
-/// only it may campaign (the old leader, rejoining as its backup, may not race it for the
-/// lead), and the leader key goes, so that it campaigns at once. Sent only once the leader
-/// stopped acting and answered what was in flight: every decision it acknowledged is held
-/// by the backup (it was strict). It fails unless the leader key still holds the lease.
+/// in-sync backup `backup` (a switchover): the sync record names the backup first, so that
+/// it campaigns first (the old leader, rejoining as its backup, does not race it for the
+/// lead: [`NotNow::HandedOver`]), and the leader itself after it, so that it may lead again
+/// if the backup never campaigns (its process died after its last acknowledgement: no check
+/// before the hand-over can exclude that); and the leader key goes, so that the backup
+/// campaigns at once. Sent only once the leader stopped acting and answered what was in
+/// flight: every decision it acknowledged is held by both (it was strict). It fails
+/// unless the leader key still holds the lease.
 pub fn hand_over(keys: &Keys, leader: &Leader, lease: LeaseId, backup: InSync) -> Txn {
-    // The backup's own log holds the epoch (it caught up in it): `since` is the epoch.
-    let sync = SyncRecord { epoch: leader.epoch, members: vec![backup], since: None };
+    // Both logs hold the epoch (the backup caught up in it): `since` is the epoch.
+    let members = vec![backup, InSync { member: leader.member, run: leader.run.clone() }];
+    let sync = SyncRecord { epoch: leader.epoch, members, since: None };
     Txn {
         compares: vec![Compare::Lease(keys.leader.clone(), lease)],
         ops: vec![

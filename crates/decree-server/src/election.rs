@@ -60,6 +60,32 @@ const CLUSTER_KEYS_MAX: i64 = 4096;
 /// The longest pause between two reads of the leader key by a backup whose watch fails.
 const POLL_MAX: Duration = Duration::from_millis(500);
 
+/// When this member, not the one a switchover handed the lead to, first read the
+/// hand-over's sync record (named by its mod revision): it campaigns only once that member
+/// has had its turn ([`rules::HAND_OVER_TURN_TTLS`] lease TTLs, on this process's clock).
+#[derive(Debug, Default)]
+struct HandOverTurn {
+    first_read: Option<(i64, tokio::time::Instant)>,
+}
+
+impl HandOverTurn {
+    /// Whether the turn of the member `view`'s hand-over record names first is over
+    /// (false when the record is no hand-over's: [`rules::campaign`] applies).
+    fn over(&mut self, view: &View, lease_ttl: Duration) -> bool {
+        if view.sync.value.as_ref().and_then(rules::SyncRecord::handed_to).is_none() {
+            self.first_read = None;
+            return false;
+        }
+        let revision = view.sync.mod_revision;
+        let now = tokio::time::Instant::now();
+        let (_, since) = match self.first_read {
+            Some((read, since)) if read == revision => (read, since),
+            _ => *self.first_read.insert((revision, now)),
+        };
+        now.duration_since(since) >= lease_ttl * rules::HAND_OVER_TURN_TTLS
+    }
+}
+
 /// This member's side of the election.
 pub(crate) struct Election {
     etcd: Etcd,
@@ -421,6 +447,7 @@ impl Election {
     {
         let mut last_reason = String::new();
         let mut watch = None;
+        let mut hand_over = HandOverTurn::default();
         // No campaign before this member holds a lease: the leader key lives under it.
         let mut leased = self.leased.subscribe();
         tokio::select! {
@@ -431,7 +458,7 @@ impl Election {
             if *stop.borrow() {
                 return None;
             }
-            match self.try_campaign(&highest).await {
+            match self.try_campaign(&highest, &mut hand_over).await {
                 Ok(Some(epoch)) => return Some(epoch),
                 Ok(None) => {}
                 Err(reason) if reason != last_reason => {
@@ -465,12 +492,20 @@ impl Election {
 
     /// One campaign: `Ok(Some(epoch))` when won, `Ok(None)` when another member moved
     /// first, `Err(why)` when this member may not campaign now.
-    async fn try_campaign<F, Fut>(&self, highest: &F) -> Result<Option<Epoch>, String>
+    async fn try_campaign<F, Fut>(
+        &self,
+        highest: &F,
+        hand_over: &mut HandOverTurn,
+    ) -> Result<Option<Epoch>, String>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Epoch>,
     {
         let view = self.view().await?;
+        if let Some(epoch) = rules::won(&view, self.member, &run_name(self.run)) {
+            tracing::warn!(%epoch, "the leader key names this process: a campaign won, its answer lost");
+            return Ok(Some(epoch));
+        }
         if let Some(leader) = &view.leader.value {
             return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)).to_string());
         }
@@ -481,7 +516,12 @@ impl Election {
             lease: lease.0,
             highest: highest().await,
         };
-        let (txn, epoch) = match rules::campaign(&view, &candidate, &self.keys) {
+        let campaign = if hand_over.over(&view, self.config.lease_ttl()) {
+            rules::campaign_after_turn
+        } else {
+            rules::campaign
+        };
+        let (txn, epoch) = match campaign(&view, &candidate, &self.keys) {
             Ok(txn) => txn,
             Err(NotNow::OutOfSync(epoch)) if self.leader_of_record(&view, &candidate) => {
                 // The leader that wrote the record, back in a new process: its own log holds

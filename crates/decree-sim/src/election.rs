@@ -75,6 +75,10 @@ pub struct Candidacy {
     pub recorded: Option<BackupRun>,
     /// Answers its fence holds.
     pub held: Vec<Held>,
+    /// A backup's: when it first read a switchover's sync record that names the other
+    /// member first (the record's mod revision, the time): it campaigns only after that
+    /// member's turn (`election.rs`'s `HandOverTurn`).
+    pub hand_over_read: Option<(i64, Time)>,
 }
 
 /// A run id's name in etcd's records (as `decree serve` writes it).
@@ -254,9 +258,17 @@ impl World {
                 }
             }
         }
+        if let Some(epoch) = rules::won(&view, member, &run) {
+            self.note(|| {
+                format!("member {}: the leader key names it: its campaign for {epoch} won", index + 1)
+            });
+            return self.elected(index, epoch);
+        }
         let candidate = Candidate { member, run, lease, highest };
         let keys = self.etcd().keys.clone();
-        match rules::campaign(&view, &candidate, &keys) {
+        let turn_over = self.hand_over_turn_over(index, &view);
+        let campaign = if turn_over { rules::campaign_after_turn } else { rules::campaign };
+        match campaign(&view, &candidate, &keys) {
             Ok((txn, epoch)) => {
                 self.note(|| format!("member {} campaigns for {epoch}", index + 1));
                 self.etcd_send(index, Call::Campaign { txn, epoch });
@@ -267,6 +279,24 @@ impl World {
                 self.note(|| line);
             }
         }
+    }
+
+    /// Whether the turn of the member a switchover's sync record names first is over for
+    /// member `index` (`HAND_OVER_TURN_TTLS` lease TTLs since it first read the record;
+    /// false when the record is no hand-over's), as `election.rs`'s `HandOverTurn` counts.
+    fn hand_over_turn_over(&mut self, index: usize, view: &rules::View) -> bool {
+        let now = self.now;
+        let read = &mut self.members[index].candidacy.hand_over_read;
+        if view.sync.value.as_ref().and_then(rules::SyncRecord::handed_to).is_none() {
+            *read = None;
+            return false;
+        }
+        let revision = view.sync.mod_revision;
+        let (_, since) = match *read {
+            Some((r, since)) if r == revision => (r, since),
+            _ => *read.insert((revision, now)),
+        };
+        now - since >= TTL * u64::from(rules::HAND_OVER_TURN_TTLS)
     }
 
     /// Member `index` won `epoch`: promoted as `pair.rs` promotes an elected backup.

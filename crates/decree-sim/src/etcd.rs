@@ -62,9 +62,9 @@ pub struct Elected {
     pub loss_per_mille: u64,
     /// The rule broken on purpose, if any.
     pub broken: Option<Break>,
-    /// Whether the nemesis asks for switchovers: off by default while finding 16 (a
-    /// switchover to a backup that dies before it campaigns locks the pair out) is open,
-    /// on with `DECREE_SIM_SWITCHOVERS=1` and for [`Break::HandOverUnsynced`].
+    /// Whether the nemesis asks for switchovers: on by default since finding 16 (a
+    /// switchover to a backup that dies before it campaigns locked the pair out) is fixed;
+    /// off with `DECREE_SIM_SWITCHOVERS=0`.
     pub switchovers: bool,
 }
 

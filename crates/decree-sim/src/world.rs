@@ -144,7 +144,8 @@ impl Scenario {
         let mut drift_ppm = || rng.range(0, 2 * drift) as i64 - drift as i64;
         let drift_ppm = [drift_ppm(), drift_ppm()];
         let loss_per_mille = *rng.pick(&[0, 10, 50]);
-        let switchovers = broken == Some(crate::etcd::Break::HandOverUnsynced);
+        // The nemesis asks for switchovers (tests may turn them off).
+        let switchovers = true;
         let elected = crate::etcd::Elected { drift_ppm, loss_per_mille, broken, switchovers };
         Scenario { mistakes: false, elected: Some(elected), ..Scenario::from_seed(seed) }
     }

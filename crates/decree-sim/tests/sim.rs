@@ -159,13 +159,11 @@ fn a_seed_replays_exactly() {
 
 /// What elected seeds find on today's code, reported and not failed (with
 /// `DECREE_SIM_STRICT=1` they fail): 6 with chaos only (frames dropped, which TCP never does).
-/// Finding 15 (a campaign won by a process that died before its `PAIR` recorded the epoch)
-/// is fixed: its seeds fail CI again if it returns (docs/simulation.md). New finding 16 (a
-/// switchover hands the lead to a backup process that is dead by then: its machine lost
-/// power under a half-open link, or it restarted and its new process linked without
-/// catching up yet, or it dies before it campaigns; nobody may lead afterwards) is
-/// decree-pair's and decree-server's to fix, reported, not failed.
-const ELECTED_KNOWN_DEFECTS: &[u8] = &[6, 16];
+/// Findings 15 (a campaign won by a process that died before its `PAIR` recorded the epoch)
+/// and 16 (a switchover handed the lead to a backup process that was dead by then, and
+/// nobody could lead afterwards) are fixed: their seeds fail CI again if they return
+/// (docs/simulation.md).
+const ELECTED_KNOWN_DEFECTS: &[u8] = &[6];
 
 /// Whether an elected run's report fails the test.
 fn elected_fails(report: &Report, strict: bool) -> bool {
@@ -178,12 +176,13 @@ fn elected_replay_command(seed: u64) -> String {
     )
 }
 
-/// The elected scenario of `seed`, with switchovers when `DECREE_SIM_SWITCHOVERS=1` (off
-/// by default while finding 16 is open: docs/simulation.md).
+/// The elected scenario of `seed`, without switchovers when `DECREE_SIM_SWITCHOVERS=0`
+/// (they are on by default, and always for the hand-over-unsynced mutation).
 fn elected(seed: u64, broken: Option<Break>) -> Scenario {
     let mut scenario = Scenario::elected(seed, broken);
     if let Some(e) = scenario.elected.as_mut() {
-        e.switchovers |= env("DECREE_SIM_SWITCHOVERS").is_some_and(|v| v != 0);
+        e.switchovers =
+            env("DECREE_SIM_SWITCHOVERS").is_none_or(|v| v != 0) || broken == Some(Break::HandOverUnsynced);
     }
     scenario
 }

@@ -142,14 +142,67 @@ fn a_switchover_lets_the_in_sync_backup_alone_take_the_lead_at_once() {
     assert!(etcd.get(0, &keys().leader).is_some());
     assert!(etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup.clone())));
     assert!(etcd.get(0, &keys().leader).is_none(), "the leader key goes with the handover");
-    // The old leader, its lease still alive and its log holding epoch 1.1, may not lead.
+    // The old leader, its lease still alive and its log holding epoch 1.1, does not race
+    // the backup: the backup campaigns first.
     let again = Candidate { highest: one, ..a.clone() };
-    assert_eq!(campaign_at(&mut etcd, 0, &again), Err(NotNow::OutOfSync(one)));
+    assert_eq!(campaign_at(&mut etcd, 0, &again), Err(NotNow::HandedOver(2)));
+    let record = sync_record(&mut etcd, 0);
+    assert_eq!(record.handed_to(), Some(2));
+    assert_eq!(record.members[1], InSync { member: 1, run: "run-a".into() }, "the old leader named after it");
     let two = campaign_at(&mut etcd, 0, &b).unwrap();
     assert_eq!(two.to_string(), "2.2");
     // A late handover of the old leader (it holds no key now) changes nothing.
     assert!(!etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup)));
     assert_eq!(sync_record(&mut etcd, 0).epoch, two.raw());
+}
+
+/// A switchover to a backup whose process died after its last acknowledgement (simulator
+/// finding 16): the backup never campaigns; once its turn is over the old leader, in its
+/// same process or a new one (its log holds the epoch), may lead again; the backup's next
+/// process, out of sync, may not; nor may a member whose log lost the epoch.
+#[test]
+fn the_old_leader_leads_again_when_the_backup_it_handed_over_to_never_campaigns() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let backup = InSync { member: 2, run: "run-b".into() };
+    assert!(etcd.txn(0, &record_sync(&keys(), &leader_of(one, "run-a"), a.lease, Some(backup.clone()))));
+    assert!(etcd.txn(0, &hand_over(&keys(), &leader_of(one, "run-a"), a.lease, backup)));
+    // The backup's next process, not the one in sync, may not lead at any time.
+    let b_next = candidate(&mut etcd, 0, 2, "run-b2", one);
+    let v = view(&mut etcd, 0);
+    assert_eq!(campaign_after_turn(&v, &b_next, &keys()).map(|t| t.1), Err(NotNow::OutOfSync(one)));
+    // The old leader's next process whose disk was lost (its log knows no epoch) may not.
+    let a_lost = candidate(&mut etcd, 0, 1, "run-a2", Epoch::NONE);
+    assert_eq!(campaign_after_turn(&v, &a_lost, &keys()).map(|t| t.1), Err(NotNow::OutOfSync(one)));
+    // The old leader's next process, its log holding 1.1, during the backup's turn and after.
+    let a_next = candidate(&mut etcd, 0, 1, "run-a2", one);
+    assert_eq!(campaign(&v, &a_next, &keys()).map(|t| t.1), Err(NotNow::HandedOver(2)));
+    let (txn, two) = campaign_after_turn(&v, &a_next, &keys()).unwrap();
+    assert!(etcd.txn(0, &txn));
+    assert_eq!(two.to_string(), "2.1");
+    assert_eq!(sync_record(&mut etcd, 0).handed_to(), None, "an ordinary record again");
+}
+
+/// A campaign whose answer was lost (and the read after it): the leader key names the
+/// campaigner's process, which must lead the epoch it won; another process of the same
+/// member, or the other member, has won nothing.
+#[test]
+fn a_campaign_whose_answer_was_lost_is_known_won_by_the_leader_key() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let (txn, epoch) = campaign(&view(&mut etcd, 0), &a, &keys()).unwrap();
+    assert_eq!(won(&view(&mut etcd, 0), m(1), "run-a"), None, "nothing sent yet");
+    assert!(etcd.txn(0, &txn), "applied; its answer is lost");
+    let v = view(&mut etcd, 0);
+    assert_eq!(
+        campaign(&v, &a, &keys()).map(|t| t.1),
+        Err(NotNow::Led(1, epoch)),
+        "the rules alone see a leader"
+    );
+    assert_eq!(won(&v, m(1), "run-a"), Some(epoch));
+    assert_eq!(won(&v, m(1), "run-a2"), None, "another process of the member won nothing");
+    assert_eq!(won(&v, m(2), "run-a"), None);
 }
 
 /// A maintenance pause: the in-sync backup does not take over while it stands, even once

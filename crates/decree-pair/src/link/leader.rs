@@ -337,7 +337,17 @@ impl Leader {
             return LinkStep::default().ends(end);
         }
         if let LinkMessage::Hello { member, run, .. } = message {
-            link.peer = Some(BackupRun { member, run });
+            let peer = BackupRun { member, run };
+            link.peer = Some(peer);
+            // Another process of the backup: the one that caught up is gone, and this one
+            // holds nothing until it catches up (a switchover must not name either).
+            self.caught_up.send_if_modified(|last| {
+                let gone = last.is_some_and(|last| last != peer);
+                if gone {
+                    *last = None;
+                }
+                gone
+            });
         }
         let (epoch, view) = message.rule_view();
         let commands =
@@ -596,7 +606,7 @@ mod tests {
             run: 0x77,
         };
         let caught_up = leader.caught_up_backups();
-        assert!(leader.on_frame(&mut link, hello).end.is_none());
+        assert!(leader.on_frame(&mut link, hello.clone()).end.is_none());
         assert_eq!(leader.node().role, Role::Primary { alone: false }, "strict from the snapshot on");
         assert_eq!(leader.poll_send(&mut link), vec![LinkMessage::CaughtUp { epoch: node.seen, up_to: 0 }]);
         assert_eq!(*caught_up.borrow(), None, "not caught up before its acknowledgement");
@@ -610,6 +620,22 @@ mod tests {
         // of its hello, is the one an election records in sync.
         let backup = super::BackupRun { member: MemberId::new(2).unwrap(), run: 0x77 };
         assert_eq!(*caught_up.borrow(), Some(backup));
+        // The same process on a new link still holds everything; another process of the
+        // backup holds nothing until it catches up (simulator finding 16: a switchover
+        // named the process that had caught up while its successor was catching up).
+        let (mut again, _hello) = leader.open_link();
+        assert!(leader.on_frame(&mut again, hello).end.is_none());
+        assert_eq!(*caught_up.borrow(), Some(backup), "the same process linked again");
+        let (mut next, _hello) = leader.open_link();
+        let restarted = LinkMessage::Hello {
+            epoch: node.seen,
+            member: MemberId::new(2).unwrap(),
+            node: 7,
+            next_sequence: 2,
+            run: 0x78,
+        };
+        assert!(leader.on_frame(&mut next, restarted).end.is_none());
+        assert_eq!(*caught_up.borrow(), None, "the backup's next process has not caught up");
     }
 
     /// The link's group commit rests on this count: the bug it guards against is a link
