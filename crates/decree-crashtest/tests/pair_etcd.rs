@@ -627,11 +627,29 @@ fn a_switchover_to_a_backup_that_died_gives_the_lead_back_to_the_old_primary() {
     eventually("the old primary leads a newer epoch", &[primary], || {
         status(primary).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
     });
+    // Its lead again is a campaign won by its election since it rejoined after handing
+    // over (the counts start again then), none by the stopped backup's (checked once it
+    // runs again); the lease was renewed (its age: what the fence counts the lease from).
+    let etcd_of = |m: &Member| status(m).expect("answers")["etcd"].clone();
+    let mine = etcd_of(primary);
+    assert_eq!(mine["campaigns_won"].as_u64(), Some(1), "{mine}");
+    assert!(mine["keepalive_age_ms"].is_u64(), "{mine}");
     signal(stopped, libc::SIGCONT);
     let (new_primary, _) = wait_strict(&a, &b);
+    let theirs = etcd_of(backup_member(&a, &b, primary));
+    assert_eq!(theirs["campaigns_won"].as_u64(), Some(0), "the continued backup won nothing: {theirs}");
     assert!(std::ptr::eq(new_primary, primary), "the continued backup follows, it does not lead");
     acknowledged.extend(decide(primary, 20));
     all_committed(primary, &acknowledged);
+}
+
+/// The member of `a` and `b` that is not `one`.
+fn backup_member<'a>(a: &'a Member, b: &'a Member, one: &Member) -> &'a Member {
+    if std::ptr::eq(one, a) {
+        b
+    } else {
+        a
+    }
 }
 
 /// Issue 34's maintenance pause: recorded in etcd through the backup and shown in both

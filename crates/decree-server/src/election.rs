@@ -115,6 +115,9 @@ pub(crate) struct Election {
     pub(crate) keepalives: AtomicU64,
     /// Campaign transactions sent.
     pub(crate) campaigns: AtomicU64,
+    /// Campaigns this member won (each a leader change to it) since it joined the pair: its
+    /// start, or its rejoin after stepping down (as every count of this election).
+    pub(crate) won: AtomicU64,
     /// The backup process the sync record names now, as this member (leading) last wrote it.
     recorded: Mutex<Option<BackupRun>>,
 }
@@ -231,6 +234,7 @@ impl Election {
             operator_requests: AtomicU64::new(0),
             keepalives: AtomicU64::new(0),
             campaigns: AtomicU64::new(0),
+            won: AtomicU64::new(0),
             recorded: Mutex::new(None),
         }))
     }
@@ -326,6 +330,11 @@ impl Election {
     /// Whether the lease provably lives now.
     pub(crate) fn lease_alive(&self) -> bool {
         !self.fence.ended() && self.fence.alive()
+    }
+
+    /// How long ago the last answered keepalive was sent (`None` before the first).
+    pub(crate) fn keepalive_age(&self) -> Option<Duration> {
+        self.fence.keepalive_age()
     }
 
     async fn register(&self, lease: LeaseId) -> Result<(), EtcdError> {
@@ -459,7 +468,10 @@ impl Election {
                 return None;
             }
             match self.try_campaign(&highest, &mut hand_over).await {
-                Ok(Some(epoch)) => return Some(epoch),
+                Ok(Some(epoch)) => {
+                    self.won.fetch_add(1, Ordering::Relaxed);
+                    return Some(epoch);
+                }
                 Ok(None) => {}
                 Err(reason) if reason != last_reason => {
                     tracing::info!(%reason, "not campaigning now");

@@ -55,6 +55,14 @@ impl Fence {
         self.alive_at(boot_ns())
     }
 
+    /// How long ago (boot clock) the last answered keepalive was sent: what the lease's
+    /// life is counted from (`None` before the first answer).
+    pub fn keepalive_age(&self) -> Option<std::time::Duration> {
+        let sent = self.sent_ns.load(Ordering::SeqCst);
+        (self.ttl_ns.load(Ordering::SeqCst) > 0)
+            .then(|| std::time::Duration::from_nanos(boot_ns().saturating_sub(sent)))
+    }
+
     /// Whether this member may act at boot-clock time `now_ns`.
     /// The rule is decree-pair's `election::lease_alive`, which the simulator runs too.
     pub fn alive_at(&self, now_ns: u64) -> bool {

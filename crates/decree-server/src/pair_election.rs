@@ -313,6 +313,8 @@ pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Val
         "operator_requests": election.operator_requests.load(Ordering::Relaxed),
         "keepalives": election.keepalives.load(Ordering::Relaxed),
         "campaigns": election.campaigns.load(Ordering::Relaxed),
+        "campaigns_won": election.won.load(Ordering::Relaxed),
+        "keepalive_age_ms": election.keepalive_age().map(|age| age.as_millis() as u64),
     }))
 }
 
@@ -324,7 +326,7 @@ pub(crate) fn render_metrics(out: &mut String, election: &Option<Arc<Election>>)
     use std::fmt::Write;
     use std::sync::atomic::Ordering;
     let Some(e) = election else { return };
-    let figures: [(&str, &str, &str, u64); 5] = [
+    let figures: [(&str, &str, &str, u64); 6] = [
         (
             "pair_etcd_requests_total",
             "counter",
@@ -344,6 +346,12 @@ pub(crate) fn render_metrics(out: &mut String, election: &Option<Arc<Election>>)
             e.campaigns.load(Ordering::Relaxed),
         ),
         (
+            "pair_etcd_campaigns_won_total",
+            "counter",
+            "Campaigns this member won since it joined the pair (its start or its rejoin after stepping down): each is a change of leader to it.",
+            e.won.load(Ordering::Relaxed),
+        ),
+        (
             "pair_etcd_lease_alive",
             "gauge",
             "1 while this member's lease provably lives.",
@@ -354,6 +362,17 @@ pub(crate) fn render_metrics(out: &mut String, election: &Option<Arc<Election>>)
     for (name, kind, help, value) in figures {
         let _ =
             writeln!(out, "# HELP decree_{name} {help}\n# TYPE decree_{name} {kind}\ndecree_{name} {value}");
+    }
+    // Absent before the first keepalive is answered.
+    if let Some(age) = e.keepalive_age() {
+        let name = "pair_etcd_keepalive_age_seconds";
+        let help =
+            "How long ago the last keepalive etcd answered was sent: the lease lives for its TTL from then.";
+        let _ = writeln!(
+            out,
+            "# HELP decree_{name} {help}\n# TYPE decree_{name} gauge\ndecree_{name} {}",
+            age.as_secs_f64()
+        );
     }
 }
 
