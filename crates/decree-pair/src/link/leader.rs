@@ -598,13 +598,15 @@ mod tests {
         node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
         let leader = Leader::new(node, 7, OutboxLimits::default(), server.clone());
         let (mut link, _hello) = leader.open_link();
-        let hello = LinkMessage::Hello {
+        // Member 2's hello, from its process `run`, expecting batch `next_sequence`.
+        let hello_of = |run: u64, next_sequence: u64| LinkMessage::Hello {
             epoch: node.seen,
             member: MemberId::new(2).unwrap(),
             node: 7,
-            next_sequence: 1,
-            run: 0x77,
+            next_sequence,
+            run,
         };
+        let hello = hello_of(0x77, 1);
         let caught_up = leader.caught_up_backups();
         assert!(leader.on_frame(&mut link, hello.clone()).end.is_none());
         assert_eq!(leader.node().role, Role::Primary { alone: false }, "strict from the snapshot on");
@@ -627,14 +629,7 @@ mod tests {
         assert!(leader.on_frame(&mut again, hello).end.is_none());
         assert_eq!(*caught_up.borrow(), Some(backup), "the same process linked again");
         let (mut next, _hello) = leader.open_link();
-        let restarted = LinkMessage::Hello {
-            epoch: node.seen,
-            member: MemberId::new(2).unwrap(),
-            node: 7,
-            next_sequence: 2,
-            run: 0x78,
-        };
-        assert!(leader.on_frame(&mut next, restarted).end.is_none());
+        assert!(leader.on_frame(&mut next, hello_of(0x78, 2)).end.is_none());
         assert_eq!(*caught_up.borrow(), None, "the backup's next process has not caught up");
     }
 
