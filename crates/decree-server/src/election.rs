@@ -535,11 +535,6 @@ impl Election {
         };
         let (txn, epoch) = match campaign(&view, &candidate, &self.keys) {
             Ok(txn) => txn,
-            Err(NotNow::OutOfSync(epoch)) if self.leader_of_record(&view, &candidate) => {
-                // The leader that wrote the record, back in a new process: its own log holds
-                // every decision it acknowledged, whatever its run id.
-                self.campaign_as_recorded_leader(&view, &candidate, epoch)?
-            }
             Err(e) => return Err(e.to_string()),
         };
         let (compares, ops) = decree_etcd::election::txn(&txn);
@@ -559,32 +554,6 @@ impl Election {
                 Ok(won.then_some(epoch))
             }
         }
-    }
-
-    /// Whether the sync record was written by this member as the leader of its epoch, and
-    /// this member's log knows that epoch (a member whose disk was lost does not).
-    fn leader_of_record(&self, view: &View, me: &Candidate) -> bool {
-        view.sync.value.as_ref().is_some_and(|sync| {
-            sync.members.first().is_some_and(|first| first.member == self.member.get())
-                && Epoch::from_raw(sync.epoch).member() == Some(self.member)
-                && me.highest >= Epoch::from_raw(sync.epoch)
-        })
-    }
-
-    /// The campaign of the record's leader in a new process: the record is read as naming
-    /// its current run (the rules' other checks all apply).
-    fn campaign_as_recorded_leader(
-        &self,
-        view: &View,
-        me: &Candidate,
-        epoch: Epoch,
-    ) -> Result<(rules::Txn, Epoch), String> {
-        let mut view = view.clone();
-        if let Some(sync) = view.sync.value.as_mut() {
-            sync.members[0].run = me.run.clone();
-        }
-        tracing::info!(%epoch, "this member led the recorded epoch and its log holds it: campaigning");
-        rules::campaign(&view, me, &self.keys).map_err(|e| e.to_string())
     }
 
     /// Leads `epoch` until the lease is lost or another member leads (then `primary` steps
