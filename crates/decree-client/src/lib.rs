@@ -35,7 +35,9 @@ pub use tls::{ClientTls, ClientTlsFiles};
 mod alive;
 
 use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, TraceContext, Xid};
-use decree_proto::{encode_decide_frame, encode_frame, ErrorCode, FrameBuffer, Message, Negotiated};
+use decree_proto::{
+    encode_decide_frame, encode_frame, encode_frame_with_fields, ErrorCode, FrameBuffer, Message, Negotiated,
+};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -440,6 +442,38 @@ impl Connection {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Sends `CompleteHeuristic` asking for the kept reply (protocol version 3) and waits
+    /// for it: true once the server keeps the heuristic outcome for good, after which the
+    /// branches' resource managers may forget them. False (the branches are left to the
+    /// server's recovery, which reports them again) on an older session, which gets the
+    /// plain notice, and when the server says it is not kept or does not know the field.
+    fn complete_kept(
+        &mut self,
+        xid: &Xid,
+        heuristic: HeuristicOutcome,
+        trace: Option<&TraceContext>,
+    ) -> Result<bool, StoreError> {
+        if self.session.version < decree_proto::PROTOCOL_VERSION_TRAILER {
+            self.complete(xid, Some(heuristic), trace)?;
+            return Ok(false);
+        }
+        self.check()?;
+        let id = self.next_request;
+        let start = self.out.len();
+        let kept = decree_proto::Field { tag: decree_proto::REPLY_WHEN_KEPT, value: Vec::new() };
+        encode_frame_with_fields(&mut self.out, id, &Message::CompleteHeuristic(*xid, heuristic), &[kept]);
+        self.add_trace_context(start, trace);
+        match self.exchange_raw(id)? {
+            Message::OutcomeIs(Outcome::Heuristic) => Ok(true),
+            Message::Error { code: ErrorCode::NotKept | ErrorCode::MustUnderstand, message } => {
+                tracing::warn!(%xid, %message, "heuristic outcome not kept by the server: its branches are left to recovery");
+                Ok(false)
+            }
+            Message::Error { code, message } => Err(self.server_error(code, message)),
+            other => Err(self.break_with(format!("expected OutcomeIs heuristic, got {other:?}"))),
+        }
     }
 
     /// Adds the trace-context field to the frame just encoded at `start`, on a session of
@@ -932,6 +966,19 @@ impl DecisionStore for RemoteDecisions {
         trace: Option<&TraceContext>,
     ) -> Result<(), StoreError> {
         self.complete_with(xid, heuristic, trace)
+    }
+
+    fn complete_heuristic_kept(
+        &self,
+        xid: &Xid,
+        outcome: HeuristicOutcome,
+        trace: Option<&TraceContext>,
+    ) -> Result<bool, StoreError> {
+        match self.session_of(xid) {
+            Ok(conn) => conn.lock().complete_kept(xid, outcome, trace),
+            // The session is gone, and with it whatever the server would have kept for it.
+            Err(_) => Ok(false),
+        }
     }
 
     fn one_phase_traced(&self, xid: &Xid, trace: Option<&TraceContext>) -> Result<bool, StoreError> {

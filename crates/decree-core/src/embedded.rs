@@ -7,7 +7,9 @@
 //! which is enough since sessions only need to be unique within one incarnation.
 
 use crate::keys::KeyAllocator;
+use crate::rm::HeuristicOutcome;
 use crate::store::{Decision, DecisionStore, StoreError};
+use crate::trace::TraceContext;
 use crate::xid::Xid;
 use decree_log::{Log, LogError};
 use parking_lot::Mutex;
@@ -129,6 +131,16 @@ impl DecisionStore for LogDecisions {
             self.log.complete(key).map_err(log_error)?;
         }
         Ok(())
+    }
+
+    fn complete_heuristic_kept(
+        &self,
+        xid: &Xid,
+        _outcome: HeuristicOutcome,
+        _trace: Option<&TraceContext>,
+    ) -> Result<bool, StoreError> {
+        // No outcome is answered from here, so none can be lost: the branches may go.
+        self.complete(xid).map(|()| true)
     }
 }
 

@@ -412,12 +412,19 @@ impl Session {
         self.trace_branch(i, "commit", result.as_ref().err());
         let name = self.rms[i].name().to_string();
         self.clear();
-        if told && matches!(result, Ok(()) | Err(RmError::Heuristic(_))) {
-            // The commit's answer is in: the server remembers it committed (lazily).
-            if let Err(e) = self.complete_in_store(xid, None) {
-                tracing::debug!(%xid, error = %e, "cannot complete a one-phase commit; the server answers unknown for it");
+        // The commit's answer is in: the server remembers it committed (lazily), or what
+        // the branch decided on its own; a heuristic branch is forgotten only once that is
+        // kept (a store not told has nothing to keep).
+        let forget = match &result {
+            Ok(()) if told => {
+                if let Err(e) = self.complete_in_store(xid, None) {
+                    tracing::debug!(%xid, error = %e, "cannot complete a one-phase commit; the server answers unknown for it");
+                }
+                false
             }
-        }
+            Err(RmError::Heuristic(h)) if told => self.complete_heuristic_in_store(xid, *h),
+            _ => true,
+        };
         let rolled_back = |call, cause| TmError::RolledBack {
             xid: Box::new(xid),
             rm: name.clone(),
@@ -436,7 +443,9 @@ impl Session {
                 let branch = bx.branch_number().unwrap_or(0);
                 let report = HeuristicReport { xid, rm: name.clone(), branch, outcome };
                 self.tm.shared().report_heuristic(report.clone());
-                let _ = self.rms[i].forget(&bx);
+                if forget {
+                    let _ = self.rms[i].forget(&bx);
+                }
                 if protocol::heuristic_is_damage(outcome, true) {
                     Err(TmError::Heuristic { xid: Box::new(xid), reports: vec![report] })
                 } else {
@@ -575,6 +584,7 @@ impl Session {
         self.commit_voters(spread);
         let mut retry: Vec<BranchRecord> = Vec::new();
         let mut heuristics = Vec::new();
+        let mut forget = Vec::new();
         for i in 0..self.rms.len() {
             let Some(result) = self.acks[i].take() else { continue };
             if self.trace.is_some() {
@@ -593,21 +603,29 @@ impl Session {
                     retry.push(BranchRecord { rm: self.rms[i].name().to_string(), branch });
                 }
                 PhaseTwoStep::Heuristic(outcome) => {
-                    let _ = self.rms[i].forget(&self.branch_xids[i]);
                     let report = HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch, outcome };
                     self.tm.shared().report_heuristic(report.clone());
                     heuristics.push(report);
+                    forget.push(i);
                 }
             }
         }
-        self.clear();
         let phase_two_pending = retry.len();
         let heuristic = heuristics.iter().fold(None, |h, r| Some(protocol::combine_heuristic(h, r.outcome)));
         if retry.is_empty() {
-            if let Err(e) = self.complete_in_store(xid, heuristic) {
-                tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
-            }
-        } else {
+            let kept = match heuristic {
+                Some(h) => self.complete_heuristic_in_store(xid, h),
+                None => {
+                    if let Err(e) = self.complete_in_store(xid, None) {
+                        tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
+                    }
+                    false
+                }
+            };
+            self.forget_heuristic_branches(kept, &forget);
+        }
+        self.clear();
+        if !retry.is_empty() {
             self.tm.defer(xid, true, retry, heuristic);
         }
         if heuristics.iter().any(|h| protocol::heuristic_is_damage(h.outcome, true)) {
@@ -683,6 +701,7 @@ impl Session {
         let mut retry = Vec::new();
         let mut first_error = None;
         let mut heuristic = None;
+        let mut forget = Vec::new();
         for i in 0..self.rms.len() {
             let b = self.branch_of[i];
             if b == NOT_ENLISTED || !protocol::needs_rollback(&self.votes[i]) {
@@ -699,7 +718,7 @@ impl Session {
                 }
                 PhaseTwoStep::Heuristic(outcome) => {
                     heuristic = Some(protocol::combine_heuristic(heuristic, outcome));
-                    let _ = self.rms[i].forget(&bx);
+                    forget.push(i);
                     let report =
                         HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch: b, outcome };
                     self.tm.shared().report_heuristic(report.clone());
@@ -717,11 +736,44 @@ impl Session {
         } else if let Some(h) = heuristic {
             // Without this the state server, which saw no decision, would answer "rolled
             // back" for a transaction a branch committed on its own.
-            if let Err(e) = self.complete_in_store(xid, Some(h)) {
-                tracing::warn!(%xid, error = %e, "heuristic outcome of a rollback not reported to the store");
-            }
+            let kept = self.complete_heuristic_in_store(xid, h);
+            self.forget_heuristic_branches(kept, &forget);
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Tells the store that `xid` is finished with a heuristic outcome, and whether the
+    /// store keeps it for good (then its branches may be forgotten); an error is logged and
+    /// means not kept.
+    fn complete_heuristic_in_store(&self, xid: Xid, heuristic: HeuristicOutcome) -> bool {
+        let span = self.trace.as_ref().map(|t| t.store_call("decree.complete"));
+        let wire = span.as_ref().and_then(trace::wire_of);
+        let result = self.tm.store().complete_heuristic_kept(&xid, heuristic, wire.as_ref());
+        if let Some(span) = span {
+            trace::end_store_call(span, result.as_ref().err().map(ToString::to_string));
+        }
+        result.unwrap_or_else(|e| {
+            tracing::warn!(%xid, error = %e, "heuristic outcome not reported to the store; recovery reports it again");
+            false
+        })
+    }
+
+    /// Tells the resource managers of connections `which` to forget their heuristic
+    /// branches, once the store keeps the outcome (`kept`); otherwise they stay for the
+    /// state server's recovery, which finds them and reports them again (issue 32).
+    fn forget_heuristic_branches(&mut self, kept: bool, which: &[usize]) {
+        if !kept {
+            if !which.is_empty() {
+                tracing::info!(
+                    branches = which.len(),
+                    "heuristic branches left for recovery: the store did not say it keeps their outcome"
+                );
+            }
+            return;
+        }
+        for &i in which {
+            let _ = self.rms[i].forget(&self.branch_xids[i]);
+        }
     }
 
     /// Tells the store that `xid` is finished (with its heuristic outcome), inside a

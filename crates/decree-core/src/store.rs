@@ -97,6 +97,21 @@ pub trait DecisionStore: Send + Sync {
         let _ = outcome;
         self.complete(xid)
     }
+    /// [`DecisionStore::complete_traced`] with a heuristic, returning whether the store now
+    /// keeps that outcome for good (durable, and in a pair held by the backup): only then
+    /// may the branches' resource managers be told to forget them, or a crash in between
+    /// loses the report everywhere. False leaves the branches to the state server's
+    /// recovery, which finds and reports them again. False by default, the safe answer for
+    /// a store that wraps another and does not pass this on; the embedded log, which
+    /// answers no outcome questions and so has nothing to lose, says true.
+    fn complete_heuristic_kept(
+        &self,
+        xid: &Xid,
+        outcome: HeuristicOutcome,
+        trace: Option<&TraceContext>,
+    ) -> Result<bool, StoreError> {
+        self.complete_traced(xid, Some(outcome), trace).map(|()| false)
+    }
     /// Says that `xid` is about to commit its one branch in one phase, before the branch
     /// commits, so that a state server never answers it rolled back afterwards (protocol
     /// version 3's `OnePhase`). Returns whether the store was told, in which case the

@@ -1,6 +1,7 @@
-//! decree-pair's [`state_cell`] (the member's `PAIR` record and the one way to change it),
-//! the same source file compiled a second time over loom's locks instead of parking_lot's,
-//! so that `tests.rs` explores every interleaving of its two callers.
+//! decree-pair's [`state_cell`] (the member's `PAIR` record and the one way to change it)
+//! and decree-server's [`live_set`] (where a live decision is held while sessions close),
+//! the same source files compiled a second time over loom's locks instead of parking_lot's,
+//! so that `tests.rs` and `live_set_tests.rs` explore every interleaving of their callers.
 //!
 //! A crate of its own rather than a feature of decree-pair: a feature changes decree-pair's
 //! build, and the separate `cargo test -p decree-pair --features loom` rebuilt 31 crates in
@@ -28,5 +29,14 @@ mod sync {
 #[path = "../../decree-pair/src/state_cell.rs"]
 pub mod state_cell;
 
+/// decree-server's live set (a closing session's decisions moving to the orphans, and a
+/// pair's snapshot of both), built over loom's locks.
+#[path = "../../decree-server/src/live_set.rs"]
+#[allow(dead_code)] // its functions are the server's (pub(crate)); here only the tests call them
+pub mod live_set;
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod live_set_tests;

@@ -39,8 +39,8 @@ pub use message::{
     Negotiated, HELLO_VERSIONS_MAX,
 };
 pub use trailer::{
-    append_trace_context, carries_trace_context, trace_context, Field, MUST_UNDERSTAND, TRACE_CONTEXT,
-    TRACE_CONTEXT_BYTES,
+    append_trace_context, asks_reply_when_kept, carries_trace_context, trace_context, Field, MUST_UNDERSTAND,
+    REPLY_WHEN_KEPT, TRACE_CONTEXT, TRACE_CONTEXT_BYTES,
 };
 
 /// The version byte of every frame: the version of the framing, the same for every

@@ -135,6 +135,12 @@ pub enum ErrorCode {
     /// 20 (protocol version 3): a request carries a must-understand field the server does
     /// not know; nothing of it was acted on and the connection stays open.
     MustUnderstand,
+    /// 21 (protocol version 3): a `CompleteHeuristic` that asked for the kept reply
+    /// ([`crate::REPLY_WHEN_KEPT`]) was not kept for good (not this session's, refused by the
+    /// outcome memory, or not durable): the client must not let its resource managers
+    /// forget the branches, whose next recovery pass reports them again. The connection
+    /// stays open.
+    NotKept,
     /// Any other code, kept for forward compatibility.
     Other(u16),
 }
@@ -163,6 +169,7 @@ impl ErrorCode {
             ErrorCode::TlsRequired => 18,
             ErrorCode::NotPrimary => 19,
             ErrorCode::MustUnderstand => 20,
+            ErrorCode::NotKept => 21,
             ErrorCode::Other(c) => c,
         }
     }
@@ -190,6 +197,7 @@ impl ErrorCode {
             18 => ErrorCode::TlsRequired,
             19 => ErrorCode::NotPrimary,
             20 => ErrorCode::MustUnderstand,
+            21 => ErrorCode::NotKept,
             c => ErrorCode::Other(c),
         }
     }
@@ -657,10 +665,11 @@ mod tests {
             (18, ErrorCode::TlsRequired),
             (19, ErrorCode::NotPrimary),
             (20, ErrorCode::MustUnderstand),
+            (21, ErrorCode::NotKept),
         ] {
             assert_eq!(ErrorCode::from_u16(c), code);
         }
-        assert_eq!(ErrorCode::from_u16(21), ErrorCode::Other(21));
+        assert_eq!(ErrorCode::from_u16(22), ErrorCode::Other(22));
     }
 
     /// A `Decide` body of `count` branches named `name`, written by hand: the encoder

@@ -80,6 +80,19 @@ pub fn append_trace_context(out: &mut Vec<u8>, frame_start: usize, context: &Tra
     out[frame_start..frame_start + 4].copy_from_slice(&length.to_be_bytes());
 }
 
+/// The kept-reply field (must understand, empty value), on `CompleteHeuristic` only: the
+/// client asks to be answered `OutcomeIs` heuristic once the server keeps the outcome for
+/// good (durable, and in a pair held by the backup), or `Error` 21 `NotKept`. Only then may
+/// the client's resource managers forget the heuristic branches: a `CompleteHeuristic`
+/// without a reply may still be in flight when the client dies (issue 32). Must understand,
+/// so that a server that does not know it refuses the request instead of never answering.
+pub const REPLY_WHEN_KEPT: u16 = MUST_UNDERSTAND | 0x0002;
+
+/// Whether a message of `kind` with `fields` asks for the kept reply.
+pub fn asks_reply_when_kept(kind: MessageType, fields: &[Field]) -> bool {
+    kind == MessageType::CompleteHeuristic && fields.iter().any(|f| f.tag == REPLY_WHEN_KEPT)
+}
+
 /// One typed field of a trailer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field {

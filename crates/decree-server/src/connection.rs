@@ -25,8 +25,8 @@ use crate::crash_points::{self, CrashPoint};
 use crate::rules;
 use crate::state::{SessionTxns, State};
 use crate::trace;
-use decree_core::{Decision, HeuristicOutcome, TraceContext, Xid};
-use decree_proto::{encode_frame, ErrorCode, Field, FrameBuffer, Message, Negotiated};
+use decree_core::{Decision, HeuristicOutcome, Outcome, TraceContext, Xid};
+use decree_proto::{encode_frame, ErrorCode, Field, FrameBuffer, Message, Negotiated, REPLY_WHEN_KEPT};
 use opentelemetry::trace::Span;
 use opentelemetry::KeyValue;
 use std::sync::atomic::Ordering;
@@ -245,14 +245,22 @@ impl Conn {
             let why = format!("malformed {kind} body: bytes after the body (a field trailer needs protocol version 3, this session speaks {})", self.version);
             return self.fail(id, ErrorCode::Malformed, why).await;
         }
-        // Version 3 defines no field: every must-understand one is unknown here.
-        if let Some(f) = fields.iter().find(|f| f.must_understand()) {
+        let kept_reply = decree_proto::asks_reply_when_kept(message.kind(), fields);
+        // The one must-understand field known here is the kept reply, on `CompleteHeuristic`.
+        if let Some(f) =
+            fields.iter().find(|f| f.must_understand() && !(kept_reply && f.tag == REPLY_WHEN_KEPT))
+        {
             let why = format!("unknown must-understand field 0x{:04x} in {kind}", f.tag);
             return self.reply(id, Message::Error { code: ErrorCode::MustUnderstand, message: why }).await;
         }
         // The trace context is read only when spans are on; otherwise it is skipped.
         let client = self.state.trace.as_ref().and_then(|_| decree_proto::trace_context(fields));
-        self.handle(id, message, client.as_ref()).await
+        match (message, self.session.clone()) {
+            (Message::CompleteHeuristic(xid, outcome), Some((session, txns))) if kept_reply => {
+                self.complete_kept(id, &xid, session, &txns, outcome, client.as_ref()).await
+            }
+            (message, _) => self.handle(id, message, client.as_ref()).await,
+        }
     }
 
     /// Handles one request (`client`: the trace context it carried, when spans are on); the
@@ -271,9 +279,9 @@ impl Conn {
         };
         match message {
             Message::Decide(decision) => self.decide(id, session, txns, decision, client).await,
-            Message::Complete(xid) => self.complete(&xid, session, &txns, None, client),
+            Message::Complete(xid) => self.complete(&xid, session, &txns, None, client, None),
             Message::CompleteHeuristic(xid, outcome) if self.version >= 2 => {
-                self.complete(&xid, session, &txns, Some(outcome), client)
+                self.complete(&xid, session, &txns, Some(outcome), client, None)
             }
             Message::OnePhase(xid) if self.version >= decree_proto::PROTOCOL_VERSION_TRAILER => {
                 let span =
@@ -352,9 +360,10 @@ impl Conn {
         txns: &SessionTxns,
         heuristic: Option<HeuristicOutcome>,
         client: Option<&TraceContext>,
+        kept: Option<crate::state::KeptCallback>,
     ) -> Next {
         let span = self.state.trace.as_ref().map(|t| t.request("decree.server.complete", xid, client));
-        let own = self.state.complete_own(xid, session, txns, heuristic);
+        let own = self.state.complete_own_kept(xid, session, txns, heuristic, kept);
         if !own {
             self.state.metrics.completes_ignored.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%xid, session, "ignored a Complete for a transaction this session has not decided");
@@ -364,6 +373,51 @@ impl Conn {
             trace::end(span, (!own).then(|| "ignored: not a decision of this session".to_string()));
         }
         Next::Continue
+    }
+
+    /// A `CompleteHeuristic` that asks for the kept reply: acted on as any other, then
+    /// answered `OutcomeIs` heuristic once the outcome is durable and, in a pair, held by
+    /// the backup, or `NotKept` (the client then leaves its branches to recovery).
+    async fn complete_kept(
+        &self,
+        id: u64,
+        xid: &Xid,
+        session: u64,
+        txns: &SessionTxns,
+        outcome: HeuristicOutcome,
+        client: Option<&TraceContext>,
+    ) -> Next {
+        let Some(send) = self.deferred_reply(id).await else { return Next::Close };
+        let kept: crate::state::KeptCallback = Box::new(move |kept| {
+            send(if kept {
+                Message::OutcomeIs(Outcome::Heuristic)
+            } else {
+                // The text of the documented vector error_not_kept.
+                let message = "the heuristic outcome is not kept: leave its branches to recovery".to_string();
+                Message::Error { code: ErrorCode::NotKept, message }
+            })
+        });
+        self.complete(xid, session, txns, Some(outcome), client, Some(kept))
+    }
+
+    /// A way to answer request `id` later, from any thread (a decision's durability, an
+    /// outcome kept): it holds the connection's and the server's permits until it is sent.
+    /// None when the server is closing.
+    async fn deferred_reply(&self, id: u64) -> Option<Box<dyn FnOnce(Message) + Send>> {
+        let connection_permit = self.permit().await?;
+        let total_permit = self.total.clone().acquire_owned().await.ok()?;
+        let responses = self.responses.clone();
+        Some(Box::new(move |message: Message| {
+            let response = Response {
+                request_id: id,
+                message,
+                close: false,
+                _connection_permit: connection_permit,
+                _total_permit: Some(total_permit),
+            };
+            // Never full: every queued response holds one of the channel's permits.
+            let _ = responses.try_send(response);
+        }))
     }
 
     async fn decide(
@@ -378,22 +432,8 @@ impl Conn {
             Ok(sequence) => sequence,
             Err(refusal) => return self.reply(id, *refusal).await,
         };
-        let state = &self.state;
-        let Some(connection_permit) = self.permit().await else { return Next::Close };
-        let Ok(total_permit) = self.total.clone().acquire_owned().await else { return Next::Close };
-        let responses = self.responses.clone();
-        let send = Box::new(move |message: Message| {
-            let response = Response {
-                request_id: id,
-                message,
-                close: false,
-                _connection_permit: connection_permit,
-                _total_permit: Some(total_permit),
-            };
-            // Never full: every queued response holds one of the channel's permits.
-            let _ = responses.try_send(response);
-        });
-        commit_decision_traced(state, txns, sequence, decision, send, client);
+        let Some(send) = self.deferred_reply(id).await else { return Next::Close };
+        commit_decision_traced(&self.state, txns, sequence, decision, send, client);
         Next::Continue
     }
 

@@ -22,6 +22,7 @@ pub mod etcd_config;
 mod fence;
 mod link_secret;
 mod link_tls;
+mod live_set;
 mod metrics;
 mod pair;
 mod pair_election;
@@ -32,6 +33,16 @@ mod rules;
 #[cfg(feature = "sim")]
 pub mod sim_api;
 mod state;
+/// The locks [`live_set`] is written over: parking_lot's here (decree-pair-loom gives
+/// loom's, to check every interleaving of the same file).
+mod sync {
+    pub(crate) use parking_lot::Mutex;
+
+    /// Locks `mutex`.
+    pub(crate) fn lock<T>(mutex: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+        mutex.lock()
+    }
+}
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;

@@ -123,7 +123,7 @@ pub(crate) fn render(state: &State) -> String {
     );
     counter(
         "heuristic_outcomes_total",
-        "Heuristic outcomes reported by resource managers.",
+        "Heuristic outcomes reported by resource managers: each branch once, when its report is kept (a report not kept yet comes again with the next recovery pass and is not counted twice).",
         load(&m.heuristics),
     );
     counter("log_flushes_total", "Durable flushes of the log.", stats.flushes);

@@ -14,6 +14,7 @@
 //! "rolled back" answer rely on this.
 
 use crate::config::{Limits, RecoveryConfig};
+use crate::live_set;
 use crate::metrics::Metrics;
 use crate::recheck::RecheckSchedule;
 use crate::rules::{self, Facts, Owner, Remembered};
@@ -321,16 +322,10 @@ impl State {
 
     /// Every decision this server holds live (sessions' and orphans'): a pair's live set.
     /// The sessions are read before the orphans, the way `close_session` moves decisions
-    /// (issue 32, defect 2: read the other way, a decision moved between the two reads was
-    /// in neither); one moved between them is read twice, which the caller removes.
+    /// (issue 32, defect 2; `live_set` holds that order, checked under loom); one moved
+    /// between the two reads is read twice, which the caller removes.
     pub(crate) fn live_decisions(&self) -> Vec<Decision> {
-        let sessions: Vec<Arc<SessionTxns>> = self.live.lock().values().cloned().collect();
-        let mut all: Vec<Decision> = Vec::new();
-        for txns in sessions {
-            all.extend(txns.decided.lock().values().map(|d| d.decision.clone()));
-        }
-        all.extend(self.orphans.lock().values().map(|d| d.decision.clone()));
-        all
+        live_set::snapshot(&self.live, |t: &SessionTxns| &t.decided, &self.orphans, |d| d.decision.clone())
     }
 
     /// Registers a new live session and returns its id.
@@ -347,31 +342,26 @@ impl State {
     /// runs now and again at the rechecks (a `PREPARE` of this session may still be
     /// running in a database and land after the first pass).
     pub(crate) fn close_session(&self, id: u64, txns: &SessionTxns) {
-        let handed_over;
-        {
-            // Into the orphans before out of the session (see the module comment): both
-            // locks are held for the move, so nobody sees it half done.
-            let mut decided = txns.decided.lock();
-            txns.closed.store(true, Ordering::SeqCst);
-            handed_over = decided.len();
-            let mut orphans = self.orphans.lock();
-            for (_, d) in decided.drain() {
-                match orphans.get_mut(&d.decision.xid) {
-                    Some(existing) => existing.merge(d),
-                    None => {
-                        orphans.insert(d.decision.xid, d);
-                    }
+        // Into the orphans before out of the session (see the module comment).
+        let handed_over = live_set::close(
+            &self.live,
+            id,
+            &txns.decided,
+            &self.orphans,
+            |d| d.decision.xid,
+            LiveDecision::merge,
+            || txns.closed.store(true, Ordering::SeqCst),
+            || {
+                // What its one-phase marks say, before it leaves `live` (the outcome rule
+                // reads the owner first): a marked Xid of a closed session is never answered
+                // rolled back.
+                let marks = std::mem::take(&mut *txns.one_phase.lock());
+                let unread = txns.unread.load(Ordering::SeqCst);
+                if unread || marks.overflowed || !marks.sequences.is_empty() {
+                    self.closed_unknown.lock().keep(self.node, self.incarnation, id, marks, unread);
                 }
-            }
-        }
-        // What its one-phase marks say, before it leaves `live` (the outcome rule reads the
-        // owner first): a marked Xid of a closed session is never answered rolled back.
-        let marks = std::mem::take(&mut *txns.one_phase.lock());
-        let unread = txns.unread.load(Ordering::SeqCst);
-        if unread || marks.overflowed || !marks.sequences.is_empty() {
-            self.closed_unknown.lock().keep(self.node, self.incarnation, id, marks, unread);
-        }
-        self.live.lock().remove(&id);
+            },
+        );
         self.metrics.sessions_closed.fetch_add(1, Ordering::Relaxed);
         if handed_over > 0 {
             tracing::info!(session = id, handed_over, "session closed with decided transactions to finish");
@@ -501,7 +491,6 @@ impl State {
                 },
             }
         };
-        self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
         let (kept_tx, kept) = std::sync::mpsc::channel::<bool>();
         let held_tx = kept_tx.clone();
         let remembered = self.remember_shipped(
@@ -516,11 +505,16 @@ impl State {
         );
         let deadline = std::time::Instant::now() + HEURISTIC_KEPT_WAIT;
         // Two answers: durable here, and held by the backup.
-        remembered
+        let kept = remembered
             && (0..2).all(|_| {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 kept.recv_timeout(left).unwrap_or(false)
-            })
+            });
+        // Counted once per branch: a report not kept comes again with the next pass.
+        if kept {
+            self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
+        }
+        kept
     }
 
     /// Number of decided transactions whose owner is gone and that are not finished yet.
@@ -551,29 +545,60 @@ impl State {
         txns: &SessionTxns,
         heuristic: Option<HeuristicOutcome>,
     ) -> bool {
+        self.complete_own_kept(xid, session, txns, heuristic, None)
+    }
+
+    /// [`State::complete_own`], telling `kept` (when given) whether the heuristic outcome
+    /// is kept for good: durable here and, in a pair, held by the backup (the kept reply of
+    /// protocol version 3, after which the client's resource managers may forget the
+    /// branches). Anything not acted on, or refused by the memory, is not kept.
+    pub(crate) fn complete_own_kept(
+        &self,
+        xid: &Xid,
+        session: u64,
+        txns: &SessionTxns,
+        heuristic: Option<HeuristicOutcome>,
+        kept: Option<KeptCallback>,
+    ) -> bool {
         let global = xid.global();
-        let Some(o) = global.origin() else { return false };
+        let not_kept = |kept: Option<KeptCallback>| {
+            if let Some(kept) = kept {
+                kept(false);
+            }
+            false
+        };
+        let Some(o) = global.origin() else { return not_kept(kept) };
         if o.node != self.node || o.incarnation != self.incarnation || o.session != session {
-            return false;
+            return not_kept(kept);
         }
         let mut decided = txns.decided.lock();
         let Some(live) = decided.get(&o.sequence) else {
             drop(decided);
-            if heuristic.is_none() && txns.one_phase.lock().sequences.contains(&o.sequence) {
+            let marked = txns.one_phase.lock().sequences.contains(&o.sequence);
+            if heuristic.is_none() && marked {
                 return self.one_phase_committed(&global, o.sequence, txns);
             }
-            // An undecided transaction of this session that it rolled back, where a branch
-            // decided on its own: remembered, or "rolled back" would be answered for it.
-            let Some(h) = heuristic else { return false };
+            // An undecided transaction of this session that it rolled back, or committed in
+            // one phase, where a branch decided on its own: remembered, or "rolled back"
+            // (or "committed") would be answered for it.
+            let Some(h) = heuristic else { return not_kept(kept) };
             self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
-            return self.remember(&global, Remembered::Heuristic(h), Box::new(|_| {}));
+            let (durable, held) = join_kept(kept);
+            let durable: decree_log::DurableCallback = Box::new(move |result| durable.arrive(result.is_ok()));
+            if !self.remember_shipped(&global, Remembered::Heuristic(h), durable, held) {
+                return false;
+            }
+            if marked {
+                txns.one_phase.lock().sequences.remove(&o.sequence);
+            }
+            return true;
         };
         let heuristic =
             heuristic.map(|h| decree_core::protocol::combine_heuristic(live.heuristic, h)).or(live.heuristic);
         let keys = live.keys.clone();
         // Remembered (visible) before it leaves the session's map; kept there if the
         // memory refused it (the server then finishes it after the session closes).
-        if self.finish(&global, keys, heuristic) {
+        if self.finish_kept(&global, keys, heuristic, kept) {
             decided.remove(&o.sequence);
         }
         true
@@ -607,28 +632,45 @@ impl State {
     /// a restart answers from it). Returns false when the memory refused the entry (its
     /// queue is full, or it has failed): the caller keeps the decision live.
     fn finish(&self, global: &Xid, keys: Vec<u64>, heuristic: Option<HeuristicOutcome>) -> bool {
+        self.finish_kept(global, keys, heuristic, None)
+    }
+
+    /// [`State::finish`], telling `kept` (when given) whether the outcome is kept for good.
+    fn finish_kept(
+        &self,
+        global: &Xid,
+        keys: Vec<u64>,
+        heuristic: Option<HeuristicOutcome>,
+        kept: Option<KeptCallback>,
+    ) -> bool {
         let remembered = heuristic.map_or(Remembered::Committed, Remembered::Heuristic);
         let log = self.log.clone();
         let xid = *global;
         let pair = self.pair().cloned();
-        let accepted = self.remember(
+        let (durable, held) = join_kept(kept);
+        let accepted = self.remember_shipped(
             global,
             remembered,
-            Box::new(move |result| match result {
-                Ok(()) => {
-                    for key in keys {
-                        if let Err(e) = log.complete(key) {
-                            tracing::error!(%xid, error = %e, "cannot record completion; the decision stays live");
+            Box::new(move |result| {
+                let ok = result.is_ok();
+                match result {
+                    Ok(()) => {
+                        for key in keys {
+                            if let Err(e) = log.complete(key) {
+                                tracing::error!(%xid, error = %e, "cannot record completion; the decision stays live");
+                            }
+                        }
+                        if let Some(pair) = pair {
+                            pair.ship_completion(&xid);
                         }
                     }
-                    if let Some(pair) = pair {
-                        pair.ship_completion(&xid);
+                    Err(e) => {
+                        tracing::error!(%xid, error = %e, "outcome not durable; the decision stays live in the log")
                     }
                 }
-                Err(e) => {
-                    tracing::error!(%xid, error = %e, "outcome not durable; the decision stays live in the log")
-                }
+                durable.arrive(ok);
             }),
+            held,
         );
         if accepted {
             self.metrics.completes.fetch_add(1, Ordering::Relaxed);
@@ -821,4 +863,62 @@ impl State {
         }
         std::mem::replace(&mut *woken, false)
     }
+}
+
+/// Told once whether a heuristic outcome is kept for good (durable here and, in a pair,
+/// held by the backup): the server's side of the kept reply.
+pub(crate) type KeptCallback = Box<dyn FnOnce(bool) + Send>;
+
+/// What the answers joined by [`join_kept`] still wait for.
+struct KeptJoin {
+    /// Answers still to come.
+    left: u8,
+    /// Called once: at the first "no", or when every answer said yes.
+    kept: Option<KeptCallback>,
+}
+
+/// One of the answers [`join_kept`] waits for; dropped without an answer, it says no (a
+/// memory that refused the entry drops its callback: the caller must still be answered).
+pub(crate) struct KeptArrival(Option<Arc<Mutex<KeptJoin>>>);
+
+impl KeptArrival {
+    /// Gives this answer.
+    pub(crate) fn arrive(mut self, ok: bool) {
+        if let Some(join) = self.0.take() {
+            arrive(&join, ok);
+        }
+    }
+}
+
+impl Drop for KeptArrival {
+    fn drop(&mut self) {
+        if let Some(join) = self.0.take() {
+            arrive(&join, false);
+        }
+    }
+}
+
+/// Counts one answer into `join`, calling its callback when the outcome is settled.
+fn arrive(join: &Mutex<KeptJoin>, ok: bool) {
+    let settled = {
+        let mut join = join.lock();
+        join.left = join.left.saturating_sub(1);
+        if !ok || join.left == 0 {
+            join.kept.take().map(|kept| (kept, ok))
+        } else {
+            None
+        }
+    };
+    if let Some((kept, ok)) = settled {
+        kept(ok);
+    }
+}
+
+/// Splits `kept` into the two answers an outcome waits for: durable here, and held by the
+/// backup (the second is `None` when nobody waits, so that shipping stays as it was).
+fn join_kept(kept: Option<KeptCallback>) -> (KeptArrival, Option<Box<dyn FnOnce() + Send>>) {
+    let Some(kept) = kept else { return (KeptArrival(None), None) };
+    let join = Arc::new(Mutex::new(KeptJoin { left: 2, kept: Some(kept) }));
+    let held = KeptArrival(Some(join.clone()));
+    (KeptArrival(Some(join)), Some(Box::new(move || held.arrive(true))))
 }

@@ -172,3 +172,82 @@ fn a_decide_to_a_server_that_went_away_is_not_sent_and_rolls_back() {
     assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));
     assert!(a.prepared().is_empty() && b.prepared().is_empty(), "nothing left prepared");
 }
+
+/// Issue 32: a heuristic branch was told to forget before the server had its report, so a
+/// crash in between lost the report everywhere. The coordinator now asks for the kept reply
+/// (protocol version 3) and forgets only once the server keeps the outcome; a report the
+/// server cannot keep (its disk fails) leaves the branch to recovery.
+#[test]
+fn a_heuristic_branch_is_forgotten_only_once_the_server_keeps_its_outcome() {
+    use decree_core::testing::dummy::{Call, FaultAction, FaultRule};
+    use decree_core::{HeuristicOutcome, TmError, Xid};
+    use decree_log::testing::fault::FaultStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(dir.path().join("log"), EngineKind::Journal);
+    config.unix = Some(dir.path().join("decree.sock"));
+    let storage = FaultStorage::new(11);
+    storage.disable_direct_io();
+    let (a, b) = (DummyFactory::named("a", 100), DummyFactory::named("b", 100));
+    let factories: Vec<Arc<dyn RmFactory>> = vec![a.arc(), b.arc()];
+    let server =
+        decree_server::start_on_storage(config, Arc::new(storage.clone()), factories.clone()).unwrap();
+    let endpoint = format!("unix:{}", server.unix_path().unwrap().display());
+    let store = Arc::new(RemoteDecisions::connect(&endpoint).unwrap());
+    assert_eq!(store.protocol_version(), 3);
+    let tm = TransactionManager::with_store(store.clone(), TmConfig::default(), factories).unwrap();
+    let rms: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut session = Session::open(&tm, rms).unwrap();
+    // b votes no, and a's rollback finds that a committed on its own.
+    let mut heuristic_rollback = || -> Xid {
+        a.set_rules(vec![FaultRule::first(
+            Call::Rollback,
+            FaultAction::Heuristic(HeuristicOutcome::Committed),
+            1,
+        )]);
+        b.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
+        let mut tx = session.begin().unwrap();
+        tx.enlist_all().unwrap();
+        match tx.commit() {
+            Err(TmError::RolledBack { xid, .. }) => *xid,
+            other => panic!("expected the vote no to roll the transaction back, got {other:?}"),
+        }
+    };
+    let kept = heuristic_rollback();
+    assert_eq!(a.counts().get(Call::Forget), 1, "the branch is forgotten once the server keeps its report");
+    assert_eq!(store.outcome(&kept).unwrap(), Outcome::Heuristic, "kept: answered at once, no wait");
+
+    storage.fail_syncs_after(0); // the outcome memory can no longer make anything durable
+    let lost = heuristic_rollback();
+    assert_eq!(a.outcome(&lost.branch(0)), Some(BranchOutcome::Heuristic(HeuristicOutcome::Committed)));
+    assert_eq!(a.counts().get(Call::Forget), 1, "not forgotten: the server could not keep the report");
+    drop(session);
+    let _ = server.shutdown();
+}
+
+/// A one-phase commit whose branch decided on its own (here: rolled back) was remembered
+/// "committed" by the server; it is now remembered heuristic, and the branch is forgotten
+/// once the server keeps that (issue 32).
+#[test]
+fn a_heuristic_one_phase_commit_is_answered_heuristic_never_committed() {
+    use decree_core::testing::dummy::{Call, FaultAction, FaultRule};
+    use decree_core::{HeuristicOutcome, TmError};
+    let dir = tempfile::tempdir().unwrap();
+    let (server, store, tm, a, _b) = coordinator(dir.path());
+    let mut session = Session::open(&tm, vec![Box::new(a.connection()) as Box<dyn ResourceManager>]).unwrap();
+    a.set_rules(vec![FaultRule::first(
+        Call::Commit,
+        FaultAction::Heuristic(HeuristicOutcome::RolledBack),
+        1,
+    )]);
+    let mut tx = session.begin().unwrap();
+    tx.enlist(0).unwrap();
+    let xid = match tx.commit() {
+        Err(TmError::Heuristic { xid, .. }) => *xid,
+        other => panic!("expected a heuristic rollback of the one-phase commit, got {other:?}"),
+    };
+    assert_eq!(store.outcome(&xid).unwrap(), Outcome::Heuristic);
+    assert_eq!(a.counts().get(Call::Forget), 1);
+    session.close().unwrap();
+    assert_eq!(store.outcome(&xid).unwrap(), Outcome::Heuristic, "still heuristic after the session closed");
+    server.shutdown().unwrap();
+}

@@ -172,3 +172,43 @@ fn a_version_3_trailer_is_skipped_refused_when_it_must_be_understood_and_malform
     assert!(rest.is_empty(), "a version-2 session is closed after the malformed frame");
     server.shutdown().unwrap();
 }
+
+/// The kept reply (issue 32): `CompleteHeuristic` with field `REPLY_WHEN_KEPT` is answered
+/// `OutcomeIs` heuristic once the outcome is kept, `NotKept` for an Xid the session does not
+/// own (the connection stays open), and the field is refused on any other message; a
+/// plain `CompleteHeuristic` still gets no reply.
+#[test]
+fn a_heuristic_completion_that_asks_for_the_kept_reply_is_answered_once_kept() {
+    use decree_core::HeuristicOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let a = DummyFactory::named("a", 100);
+    let server = decree_server::start(config(dir.path()), vec![a.arc()]).unwrap();
+    let kept_field = vec![Field { tag: decree_proto::REPLY_WHEN_KEPT, value: vec![] }];
+    let mut raw = Raw::connect(dir.path(), &[1, 2, 3]);
+    let (rolled_back, decided, plain) = (raw.xid(1), raw.xid(2), raw.xid(3));
+    let rolled_back_heuristic = Message::CompleteHeuristic(rolled_back, HeuristicOutcome::Committed);
+    assert_eq!(
+        raw.request_with_fields(&rolled_back_heuristic, &kept_field),
+        Message::OutcomeIs(Outcome::Heuristic)
+    );
+    assert_eq!(ask(dir.path(), &rolled_back), Outcome::Heuristic);
+    assert_eq!(raw.request(&Message::Decide(decision(decided, &["a"]))), Message::DecideOk);
+    let decided_heuristic = Message::CompleteHeuristic(decided, HeuristicOutcome::Mixed);
+    assert_eq!(
+        raw.request_with_fields(&decided_heuristic, &kept_field),
+        Message::OutcomeIs(Outcome::Heuristic)
+    );
+    assert_eq!(ask(dir.path(), &decided), Outcome::Heuristic);
+
+    let mut other = Raw::connect(dir.path(), &[1, 2, 3]);
+    let foreign = Message::CompleteHeuristic(plain, HeuristicOutcome::RolledBack);
+    assert_eq!(error_code(&other.request_with_fields(&foreign, &kept_field)), ErrorCode::NotKept);
+    assert_eq!(other.request(&Message::Ping), Message::Pong, "the connection stays open");
+    let complete = other.request_with_fields(&Message::Complete(plain), &kept_field);
+    assert_eq!(error_code(&complete), ErrorCode::MustUnderstand, "the field is for CompleteHeuristic only");
+    // Without the field: no reply, as before (the next reply is the ping's).
+    raw.send(&Message::CompleteHeuristic(plain, HeuristicOutcome::RolledBack));
+    assert_eq!(raw.request(&Message::Ping), Message::Pong);
+    assert_eq!(ask(dir.path(), &plain), Outcome::Heuristic);
+    server.shutdown().unwrap();
+}
