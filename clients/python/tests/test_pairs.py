@@ -77,9 +77,18 @@ def test_an_xid_goes_to_the_pair_with_its_node_id_and_no_other() -> None:
 # --- real servers -------------------------------------------------------------------------------
 
 
+def naming_peers(members: tuple[Server, Server]) -> tuple[Server, Server]:
+    """``members`` (test_pair's pair), each naming the other's client address in its
+    NotPrimary refusal (``peer_clients``)."""
+    for m, peer in (members, members[::-1]):
+        text = m.config.read_text()
+        m.config.write_text(text.replace("secret_file = ", f'peer_clients = "{peer.endpoint}"\nsecret_file = ', 1))
+    return members
+
+
 @pytest.fixture
 def two_pairs(dsns: dict[str, str]) -> Iterator[tuple[tuple[Server, Server], tuple[Server, Server]]]:
-    a, b = pair(dsns), pair(dsns)
+    a, b = naming_peers(pair(dsns)), naming_peers(pair(dsns))
     assert a[0].node != b[0].node
     for s in (*a, *b):
         s.start()
@@ -100,6 +109,17 @@ def test_transactions_spread_over_two_pairs_and_a_dead_pair_leaves_the_other_ser
     for primary in (a1, b1):
         assert "leads epoch 1.1" in control(primary, "promote", "--force")
         wait_strict(primary)
+    # A pair listed by its backup alone does not serve (the client never connects to an
+    # address it was not given): transactions go to the other pair, and the refusal names
+    # the primary to add to the list.
+    with decree.connect_pairs(f"{a2.endpoint};{b1.endpoint}") as backup_only:
+        assert backup_only.nodes == [None, b1.node]
+        for _ in range(3):
+            with backup_only.transaction() as tx:
+                assert tx.xid.origin is not None and tx.xid.origin.node == b1.node
+                tx.rollback()
+        with pytest.raises(decree.ServerError, match=f"NOT_PRIMARY.*{a1.socket}"):
+            backup_only._session_on(0)
     # Each pair listed backup first: its NotPrimary sends the client on to the primary.
     tm = decree.connect_pairs(f"{a2.endpoint},{a1.endpoint};{b2.endpoint},{b1.endpoint}", client_name="pytest-pairs")
     assert tm.nodes == [a1.node, b1.node]

@@ -160,6 +160,20 @@ fn sessions_spread_over_two_pairs_and_a_dead_pair_leaves_the_other_serving() {
     promote(&a1, &a2);
     promote(&b1, &b2);
 
+    // A pair listed by its backup alone does not serve (the client never connects to an
+    // address it was not given); sessions go to the other pair, and the error carries the
+    // backup's refusal, which names the primary to add to the list.
+    let backup_only = Pairs::connect(&format!("{};{}", a2.endpoint(), b1.endpoint())).unwrap();
+    assert_eq!(backup_only.nodes(), vec![None, Some(22)]);
+    for _ in 0..3 {
+        let (store, session) = backup_only.open_session().unwrap();
+        assert_eq!((store.pair(), store.node()), (1, 22));
+        store.close_session(session);
+    }
+    let why = backup_only.store(0).err().expect("a backup serves no client").to_string();
+    assert!(why.contains("not the primary") && why.contains("a1.sock"), "{why}");
+    drop(backup_only);
+
     // Each pair listed backup first: the backup's NotPrimary sends the client on to the
     // primary, in each pair.
     let spec = format!("{},{};{},{}", a2.endpoint(), a1.endpoint(), b2.endpoint(), b1.endpoint());
