@@ -18,6 +18,7 @@ use decree_core::{
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -205,9 +206,28 @@ fn sessions_spread_over_two_pairs_and_a_dead_pair_leaves_the_other_serving() {
         other => panic!("an Xid of no pair must be refused, got {other:?}"),
     }
 
+    // A workload on one of pair b's sessions runs across what follows; any failed commit
+    // of it fails the test.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut busy = sessions.remove(sessions.iter().position(|s| s.tm().store().node() == 22).unwrap());
+    let worker = {
+        let (stop, done) = (stop.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut xids = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                xids.push(transfer(&mut busy));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            xids
+        })
+    };
+    eventually("the workload on pair b runs", || done.load(Ordering::Relaxed) >= 3);
+
     // Pair a's primary dies; its backup is not promoted yet: pair a serves nobody.
     server_a1.0.kill().unwrap();
     server_a1.0.wait().unwrap();
+    let at_kill = done.load(Ordering::Relaxed);
     let (a_xids, b_xids): (Vec<Xid>, Vec<Xid>) = xids.iter().partition(|x| node_of(x) == 21);
     // Pair b's sessions go on unaffected.
     for session in sessions.iter_mut().filter(|s| s.tm().store().node() == 22) {
@@ -221,6 +241,15 @@ fn sessions_spread_over_two_pairs_and_a_dead_pair_leaves_the_other_serving() {
         assert_eq!(node_of(&transfer(&mut session)), 22);
     }
     for xid in &b_xids {
+        assert_eq!(coordinator.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
+    }
+    eventually("the workload on pair b went on after the kill", || {
+        done.load(Ordering::Relaxed) >= at_kill + 5
+    });
+    stop.store(true, Ordering::Relaxed);
+    let busy_xids = worker.join().expect("every transaction of pair b's workload committed");
+    for xid in &busy_xids {
+        assert_eq!(node_of(xid), 22);
         assert_eq!(coordinator.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
     }
     // Pair a's Xids are asked of pair a only: it is down, and the error says which pair.
