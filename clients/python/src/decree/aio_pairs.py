@@ -16,7 +16,7 @@ from collections.abc import Generator
 from typing import Any
 
 from . import protocol as p
-from ._pairs import PairsState, UnknownNode, pair_of_xid, parse_pairs
+from ._pairs import PairsState, pair_of_xid, parse_pairs
 from .aio import AsyncTransaction, AsyncTransactionManager
 from .aio_connection import AsyncServerConnection
 from .connection import Endpoint, Options, TlsConfig
@@ -127,8 +127,6 @@ class AsyncPairsManager:
         first when no known pair has it); :class:`UnknownNode` when no pair has it."""
         try:
             return pair_of_xid(self.nodes, xid)
-        except UnknownNode:
-            raise
         except Unavailable:
             for index, node in enumerate(self.nodes):
                 if node is None:

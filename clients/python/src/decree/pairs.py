@@ -151,8 +151,6 @@ class PairsManager:
         first when no known pair has it); :class:`UnknownNode` when no pair has it."""
         try:
             return self._state_pair_of(xid)
-        except UnknownNode:
-            raise
         except Unavailable:
             for index, node in enumerate(self.nodes):
                 if node is None:
