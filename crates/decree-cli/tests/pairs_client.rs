@@ -14,7 +14,7 @@ use decree_client::{Pairs, PairsCoordinator};
 use decree_core::testing::DummyFactory;
 use decree_core::{
     BranchRecord, Decision, DecisionStore, Origin, Outcome, ResourceManager, RmFactory, Session, StoreError,
-    TmConfig, Xid,
+    TmConfig, TmError, Xid,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -196,6 +196,16 @@ fn sessions_spread_over_two_pairs_and_a_dead_pair_leaves_the_other_serving() {
         let pair = coordinator.pairs().pair_of(xid).unwrap();
         assert_eq!(pair, if node_of(xid) == 21 { 0 } else { 1 });
     }
+    // A session the coordinator refuses (a connection whose resource manager has no
+    // factory) is refused whole, and the next one opens as before.
+    let unknown: Vec<Box<dyn ResourceManager>> = vec![DummyFactory::named("dummy-9", 0).connect().unwrap()];
+    match coordinator.open_session(unknown) {
+        Err(TmError::Config(why)) => assert!(why.contains("dummy-9"), "{why}"),
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("a connection without a factory must be refused"),
+    }
+    drop(open(&coordinator, &factories));
+
     // An Xid of a node no pair has: refused by name, never asked of a pair.
     let stranger = Xid::decree(Origin { node: 99, incarnation: 257, session: 1, sequence: 1 });
     match coordinator.outcome(&stranger) {
