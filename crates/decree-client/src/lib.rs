@@ -27,12 +27,22 @@
 //! The thread takes a connection only when nobody uses it (a connection in use is not
 //! idle), holds it for that one round trip and never while it sleeps, and keeps no queue.
 //! With no bound announced, there is no thread.
+//!
+//! Several independent pairs (each with its own node id) behind one client: [`Pairs`] and
+//! [`PairsCoordinator`] spread sessions over them and route outcome questions by the Xid's
+//! node id; their rules are [`route`]'s, pure.
 
 mod tls;
 
 pub use tls::{ClientTls, ClientTlsFiles};
 
 mod alive;
+
+pub mod route;
+
+mod pairs;
+
+pub use pairs::{PairStore, Pairs, PairsCoordinator, PAIR_DOWN_FOR};
 
 use decree_core::{Decision, DecisionStore, HeuristicOutcome, Outcome, StoreError, TraceContext, Xid};
 use decree_proto::{

@@ -5,9 +5,11 @@ Start with :func:`connect`; docs/guide.md walks through a complete program and
 docs/protocol.md is the protocol this package implements.
 """
 
+from ._pairs import UnknownNode
 from .aio import AsyncTransaction, AsyncTransactionManager, aconnect
 from .aio_branches import AsyncBranchAdapter, AsyncMySQLBranch, AsyncPsycopgBranch
 from .aio_connection import AsyncServerConnection
+from .aio_pairs import AsyncPairsManager, aconnect_pairs
 from .branches import (
     BranchAdapter,
     BranchEnded,
@@ -32,10 +34,12 @@ from .errors import (
     UsageError,
 )
 from .protocol import ErrorCode, Heuristic, Outcome, Xid
+from .pairs import PairsManager, connect_pairs
 from .tm import CommitReport, Transaction, TransactionManager, connect
 
 __all__ = [
     "AsyncBranchAdapter",
+    "AsyncPairsManager",
     "AsyncMySQLBranch",
     "AsyncPsycopgBranch",
     "AsyncServerConnection",
@@ -55,6 +59,7 @@ __all__ = [
     "HeuristicReport",
     "Options",
     "Outcome",
+    "PairsManager",
     "OutcomeUnknown",
     "PhaseTwo",
     "ProtocolError",
@@ -68,9 +73,12 @@ __all__ = [
     "Transaction",
     "TransactionManager",
     "Unavailable",
+    "UnknownNode",
     "UsageError",
     "Xid",
     "__version__",
     "aconnect",
+    "aconnect_pairs",
     "connect",
+    "connect_pairs",
 ]
