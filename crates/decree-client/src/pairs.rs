@@ -105,6 +105,14 @@ impl DecisionStore for PairStore {
     ) -> Result<(), StoreError> {
         self.remote.complete_traced(xid, heuristic, trace)
     }
+    fn complete_heuristic_kept(
+        &self,
+        xid: &Xid,
+        outcome: HeuristicOutcome,
+        trace: Option<&TraceContext>,
+    ) -> Result<bool, StoreError> {
+        self.remote.complete_heuristic_kept(xid, outcome, trace)
+    }
     fn one_phase_traced(&self, xid: &Xid, trace: Option<&TraceContext>) -> Result<bool, StoreError> {
         self.remote.one_phase_traced(xid, trace)
     }
