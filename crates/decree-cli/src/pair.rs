@@ -57,7 +57,8 @@ pub struct StatusArgs {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
     /// Every pair under the member's etcd prefix instead (who leads which epoch, who is in
-    /// sync, the members registered, the pause), as etcd holds it, read through the member.
+    /// sync, the members registered, the pause), read straight from etcd with the
+    /// configuration's `[pair.etcd]` (no member needs to run).
     #[arg(long)]
     pub etcd: bool,
 }
@@ -145,18 +146,21 @@ pub fn pause(args: PauseArgs, paused: bool) -> CliResult {
 /// promotion: as lines for people, or as the member's JSON line (`--format json`).
 pub fn status(args: StatusArgs) -> CliResult {
     let config = ServerConfig::from_toml_file(&args.config)?;
-    let answer =
-        decree_server::control_request(&config.log_dir, if args.etcd { "cluster" } else { "status" })?;
+    if args.etcd {
+        // Straight from etcd: it answers while every member is down.
+        let cluster = decree_server::etcd_cluster(&config)
+            .map_err(|e| format!("cannot read the pairs on etcd: {e}"))?;
+        match args.format {
+            Format::Table => print!("{}", cluster_text(&cluster)),
+            Format::Json => println!("{cluster}"),
+        }
+        return Ok(());
+    }
+    let answer = decree_server::control_request(&config.log_dir, "status")?;
     if let Some(why) = answer.strip_prefix("refused: ") {
         return Err(format!("status refused: {why}").into());
     }
     match args.format {
-        Format::Table if args.etcd => {
-            let cluster: serde_json::Value = serde_json::from_str(&answer).map_err(|e| {
-                format!("the member answered something that is not etcd's view ({e}): {answer}")
-            })?;
-            print!("{}", cluster_text(&cluster));
-        }
         Format::Json => println!("{answer}"),
         Format::Table => {
             let status: serde_json::Value = serde_json::from_str(&answer).map_err(|e| {
@@ -260,6 +264,7 @@ fn cluster_text(c: &serde_json::Value) -> String {
             ),
             None => "  leader: none (nobody leads now)\n".into(),
         };
+        out += &last_change_text(&p["last_change"], now_unix_ms());
         let in_sync: Vec<String> = p["sync"]["members"]
             .as_array()
             .into_iter()
@@ -289,6 +294,25 @@ fn cluster_text(c: &serde_json::Value) -> String {
         out = format!("no pair under {} on etcd\n", text(&c["prefix"]));
     }
     out
+}
+
+/// The last change of leader a pair recorded, as a line (none before a leader recorded one).
+fn last_change_text(change: &serde_json::Value, now_unix_ms: u64) -> String {
+    let (Some(member), Some(epoch), Some(at)) =
+        (change["member"].as_u64(), change["epoch"].as_u64(), change["at_unix_ms"].as_u64())
+    else {
+        return String::new();
+    };
+    let ago = now_unix_ms.saturating_sub(at) as f64 / 1e3;
+    let vacant = match change["vacant_ms"].as_u64() {
+        Some(ms) => format!(", after {ms} ms without a leader as it saw it"),
+        None => String::new(),
+    };
+    format!(
+        "  last change of leader: member {member} took epoch {}.{} {ago:.0} s ago{vacant}\n",
+        epoch >> 8,
+        epoch & 0xff
+    )
 }
 
 /// A JSON string without its quotes (anything else as JSON).
@@ -336,8 +360,15 @@ mod tests {
             "pair": "orders", "epoch_count": 3,
             "leader": {"member": 2, "run": "r2", "epoch": 770},
             "sync": {"epoch": 770, "members": [{"member": 2, "run": "r2"}, {"member": 1, "run": "r1"}]},
-            "members": {"1": {"run": "r1", "link": "l", "clients": "unix:/a"}}, "pause": null, "unreadable": []}]});
+            "members": {"1": {"run": "r1", "link": "l", "clients": "unix:/a"}}, "pause": null, "unreadable": [],
+            "last_change": {"member": 2, "epoch": 770, "at_unix_ms": now_unix_ms() - 5_000, "vacant_ms": 640}}]});
         let text = cluster_text(&cluster);
+        assert!(
+            text.contains(
+                "last change of leader: member 2 took epoch 3.2 5 s ago, after 640 ms without a leader"
+            ),
+            "{text}"
+        );
         assert!(text.contains("leader: member 2 in epoch 3.2 (run r2)"), "{text}");
         assert!(text.contains("in sync for epoch 3.2: member 2 (run r2), member 1 (run r1)"), "{text}");
         assert!(text.contains("member 1 registered: run r1, clients unix:/a"), "{text}");

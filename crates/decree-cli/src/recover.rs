@@ -18,7 +18,9 @@ pub struct Args {
     #[arg(long, short = 'c')]
     pub config: PathBuf,
     /// Commit or roll back on the log of a pair member anyway (the other member may lead
-    /// and act on the transaction itself; recorded in the heuristics file).
+    /// and act on the transaction itself; recorded in the heuristics file). Not needed for
+    /// a member elected on etcd when etcd shows nobody leading, no other member running and
+    /// this member in sync for the pair's latest epoch.
     #[arg(long, global = true)]
     pub pair_override: bool,
     /// What to do.
@@ -60,6 +62,11 @@ pub fn run(args: Args) -> CliResult {
     let mut inspector = Inspector::open(&config, factories)?;
     if args.pair_override {
         inspector.allow_on_pair_member();
+    }
+    // A member elected on etcd: etcd tells whether another member leads (then resolve
+    // through it) or nobody else can act (then this log may resolve without the override).
+    if let Some(etcd) = config.pair.as_ref().and_then(|p| p.etcd.as_ref()) {
+        inspector.consult_etcd(decree_server::etcd_cluster(&config), &etcd.pair);
     }
     match args.action {
         Action::List { format } => {

@@ -68,6 +68,8 @@ pub struct Keys {
     pub members: String,
     /// The maintenance pause's key.
     pub pause: String,
+    /// The last change of leader's key (what `decree status --etcd` shows of it).
+    pub last_change: String,
 }
 
 impl Keys {
@@ -80,6 +82,7 @@ impl Keys {
             epoch: format!("{base}/epoch"),
             members: format!("{base}/members/"),
             pause: format!("{base}/pause"),
+            last_change: format!("{base}/last_change"),
         }
     }
 
@@ -164,6 +167,23 @@ pub struct Registration {
     pub clients: String,
 }
 
+/// The last change of leader, written by the new leader once it won (the operator's
+/// information only: no rule reads it): when, and how long the pair had no leader first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderChange {
+    /// The new leader.
+    pub member: u8,
+    /// The epoch it leads (raw value).
+    pub epoch: u64,
+    /// When it won, in milliseconds since the Unix epoch (its clock).
+    pub at_unix_ms: u64,
+    /// How long the pair had no leader before it won, as this member saw it: from its first
+    /// read of an absent leader key to its win (the lapse of the old leader's lease before
+    /// that is not seen). Absent when it never read the key absent before winning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vacant_ms: Option<u64>,
+}
+
 /// The pause key's value: who paused the pair's automatic failover, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pause {
@@ -175,7 +195,8 @@ pub struct Pause {
 
 /// One pair as etcd holds it, for `decree status --etcd`: who leads, who is in sync, the
 /// latest epoch, the members registered, the pause.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PairView {
     /// The pair's name.
     pub pair: String,
@@ -189,6 +210,8 @@ pub struct PairView {
     pub members: std::collections::BTreeMap<u8, Registration>,
     /// The maintenance pause, if one stands.
     pub pause: Option<Pause>,
+    /// The last change of leader, once a leader recorded one.
+    pub last_change: Option<LeaderChange>,
     /// Keys of the pair that do not parse, named with what is wrong.
     pub unreadable: Vec<String>,
 }
@@ -208,6 +231,7 @@ pub fn cluster(prefix: &str, entries: &[(String, String)]) -> Vec<PairView> {
             "leader" => from_json(key, value).map(|l| view.leader = Some(l)),
             "sync" => from_json(key, value).map(|r| view.sync = Some(r)),
             "pause" => from_json(key, value).map(|p| view.pause = Some(p)),
+            "last_change" => from_json(key, value).map(|c| view.last_change = Some(c)),
             "epoch" => value
                 .parse()
                 .map(|c| view.epoch_count = Some(c))
@@ -484,6 +508,59 @@ pub fn hand_over(keys: &Keys, leader: &Leader, lease: LeaseId, backup: InSync) -
             Op::Put { key: keys.sync.clone(), value: to_json(&sync), lease: None },
             Op::Delete(keys.leader.clone()),
         ],
+    }
+}
+
+/// What etcd says of resolving in-doubt transactions by hand on a stopped member's log
+/// (`decree recover`): whether anyone else may act on them meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandResolution {
+    /// A member leads (another one, or a newer epoch than this log has seen): its recovery
+    /// acts on these transactions with decisions this log may lack.
+    Led {
+        /// The leader.
+        member: u8,
+        /// The epoch it leads (raw value).
+        epoch: u64,
+    },
+    /// Nobody leads, no other member is registered, and the sync record names this member
+    /// for the pair's latest epoch: its log holds every acknowledged decision and nobody
+    /// acts beside it.
+    Alone,
+    /// Neither is proven; why.
+    Unproven(String),
+}
+
+/// [`HandResolution`] for member `me`, whose log has seen epoch `seen` (raw), from its
+/// pair's `view`.
+pub fn hand_resolution(view: &PairView, me: u8, seen: u64) -> HandResolution {
+    if let Some(l) = &view.leader {
+        return HandResolution::Led { member: l.member, epoch: l.epoch };
+    }
+    if let Some(other) = view.members.keys().find(|&&m| m != me) {
+        return HandResolution::Unproven(format!(
+            "member {other} is registered on etcd: it runs (or its lease has not lapsed yet) and may lead at any moment"
+        ));
+    }
+    let Some(sync) = &view.sync else {
+        return HandResolution::Unproven("etcd holds no sync record for the pair".into());
+    };
+    let latest = view.epoch_count.is_some_and(|c| Epoch::from_raw(sync.epoch).count() >= c);
+    if !sync.members.iter().any(|m| m.member == me) || !latest || sync.epoch > seen {
+        return HandResolution::Unproven(format!(
+            "the sync record (epoch {}) does not name this member for the pair's latest epoch with this log",
+            Epoch::from_raw(sync.epoch)
+        ));
+    }
+    HandResolution::Alone
+}
+
+/// The transaction by which the leader holding `lease` records `change`: it fails unless the
+/// leader key still holds that lease, so that a deposed leader's late write never names it.
+pub fn record_leader_change(keys: &Keys, lease: LeaseId, change: &LeaderChange) -> Txn {
+    Txn {
+        compares: vec![Compare::Lease(keys.leader.clone(), lease)],
+        ops: vec![Op::Put { key: keys.last_change.clone(), value: to_json(change), lease: None }],
     }
 }
 

@@ -39,6 +39,7 @@ use decree_core::{
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
+use decree_pair::election::{hand_resolution, HandResolution, PairView};
 use decree_pair::{Epoch, PairState};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -460,6 +461,8 @@ pub struct Inspector {
     pair: Option<PairState>,
     /// `--pair-override`: act on a pair member's log anyway (recorded).
     pair_override: bool,
+    /// What etcd said of this member's pair, with `[pair.etcd]` (or why it could not tell).
+    etcd: Option<Result<HandResolution, String>>,
 }
 
 impl Inspector {
@@ -516,6 +519,7 @@ impl Inspector {
             connections,
             pair,
             pair_override: false,
+            etcd: None,
         })
     }
 
@@ -593,9 +597,39 @@ impl Inspector {
             node: self.node,
             in_doubt,
             rms,
-            warnings: self.warnings.clone(),
+            warnings: self.warnings.iter().cloned().chain(self.etcd_line()).collect(),
             pair: self.pair,
         }
+    }
+
+    /// Reads what etcd says of pair `pair` (its view in `cluster`, `decree status --etcd`'s
+    /// JSON, or why etcd could not be read): `list` shows it, and `commit` and `rollback`
+    /// on a member's log then need no `--pair-override` when nobody else can act
+    /// ([`HandResolution::Alone`]), and name the leader when one does.
+    pub fn consult_etcd(&mut self, cluster: Result<serde_json::Value, String>, pair: &str) {
+        let Some(state) = &self.pair else { return };
+        let verdict = cluster.and_then(|c| {
+            let views: Vec<PairView> = serde_json::from_value(c["pairs"].clone())
+                .map_err(|e| format!("etcd's view does not parse: {e}"))?;
+            let view = views.into_iter().find(|v| v.pair == pair).unwrap_or_default();
+            Ok(hand_resolution(&view, state.member.get(), state.seen.raw()))
+        });
+        self.etcd = Some(verdict);
+    }
+
+    /// The line `list` shows of what etcd said, if it was asked.
+    fn etcd_line(&self) -> Option<String> {
+        Some(match self.etcd.as_ref()? {
+            Ok(HandResolution::Led { member, epoch }) => format!(
+                "etcd: member {member} leads epoch {}: its recovery acts on these transactions; resolve them through it",
+                Epoch::from_raw(*epoch)
+            ),
+            Ok(HandResolution::Alone) => {
+                "etcd: nobody leads and this member holds the pair's latest epoch: it may resolve by hand".into()
+            }
+            Ok(HandResolution::Unproven(why)) => format!("etcd: {why}"),
+            Err(why) => format!("etcd cannot be read: {why}"),
+        })
     }
 
     /// Lets `commit` and `rollback` act on a pair member's log (`--pair-override`): the
@@ -608,11 +642,13 @@ impl Inspector {
     /// in the heuristics file before anything is touched.
     fn check_pair(&self, action: &str, xid: &Xid) -> Result<(), AdminError> {
         let Some(pair) = &self.pair else { return Ok(()) };
-        if !self.pair_override {
+        let alone = matches!(self.etcd, Some(Ok(HandResolution::Alone)));
+        if !self.pair_override && !alone {
+            let etcd = self.etcd_line().map_or_else(String::new, |line| format!(" ({line})"));
             return Err(AdminError::Refused(format!(
                 "{} belongs to member {} of a pair (highest epoch seen {}): the other member may lead and \
                  act on {xid} itself, with decisions this log has not seen; resolve it through the pair's \
-                 primary, or stop both members and use --pair-override (recorded in the heuristics file)",
+                 primary, or stop both members and use --pair-override (recorded in the heuristics file){etcd}",
                 self.log_dir.display(),
                 pair.member.get(),
                 pair.seen
@@ -623,8 +659,9 @@ impl Inspector {
         let user =
             std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
         let line = format!(
-            "{} pair-override {action} {xid} member={} epoch_seen={} user={user} pid={}\n",
+            "{} {} {action} {xid} member={} epoch_seen={} user={user} pid={}\n",
             format_utc(now),
+            if self.pair_override { "pair-override" } else { "etcd-alone" },
             pair.member.get(),
             pair.seen,
             std::process::id()

@@ -120,6 +120,9 @@ pub(crate) struct Election {
     pub(crate) won: AtomicU64,
     /// The backup process the sync record names now, as this member (leading) last wrote it.
     recorded: Mutex<Option<BackupRun>>,
+    /// When this member first read the leader key absent since it last saw a leader: how
+    /// long the pair had no leader, as it saw it, when it wins.
+    vacant_since: Mutex<Option<std::time::Instant>>,
 }
 
 /// The name of a run id in etcd's records.
@@ -191,6 +194,54 @@ fn explain(config: &PairEtcdConfig, e: &EtcdError, refusal: Option<decree_etcd::
     Trouble { state: "refused", error: format!("{hint} ({e})") }
 }
 
+/// The etcd client's settings for `config`: endpoints, deadline, TLS files, and the user
+/// with the password read from its file (an unreadable one is an error naming it).
+fn client_config(config: &PairEtcdConfig) -> Result<EtcdConfig, ServerError> {
+    let mut etcd_config = EtcdConfig::new(config.endpoints.clone());
+    etcd_config.request_timeout = Duration::from_millis(config.request_timeout_ms);
+    etcd_config.tls =
+        config.tls.as_ref().map(|t| TlsPaths { ca: t.ca.clone(), cert: t.cert.clone(), key: t.key.clone() });
+    if let (Some(user), Some(file)) = (&config.user, &config.password_file) {
+        let password = read_password(file)?;
+        etcd_config.user = Some((user.clone(), password.trim_end().to_string()));
+    }
+    Ok(etcd_config)
+}
+
+/// Every pair under `prefix` as `etcd` holds it (`decree status --etcd`, `decree
+/// recover`), at most [`CLUSTER_KEYS_MAX`] keys read: JSON, with `truncated` when more were
+/// left.
+async fn cluster_of(etcd: &Etcd, prefix: &str) -> Result<serde_json::Value, EtcdError> {
+    let prefix = format!("{}/", prefix.trim_end_matches('/'));
+    let (entries, more) = etcd.get_prefix(prefix.clone(), CLUSTER_KEYS_MAX).await?;
+    let entries: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (String::from_utf8_lossy(&e.key).into_owned(), String::from_utf8_lossy(&e.value).into_owned())
+        })
+        .collect();
+    let pairs = rules::cluster(&prefix, &entries);
+    Ok(serde_json::json!({ "prefix": prefix, "pairs": pairs, "truncated": more }))
+}
+
+/// Every pair under `config`'s prefix, read straight from etcd by a process of its own
+/// (no member needs to run): `decree status --etcd` and `decree recover`. An etcd that
+/// cannot be reached, or refuses, is an error that says why.
+pub(crate) async fn read_cluster(config: &PairEtcdConfig) -> Result<serde_json::Value, String> {
+    let client = client_config(config).map_err(|e| e.to_string())?;
+    let etcd = Etcd::connect(&client).await.map_err(|e| explain(config, &e, e.refusal()).error)?;
+    match cluster_of(&etcd, &config.prefix).await {
+        Ok(view) => Ok(view),
+        Err(e) => {
+            let refusal = match e.refusal() {
+                Some(refusal) => Some(refusal),
+                None => etcd.diagnose().await,
+            };
+            Err(explain(config, &e, refusal).error)
+        }
+    }
+}
+
 impl Election {
     /// Connects to etcd (no request yet: a configuration that cannot work, such as an
     /// unreadable TLS file or password file, fails here and the member exits); the lease is
@@ -202,18 +253,7 @@ impl Election {
         run: u64,
         registration: rules::Registration,
     ) -> Result<Arc<Election>, ServerError> {
-        let mut etcd_config = EtcdConfig::new(config.endpoints.clone());
-        etcd_config.request_timeout = Duration::from_millis(config.request_timeout_ms);
-        etcd_config.tls = config.tls.as_ref().map(|t| TlsPaths {
-            ca: t.ca.clone(),
-            cert: t.cert.clone(),
-            key: t.key.clone(),
-        });
-        if let (Some(user), Some(file)) = (&config.user, &config.password_file) {
-            let password = read_password(file)?;
-            etcd_config.user = Some((user.clone(), password.trim_end().to_string()));
-        }
-        let etcd = Etcd::connect(&etcd_config).await.map_err(etcd_error)?;
+        let etcd = Etcd::connect(&client_config(config)?).await.map_err(etcd_error)?;
         Ok(Arc::new(Election {
             etcd,
             keys: Keys::new(&config.prefix, &config.pair),
@@ -236,6 +276,7 @@ impl Election {
             campaigns: AtomicU64::new(0),
             won: AtomicU64::new(0),
             recorded: Mutex::new(None),
+            vacant_since: Mutex::new(None),
         }))
     }
 
@@ -470,6 +511,7 @@ impl Election {
             match self.try_campaign(&highest, &mut hand_over).await {
                 Ok(Some(epoch)) => {
                     self.won.fetch_add(1, Ordering::Relaxed);
+                    self.record_change(epoch).await;
                     return Some(epoch);
                 }
                 Ok(None) => {}
@@ -502,6 +544,29 @@ impl Election {
         }
     }
 
+    /// Records this member's win of `epoch` in etcd for `decree status --etcd` (when, and
+    /// how long the pair had no leader as this member saw it): the operator's information
+    /// only, so a failure is logged and the member leads on.
+    async fn record_change(&self, epoch: Epoch) {
+        let vacant_ms = self.vacant_since.lock().take().map(|t| t.elapsed().as_millis() as u64);
+        let Some(lease) = self.lease() else { return };
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let change =
+            rules::LeaderChange { member: self.member.get(), epoch: epoch.raw(), at_unix_ms, vacant_ms };
+        let (compares, ops) =
+            decree_etcd::election::txn(&rules::record_leader_change(&self.keys, lease.0, &change));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match self.etcd.txn(&compares, &ops, &[]).await {
+            Ok(result) if result.succeeded => {}
+            Ok(_) => {
+                tracing::info!(%epoch, "the change of leader is not recorded: this member no longer holds the leader key")
+            }
+            Err(e) => tracing::warn!(%epoch, error = %e, "cannot record the change of leader on etcd"),
+        }
+    }
+
     /// One campaign: `Ok(Some(epoch))` when won, `Ok(None)` when another member moved
     /// first, `Err(why)` when this member may not campaign now.
     async fn try_campaign<F, Fut>(
@@ -519,8 +584,10 @@ impl Election {
             return Ok(Some(epoch));
         }
         if let Some(leader) = &view.leader.value {
+            *self.vacant_since.lock() = None;
             return Err(NotNow::Led(leader.member, Epoch::from_raw(leader.epoch)).to_string());
         }
+        self.vacant_since.lock().get_or_insert_with(std::time::Instant::now);
         let Some(lease) = self.lease() else { return Err("this member holds no etcd lease yet".into()) };
         let candidate = Candidate {
             member: self.member,
@@ -790,21 +857,11 @@ impl Election {
         Ok(parse::<rules::Pause>(&self.keys.pause, got).map_err(|e| e.to_string())?.value)
     }
 
-    /// Every pair under this member's prefix as etcd holds it (`decree status --etcd`), at
-    /// most [`CLUSTER_KEYS_MAX`] keys read: JSON, with `truncated` when more were left.
+    /// Every pair under this member's prefix as etcd holds it, at most
+    /// [`CLUSTER_KEYS_MAX`] keys read: JSON, with `truncated` when more were left.
     pub(crate) async fn cluster(&self) -> Result<serde_json::Value, String> {
         self.operator_requests.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("{}/", self.config.prefix.trim_end_matches('/'));
-        let (entries, more) =
-            self.etcd.get_prefix(prefix.clone(), CLUSTER_KEYS_MAX).await.map_err(|e| format!("etcd: {e}"))?;
-        let entries: Vec<(String, String)> = entries
-            .iter()
-            .map(|e| {
-                (String::from_utf8_lossy(&e.key).into_owned(), String::from_utf8_lossy(&e.value).into_owned())
-            })
-            .collect();
-        let pairs = rules::cluster(&prefix, &entries);
-        Ok(serde_json::json!({ "prefix": prefix, "pairs": pairs, "truncated": more }))
+        cluster_of(&self.etcd, &self.config.prefix).await.map_err(|e| format!("etcd: {e}"))
     }
 
     /// Gives up this member's lease (at a clean stop): its leader key and registration go

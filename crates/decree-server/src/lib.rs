@@ -53,6 +53,7 @@ pub use config::{
     TlsConfig, DEFAULT_TCP_ADDR,
 };
 pub use pair::{control_request, CONTROL_SOCKET};
+pub use pair_election::etcd_cluster;
 
 use connection::Peer;
 use decree_core::{RecoveredDecisions, RmFactory};

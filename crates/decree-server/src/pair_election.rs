@@ -385,3 +385,28 @@ pub(crate) fn render_metrics(_out: &mut String, _election: &Option<Arc<Election>
 pub(crate) fn status(_election: &Option<Arc<Election>>) -> Option<serde_json::Value> {
     None
 }
+
+/// etcd's view of every pair under the prefix of `config`'s `[pair.etcd]`, read straight
+/// from etcd by this process, so that no member needs to run (`decree status --etcd`,
+/// `decree recover`): JSON as the members' `cluster` answer, or an error that names what is
+/// wrong (no `[pair.etcd]`, etcd unreachable or refusing).
+pub fn etcd_cluster(config: &crate::ServerConfig) -> Result<serde_json::Value, String> {
+    let Some(etcd) = config.pair.as_ref().and_then(|p| p.etcd.as_ref()) else {
+        return Err("the configuration has no [pair.etcd]: this member is not elected on etcd".into());
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime to ask etcd: {e}"))?;
+    runtime.block_on(read_cluster(etcd))
+}
+
+#[cfg(feature = "etcd")]
+async fn read_cluster(etcd: &crate::etcd_config::PairEtcdConfig) -> Result<serde_json::Value, String> {
+    crate::election::read_cluster(etcd).await
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn read_cluster(_etcd: &crate::etcd_config::PairEtcdConfig) -> Result<serde_json::Value, String> {
+    Err("this decree was built without the etcd feature".into())
+}

@@ -454,11 +454,13 @@ fn a_member_that_won_and_died_before_recording_the_epoch_can_lead_again() {
 fn the_cluster_view_groups_the_keys_by_pair_and_names_what_does_not_parse() {
     let leader = Leader { member: 2, run: "r2".into(), epoch: epoch_of(3, m(2)).raw() };
     let registration = Registration { run: "r1".into(), link: "l".into(), clients: "c".into() };
+    let change = LeaderChange { member: 2, epoch: leader.epoch, at_unix_ms: 9, vacant_ms: Some(120) };
     let entries: Vec<(String, String)> = vec![
         ("/decree/orders/leader".into(), to_json(&leader)),
         ("/decree/orders/epoch".into(), "3".into()),
         ("/decree/orders/members/1".into(), to_json(&registration)),
         ("/decree/orders/pause".into(), to_json(&Pause { by: 1, at_unix_ms: 7 })),
+        ("/decree/orders/last_change".into(), to_json(&change)),
         ("/decree/stock/epoch".into(), "x".into()),
         ("/decree/stock/sync".into(), "{".into()),
         ("/decree/stray".into(), "1".into()),
@@ -473,8 +475,65 @@ fn the_cluster_view_groups_the_keys_by_pair_and_names_what_does_not_parse() {
     );
     assert_eq!(orders.members.get(&1), Some(&registration));
     assert_eq!(orders.pause, Some(Pause { by: 1, at_unix_ms: 7 }));
+    assert_eq!(orders.last_change, Some(change));
     assert!(orders.unreadable.is_empty() && orders.sync.is_none());
     let stock = &views[1];
     assert_eq!(stock.unreadable.len(), 2, "{:?}", stock.unreadable);
     assert!(stock.unreadable.iter().any(|e| e.contains("/decree/stock/epoch")), "{:?}", stock.unreadable);
+}
+
+/// The last change of leader is written only by the member whose lease holds the leader
+/// key: a deposed leader's late write fails and names nobody.
+#[test]
+fn only_the_leader_holding_the_key_records_the_change_of_leader() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    let one = campaign_at(&mut etcd, 0, &a).unwrap();
+    let change = LeaderChange { member: 1, epoch: one.raw(), at_unix_ms: 5, vacant_ms: None };
+    let stranger = etcd.grant(0, TTL);
+    assert!(!etcd.txn(0, &record_leader_change(&keys(), stranger, &change)), "another lease records nothing");
+    assert!(etcd.txn(0, &record_leader_change(&keys(), a.lease, &change)));
+    etcd.revoke(a.lease);
+    assert!(
+        !etcd.txn(0, &record_leader_change(&keys(), a.lease, &change)),
+        "a deposed leader records nothing"
+    );
+}
+
+/// `decree recover` on a stopped member's log: refused while anyone leads or another member
+/// runs; allowed alone only when the sync record names this member for the latest epoch.
+#[test]
+fn a_hand_resolution_is_alone_only_with_no_leader_no_other_member_and_this_one_in_sync() {
+    let two = epoch_of(2, m(1));
+    let sync =
+        SyncRecord { epoch: two.raw(), members: vec![InSync { member: 1, run: "r1".into() }], since: None };
+    let alone =
+        PairView { pair: "p".into(), sync: Some(sync.clone()), epoch_count: Some(2), ..Default::default() };
+    assert_eq!(hand_resolution(&alone, 1, two.raw()), HandResolution::Alone);
+    let led = PairView { leader: Some(leader_of(epoch_of(3, m(2)), "r2")), ..alone.clone() };
+    assert_eq!(
+        hand_resolution(&led, 1, two.raw()),
+        HandResolution::Led { member: 2, epoch: epoch_of(3, m(2)).raw() }
+    );
+    let mut running = alone.clone();
+    running.members.insert(2, Registration { run: "r2".into(), link: "l".into(), clients: "c".into() });
+    assert!(
+        matches!(hand_resolution(&running, 1, two.raw()), HandResolution::Unproven(why) if why.contains("member 2"))
+    );
+    assert!(
+        matches!(hand_resolution(&alone, 2, two.raw()), HandResolution::Unproven(_)),
+        "member 2 is not in sync"
+    );
+    let newer_count = PairView { epoch_count: Some(3), ..alone.clone() };
+    assert!(
+        matches!(hand_resolution(&newer_count, 1, two.raw()), HandResolution::Unproven(_)),
+        "a later epoch was minted"
+    );
+    let older_log = epoch_of(1, m(1)).raw();
+    assert!(
+        matches!(hand_resolution(&alone, 1, older_log), HandResolution::Unproven(_)),
+        "this log lacks the epoch"
+    );
+    let nothing = PairView { pair: "p".into(), ..Default::default() };
+    assert!(matches!(hand_resolution(&nothing, 1, two.raw()), HandResolution::Unproven(_)));
 }
