@@ -80,6 +80,8 @@ pub struct Member {
     /// When its current process started: a `received` backup that started after a
     /// decision was decided may have lost it with its previous process (the oracle).
     pub started_at: Time,
+    /// When its disk was last lost (elected runs): it lost every decision decided before.
+    pub disk_lost_at: Option<Time>,
 }
 
 /// A member's process.
@@ -175,6 +177,7 @@ impl Member {
             led_at: None,
             candidacy: Default::default(),
             started_at: 0,
+            disk_lost_at: None,
         }
     }
 

@@ -11,7 +11,7 @@
 //!   `DECREE_SIM_STRICT=1`.
 //! - Elected on etcd (issue 33), the same with `DECREE_SIM_ELECTED_` before `SECONDS`,
 //!   `SEEDS` and `SEED`: no operator, every violation fails. `DECREE_SIM_BREAK=late-sync-write`,
-//!   `run-id-ignored`, `fence-ignored` or `hand-over-unsynced` breaks that rule of the
+//!   `run-id-ignored`, `fence-ignored`, `hand-over-unsynced` or `since-ignored` breaks that rule of the
 //!   election in the replay.
 //! - `cargo test --release -p decree-sim --test sim -- --ignored` finds, for each rule of
 //!   the election broken on purpose, the first seed that shows it.
@@ -201,18 +201,20 @@ const BREAKS: &[(&str, Break)] = &[
     ("run-id-ignored", Break::RunIdIgnored),
     ("fence-ignored", Break::FenceIgnored),
     ("hand-over-unsynced", Break::HandOverUnsynced),
+    ("since-ignored", Break::SinceIgnored),
 ];
 
 fn print_report(seed: u64, report: &Report) {
     println!("seed {seed}: {:?}", report.scenario);
     println!(
-        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, {} crash points, {} switchovers, ended at {} ms",
+        "seed {seed}: {} steps, {} acknowledged, {} promotions, {} crashes, {} crash points, {} switchovers, {} disks lost, ended at {} ms",
         report.steps,
         report.acknowledged,
         report.promotions,
         report.crashes,
         report.crash_points,
         report.switchovers,
+        report.disks_lost,
         report.end / 1000
     );
     for v in &report.violations {
@@ -247,6 +249,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     let (mut crash_points, mut crash_point_seeds) = (0, 0);
     // Switchovers begun, and the seeds that began one.
     let (mut switchovers, mut switchover_seeds) = (0, 0);
+    // Disks lost, and the seeds that lost one.
+    let (mut disks_lost, mut disk_seeds) = (0, 0);
     let mut failures = Vec::new();
     let mut violating = 0;
     for seed in first.. {
@@ -266,6 +270,8 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         crash_point_seeds += u64::from(report.crash_points > 0);
         switchovers += report.switchovers;
         switchover_seeds += u64::from(report.switchovers > 0);
+        disks_lost += report.disks_lost;
+        disk_seeds += u64::from(report.disks_lost > 0);
         for v in &report.violations {
             println!("seed {seed}: {v}");
         }
@@ -277,7 +283,7 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
         }
     }
     println!(
-        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes, {crash_points} crash points in {crash_point_seeds} seeds, {switchovers} switchovers in {switchover_seeds} seeds; {violating} seeds violate an invariant, {} of them unknown",
+        "{runs} elected seeds in {:.1} s: {acknowledged} decisions acknowledged, {promotions} elections, {crashes} crashes, {crash_points} crash points in {crash_point_seeds} seeds, {switchovers} switchovers in {switchover_seeds} seeds, {disks_lost} disks lost in {disk_seeds} seeds; {violating} seeds violate an invariant, {} of them unknown",
         started.elapsed().as_secs_f64(),
         failures.len()
     );
