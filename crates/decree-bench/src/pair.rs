@@ -117,6 +117,7 @@ pub fn start(
             tls: link_tls.as_ref().map(|tls| tls[own].clone()),
             secret_file: link_tls.is_none().then(|| secret.clone()),
             busy_poll_us: if replicas.busy_poll { crate::client::BUSY_POLL_US } else { 0 },
+            link_stall_ms: decree_server::config::LINK_STALL_MS_DEFAULT,
             etcd: None,
         });
         Ok(config)

@@ -34,7 +34,13 @@ async fn view(etcd: &Etcd, keys: &Keys) -> View {
 
 async fn candidate(etcd: &Etcd, id: u8, run: &str) -> Candidate {
     let lease = etcd.grant_lease(Duration::from_secs(30)).await.unwrap();
-    Candidate { member: MemberId::new(id).unwrap(), run: run.into(), lease: lease.id.0, highest: Epoch::NONE }
+    Candidate {
+        member: MemberId::new(id).unwrap(),
+        run: run.into(),
+        lease: lease.id.0,
+        highest: Epoch::NONE,
+        prepared: Epoch::NONE,
+    }
 }
 
 /// Sends `txn` as the election built it; whether every compare held.

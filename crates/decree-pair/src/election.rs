@@ -289,8 +289,15 @@ pub struct Candidate {
     pub run: RunId,
     /// Its lease, under which the leader key is created.
     pub lease: LeaseId,
-    /// The highest epoch its log and its `PAIR` record hold.
+    /// The highest epoch its log and its `PAIR` record hold: what `led_by` compares with
+    /// the sync record's `since`, and the `since` its own record will say.
     pub highest: Epoch,
+    /// The newest incarnation among this node's prepared branches in the resource managers
+    /// (issue 32, defect 14: a campaign mints above it). It says nothing of this member's
+    /// log: a member whose disk was lost finds its old epoch there, the branches of the
+    /// decisions it acknowledged and no longer holds, and was taken for the leader of record
+    /// whose log holds the epoch (the simulator, elected disk loss, seed 46).
+    pub prepared: Epoch,
 }
 
 /// One condition of a transaction.
@@ -414,7 +421,7 @@ pub fn campaign_after_turn(view: &View, me: &Candidate, keys: &Keys) -> Result<(
             return Err(NotNow::Inconsistent(format!("a counter at {counter} without a sync record")))
         }
     };
-    let epoch = epoch_of(counter.max(me.highest.count()) + 1, me.member);
+    let epoch = epoch_of(counter.max(me.highest.max(me.prepared).count()) + 1, me.member);
     let mut txn = take_the_lead(view, 0, me, (epoch, me.highest), keys);
     // A pause written after the read makes the campaign fail.
     txn.compares.push(Compare::ModRevision(keys.pause.clone(), 0));

@@ -330,9 +330,35 @@ pub struct PairConfig {
     /// flow: for a backup with a core to spare. At most 10,000.
     #[serde(default)]
     pub busy_poll_us: u64,
+    /// How long either end of the link waits for the other with nothing heard before it
+    /// ends the link, which the primary then dials again (decree-pair's `link::stall`): the
+    /// primary while it waits for the backup's hello or an acknowledgement, the backup
+    /// while it waits for the primary's hello or the end of its catch-up. 5,000 by
+    /// default, 100 to 3,600,000. Liveness only: a frame lost within a connection (a
+    /// middlebox, a bug) or a stopped peer process holds the link no longer than this.
+    #[serde(default = "link_stall_ms_default")]
+    pub link_stall_ms: u64,
     /// The pair elects its primary on etcd (issue 33): without it, `decree promote` does.
     #[serde(default)]
     pub etcd: Option<crate::etcd_config::PairEtcdConfig>,
+}
+
+/// `pair.link_stall_ms` unless given: decree-pair's default.
+pub const LINK_STALL_MS_DEFAULT: u64 = decree_pair::link::stall::LINK_STALL_DEFAULT.as_millis() as u64;
+
+fn link_stall_ms_default() -> u64 {
+    LINK_STALL_MS_DEFAULT
+}
+
+/// The bounds of `pair.link_stall_ms`: below 100 ms a busy backup's disk would end links,
+/// above an hour a stalled link is as good as lost.
+pub const LINK_STALL_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+
+impl PairConfig {
+    /// How long either end of the link waits for the other with nothing heard.
+    pub fn link_stall(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.link_stall_ms)
+    }
 }
 
 /// The longest `pair.busy_poll_us` accepted: the backup's own limit.
@@ -628,6 +654,14 @@ impl ServerConfig {
                 pair.busy_poll_us
             )));
         }
+        if !LINK_STALL_MS_RANGE.contains(&pair.link_stall_ms) {
+            return Err(ConfigError(format!(
+                "pair.link_stall_ms = {} must be between {} and {}",
+                pair.link_stall_ms,
+                LINK_STALL_MS_RANGE.start(),
+                LINK_STALL_MS_RANGE.end()
+            )));
+        }
         if pair.tls.as_ref().is_some_and(|tls| tls.peer_name.is_empty()) {
             return Err(ConfigError(
                 "pair.tls.peer_name is empty: name the other member's certificate".into(),
@@ -909,6 +943,23 @@ mod tests {
         assert_eq!(ServerConfig::from_toml_str(&local).unwrap().pair.unwrap().ack, PairAck::Received);
         let e = ServerConfig::from_toml_str(&local.replace("received", "sometimes")).unwrap_err();
         assert!(e.to_string().contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn a_pair_link_stall_is_five_seconds_unless_asked_and_bounded() {
+        let base = "log_dir = \"/x\"\nunix = \"/s\"\n[pair]\nmember = 1\n\
+                    link = \"127.0.0.1:7421\"\npeer_link = \"127.0.0.1:7422\"\nsecret_file = \"p.secret\"\n";
+        let pair = ServerConfig::from_toml_str(base).unwrap().pair.unwrap();
+        assert_eq!(pair.link_stall(), std::time::Duration::from_secs(5));
+        let asked = ServerConfig::from_toml_str(&format!("{base}link_stall_ms = 250\n")).unwrap();
+        assert_eq!(asked.pair.unwrap().link_stall(), std::time::Duration::from_millis(250));
+        for refused in [0, 99, 3_600_001] {
+            let e = ServerConfig::from_toml_str(&format!("{base}link_stall_ms = {refused}\n")).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("pair.link_stall_ms = {refused} must be between")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -488,12 +488,13 @@ impl Election {
     }
 
     /// Campaigns until this member wins (the epoch it leads, durable in etcd) or `stop`.
-    /// `highest` gives the highest epoch this member knows (its log, `PAIR`, its prepared
-    /// branches), asked only when the leader key is absent.
+    /// `highest` gives the highest epoch this member's log and `PAIR` hold and the newest
+    /// incarnation of its node's prepared branches (`Candidate`'s `highest` and
+    /// `prepared`), asked only when the leader key is absent.
     pub(crate) async fn campaign<F, Fut>(&self, highest: F, mut stop: watch::Receiver<bool>) -> Option<Epoch>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Epoch>,
+        Fut: std::future::Future<Output = (Epoch, Epoch)>,
     {
         let mut last_reason = String::new();
         let mut watch = None;
@@ -576,7 +577,7 @@ impl Election {
     ) -> Result<Option<Epoch>, String>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Epoch>,
+        Fut: std::future::Future<Output = (Epoch, Epoch)>,
     {
         let view = self.view().await?;
         if let Some(epoch) = rules::won(&view, self.member, &run_name(self.run)) {
@@ -589,12 +590,9 @@ impl Election {
         }
         self.vacant_since.lock().get_or_insert_with(std::time::Instant::now);
         let Some(lease) = self.lease() else { return Err("this member holds no etcd lease yet".into()) };
-        let candidate = Candidate {
-            member: self.member,
-            run: run_name(self.run),
-            lease: lease.0,
-            highest: highest().await,
-        };
+        let (highest, prepared) = highest().await;
+        let candidate =
+            Candidate { member: self.member, run: run_name(self.run), lease: lease.0, highest, prepared };
         let campaign = if hand_over.over(&view, self.config.lease_ttl()) {
             rules::campaign_after_turn
         } else {
@@ -753,7 +751,13 @@ impl Election {
             return Err(NotNow::Inconsistent("this member holds no etcd lease yet".into()));
         };
         let view = self.view().await.map_err(NotNow::Inconsistent)?;
-        let me = Candidate { member: self.member, run: run_name(self.run), lease: lease.0, highest: epoch };
+        let me = Candidate {
+            member: self.member,
+            run: run_name(self.run),
+            lease: lease.0,
+            highest: epoch,
+            prepared: Epoch::NONE,
+        };
         let txn = rules::record_forced(&view, &me, epoch, &self.keys)?;
         let (compares, ops) = decree_etcd::election::txn(&txn);
         self.requests.fetch_add(1, Ordering::Relaxed);

@@ -445,7 +445,8 @@ pub(crate) async fn run(
         dir: config.log_dir.clone(),
         pair_state,
     };
-    let primary = lead(&state, node, config.node, transport, deposed, &backup_link, OutboxLimits::default());
+    let link = LinkSetup { transport, limits: OutboxLimits::default(), stall: pair.link_stall() };
+    let primary = lead(&state, node, config.node, link, deposed, &backup_link);
     let leader = primary.leader.clone();
     lead_on_etcd(&election, &state, &primary, epoch, promoted.forced, stop_rx.clone());
     let promotion =
@@ -697,22 +698,33 @@ pub(crate) struct Deposed {
     pub(crate) pair_state: decree_pair::PairState,
 }
 
+/// How a primary's link is opened and bounded: the transport (TLS, the pair's secret or
+/// plaintext), the outbox's bounds and the stall rule's bound (`pair.link_stall_ms`).
+pub(crate) struct LinkSetup {
+    /// Turns each connection into the link's stream.
+    pub(crate) transport: Arc<dyn Transport>,
+    /// The outbox's bounds.
+    pub(crate) limits: OutboxLimits,
+    /// How long the link may wait for the backup with nothing heard (decree-pair's
+    /// `link::stall`).
+    pub(crate) stall: std::time::Duration,
+}
+
 /// The primary phase of a member whose promotion made `node` lead, over `state` (opened
-/// with the new epoch as its incarnation): the leader, with its outbox bounded by
-/// `limits`, and the commit path's link to it; a deposition does what `deposed` says. Its
-/// link counts go on from `backup_link` (this member's as a backup). `decree serve` and
-/// the pair's simulator (`decree-sim`) both start a primary here.
+/// with the new epoch as its incarnation): the leader, its link as `link` says, and the
+/// commit path's link to it; a deposition does what `deposed` says. Its link counts go on
+/// from `backup_link` (this member's as a backup). `decree serve` and the pair's
+/// simulator (`decree-sim`) both start a primary here.
 pub(crate) fn lead(
     state: &Arc<State>,
     node: decree_pair::rules::Node,
     node_id: u32,
-    transport: Arc<dyn Transport>,
+    link: LinkSetup,
     deposed: Deposed,
     backup_link: &decree_pair::link::LinkReport,
-    limits: OutboxLimits,
 ) -> Arc<PrimaryLink> {
     let on_deposed = deposition(deposed);
-    start_link(state, node, node_id, transport, on_deposed, backup_link, limits)
+    start_link(state, node, node_id, link, on_deposed, backup_link)
 }
 
 /// The leader of the epoch `node` leads and the commit path's link to it, for `state`; its
@@ -721,10 +733,9 @@ fn start_link(
     state: &Arc<State>,
     node: decree_pair::rules::Node,
     node_id: u32,
-    transport: Arc<dyn Transport>,
+    link: LinkSetup,
     on_deposed: Box<dyn Fn(Epoch) + Send + Sync>,
     backup_link: &decree_pair::link::LinkReport,
-    limits: OutboxLimits,
 ) -> Arc<PrimaryLink> {
     let shared = Arc::new(LinkShared {
         state: Arc::downgrade(state),
@@ -734,8 +745,9 @@ fn start_link(
         deposed: Mutex::new(None),
         on_deposed,
     });
-    let leader = Leader::new(node, node_id, limits, shared.clone())
-        .with_transport(transport)
+    let leader = Leader::new(node, node_id, link.limits, shared.clone())
+        .with_transport(link.transport)
+        .with_stall(link.stall)
         .with_link_totals(backup_link);
     let leader = Arc::new(leader);
     let _ = shared.leader.set(Arc::downgrade(&leader));
@@ -876,10 +888,11 @@ pub(crate) fn follow(
     let replica = Replica::open(log).with_outcomes(outcomes);
     let follower = Follower::open(member_id, config.node, replica, storage, config.log_dir.clone())
         .map_err(|e| ServerError::Io(format!("pair state: {e}")))?;
-    Ok(follower.with_ack_mode(match pair.ack {
+    let ack = match pair.ack {
         PairAck::Durable => AckMode::Durable,
         PairAck::Received => AckMode::Received,
-    }))
+    };
+    Ok(follower.with_ack_mode(ack).with_stall(pair.link_stall()))
 }
 
 /// What a leader does when a newer epoch deposes it: record that epoch in `PAIR` (so that

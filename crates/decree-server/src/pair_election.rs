@@ -84,7 +84,7 @@ pub(crate) fn campaign(
                         .await
                         .unwrap_or(Epoch::NONE);
                 let known = follower.upgrade().map_or(Epoch::NONE, |f| f.highest_known());
-                known.max(prepared)
+                (known, prepared)
             }
         };
         if let Some(epoch) = election.campaign(highest, stop).await {

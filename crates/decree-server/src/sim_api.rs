@@ -83,15 +83,10 @@ impl SimPrimary {
         let epoch = node.leads().expect("a promoted node leads");
         let state = Arc::new(crate::state_over(&config, log, outcomes, factories, Some(epoch.raw())));
         let deposed = Deposed { stop, storage, dir: config.log_dir.clone(), pair_state };
-        let link = crate::pair::lead(
-            &state,
-            node,
-            config.node,
-            Arc::new(Plaintext),
-            deposed,
-            &LinkReport::default(),
-            limits,
-        );
+        let stall =
+            config.pair.as_ref().map_or(decree_pair::link::stall::LINK_STALL_DEFAULT, |p| p.link_stall());
+        let setup = crate::pair::LinkSetup { transport: Arc::new(Plaintext), limits, stall };
+        let link = crate::pair::lead(&state, node, config.node, setup, deposed, &LinkReport::default());
         SimPrimary { state, link, stop: AtomicBool::new(false) }
     }
 

@@ -248,7 +248,7 @@ impl World {
         let run = run_name(candidacy.run);
         let prepared =
             decree_server::sim_api::prepared_highest(&self.databases.factories(index as u8 + 1), NODE);
-        let highest = backup.follower.highest_known().max(prepared);
+        let highest = backup.follower.highest_known();
         let member = self.members[index].id();
         if self.etcd().broken(Break::RunIdIgnored) {
             // The broken check: any process of a member named in sync counts as in sync.
@@ -258,13 +258,19 @@ impl World {
                 }
             }
         }
+        if self.etcd().broken(Break::SinceIgnored) {
+            // The broken check: the record's leader holds nothing, any log is enough.
+            if let Some(sync) = view.sync.value.as_mut() {
+                sync.since = Some(Epoch::NONE.raw());
+            }
+        }
         if let Some(epoch) = rules::won(&view, member, &run) {
             self.note(|| {
                 format!("member {}: the leader key names it: its campaign for {epoch} won", index + 1)
             });
             return self.elected(index, epoch);
         }
-        let candidate = Candidate { member, run, lease, highest };
+        let candidate = Candidate { member, run, lease, highest, prepared };
         let keys = self.etcd().keys.clone();
         let turn_over = self.hand_over_turn_over(index, &view);
         let campaign = if turn_over { rules::campaign_after_turn } else { rules::campaign };

@@ -51,6 +51,10 @@ pub enum Break {
     /// the run recorded in sync, the primary alone), at once, and goes on acting (what is
     /// in flight answered, recovery passes) until it reads that the leader key is gone.
     HandOverUnsynced,
+    /// `led_by` without its `since` check: the leader of the record's epoch leads again in
+    /// any process whatever its log holds, a member whose disk was lost included (the
+    /// candidate's view of the record says its leader's log holds nothing).
+    SinceIgnored,
 }
 
 /// What an elected seed draws beyond the pair's scenario.

@@ -22,7 +22,8 @@ use decree_log::outcomes::OutcomeMemory;
 use decree_log::testing::fault::{CrashMode, FaultStorage};
 use decree_log::{EngineKind, Log};
 use decree_pair::link::follower::{AckMode, DurableSink, Follower, FollowerLink};
-use decree_pair::link::leader::{Leader, LeaderLink, ACK_TIMEOUT, REDIAL_DELAY};
+use decree_pair::link::leader::{Leader, LeaderLink, REDIAL_DELAY};
+use decree_pair::link::stall::StallWatch;
 use decree_pair::link::{LinkEnd, LinkStep};
 use decree_pair::{Epoch, MemberId, Role};
 use decree_server::config::{PairAck, PairConfig, ServerConfig};
@@ -33,6 +34,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// A virtual time as the stall rule's clock reads it.
+fn micros(t: Time) -> Duration {
+    Duration::from_micros(t)
+}
 
 /// The node id both members share.
 pub const NODE: u32 = 7;
@@ -74,6 +80,8 @@ pub struct Member {
     /// When its current process started: a `received` backup that started after a
     /// decision was decided may have lost it with its previous process (the oracle).
     pub started_at: Time,
+    /// When its disk was last lost (elected runs): it lost every decision decided before.
+    pub disk_lost_at: Option<Time>,
 }
 
 /// A member's process.
@@ -114,6 +122,8 @@ pub struct Served {
     pub link: Option<FollowerLink>,
     /// The log's durability reports of this link's batches.
     pub reports: Reports,
+    /// The follower's stall rule on this link (decree-pair's `link::stall`).
+    pub watch: StallWatch,
 }
 
 /// A primary's process.
@@ -131,9 +141,8 @@ pub struct PrimaryProc {
     /// Connections another member dialled to this one's link address, waiting for their
     /// `Hello` (the listener `decree serve` keeps as a primary: `Leader::on_dialled`).
     pub dialled: Vec<u64>,
-    /// Since when the current link waits for the backup (its hello or an
-    /// acknowledgement), for the leader's `ACK_TIMEOUT`.
-    pub link_waiting_since: Time,
+    /// The leader's stall rule on the current link (decree-pair's `link::stall`).
+    pub link_watch: StallWatch,
     /// The leader's run ended (deposed, or its storage failed): no more dials.
     pub leader_done: bool,
     /// Set by the server's deposition.
@@ -168,6 +177,7 @@ impl Member {
             led_at: None,
             candidacy: Default::default(),
             started_at: 0,
+            disk_lost_at: None,
         }
     }
 
@@ -267,6 +277,7 @@ fn config(member: &Member, scenario: &crate::world::Scenario) -> ServerConfig {
         // configuration needs one of the two.
         secret_file: None,
         busy_poll_us: 0,
+        link_stall_ms: decree_server::config::LINK_STALL_MS_DEFAULT,
         // The operator promotes here; the election's rules run against the model of etcd
         // in decree-pair's own tests.
         etcd: None,
@@ -401,6 +412,7 @@ impl World {
         };
         let server = SimPrimary::lead(lead);
         let leader = server.leader();
+        let stall = leader.stall();
         let epoch = node.seen;
         let life = self.members[index].life;
         self.members[index].proc = Proc::Primary(Box::new(PrimaryProc {
@@ -410,7 +422,7 @@ impl World {
             link: None,
             link_opened_at: 0,
             dialled: Vec::new(),
-            link_waiting_since: 0,
+            link_watch: StallWatch::new(stall, Duration::ZERO),
             leader_done: false,
             stop,
             stopping: false,
@@ -638,6 +650,8 @@ impl World {
             return self.serve_next(index);
         };
         let conn = served.conn;
+        let mut watch = served.watch;
+        let deadline = watch.deadline();
         let reports = std::mem::take(&mut *served.reports.lock());
         let mut link = served.link.take().expect("the link is in place between steps");
         let mut progress = !reports.is_empty();
@@ -652,6 +666,7 @@ impl World {
         while end.is_none() && link.wants_frames() {
             let Some(frame) = self.take_frames(conn, index, 1).pop() else { break };
             progress = true;
+            watch.heard(micros(self.now));
             let outcomes = match &frame {
                 decree_pair::wire::LinkMessage::Batch { records, .. } => {
                     records.iter().filter(|r| r.kind == decree_pair::RecordKind::Outcome).count()
@@ -674,7 +689,15 @@ impl World {
                 drop(link);
                 self.link_ended(index, conn, end);
             }
-            None => b.served.as_mut().expect("served").link = Some(link),
+            None => {
+                watch.waits(follower.awaits_primary(&link), micros(self.now));
+                let served = b.served.as_mut().expect("served");
+                served.link = Some(link);
+                served.watch = watch;
+                if watch.deadline() != deadline {
+                    self.stall_timer(index, conn, watch);
+                }
+            }
         }
         progress
     }
@@ -698,7 +721,9 @@ impl World {
         let sink: DurableSink =
             Arc::new(move |sequence, result| sink_reports.lock().push((sequence, result)));
         let (link, hello) = b.follower.open_link(sink);
-        b.served = Some(Served { conn, link: Some(link), reports });
+        let watch = StallWatch::new(b.follower.stall(), micros(self.now));
+        b.served = Some(Served { conn, link: Some(link), reports, watch });
+        self.stall_timer(index, conn, watch);
         self.note(|| format!("member {} serves link {conn}", index + 1));
         self.send(conn, index, vec![hello]);
         true
@@ -728,10 +753,14 @@ impl World {
         let conn = *conn;
         let leader = p.leader.clone();
         let mut link = slot.take().expect("the link is in place between steps");
+        let mut watch = p.link_watch;
         let mut end = None;
         let frames = self.take_frames(conn, index, FRAMES_PER_TURN);
         progress |= !frames.is_empty();
-        let mut heard = !frames.is_empty();
+        let deadline = watch.deadline();
+        if !frames.is_empty() {
+            watch.heard(micros(self.now));
+        }
         for frame in frames {
             let step = leader.on_frame(&mut link, frame);
             if let Some(e) = self.carry(conn, index, step) {
@@ -740,22 +769,22 @@ impl World {
             }
         }
         if end.is_none() {
-            let was_waiting = link.awaits_backup();
             let frames = leader.poll_send(&mut link);
-            heard |= !was_waiting && link.awaits_backup();
+            watch.waits(link.awaits_backup(), micros(self.now));
             progress |= !frames.is_empty();
             self.send(conn, index, frames);
-        }
-        if heard && end.is_none() {
-            self.link_waits(index, conn);
         }
         match end {
             Some(end) => self.link_ended(index, conn, end),
             None => {
                 if let Proc::Primary(p) = &mut self.members[index].proc {
+                    p.link_watch = watch;
                     if let Some((_, slot)) = &mut p.link {
                         *slot = Some(link);
                     }
+                }
+                if watch.deadline() != deadline {
+                    self.stall_timer(index, conn, watch);
                 }
             }
         }
@@ -858,7 +887,9 @@ impl World {
         let (link, hello) = p.leader.open_link();
         p.link = Some((conn, Some(link)));
         p.link_opened_at = self.now;
-        self.link_waits(index, conn);
+        p.link_watch = StallWatch::new(p.leader.stall(), micros(self.now));
+        let watch = p.link_watch;
+        self.stall_timer(index, conn, watch);
         match &mut self.members[target].proc {
             // A primary's link listener: it answers the hello and closes.
             Proc::Primary(t) => t.dialled.push(conn),
@@ -891,18 +922,18 @@ impl World {
         progress
     }
 
-    /// The primary's link on `conn` waits for the backup from now on: its `ACK_TIMEOUT`
-    /// runs from here (as the tokio loop's timer does).
-    fn link_waits(&mut self, index: usize, conn: u64) {
+    /// Wakes member `index` when the link on `conn` stalls unless its peer is heard first
+    /// (decree-pair's stall rule, as the tokio loops' timers).
+    fn stall_timer(&mut self, index: usize, conn: u64, watch: StallWatch) {
         let life = self.members[index].life;
-        let Proc::Primary(p) = &mut self.members[index].proc else { return };
-        p.link_waiting_since = self.now;
-        let timeout = ACK_TIMEOUT.as_micros() as Time;
-        self.after(timeout, Event::LinkTimer { member: index, life, conn });
+        if let Some(deadline) = watch.deadline() {
+            let at = (deadline.as_micros() as Time).max(self.now);
+            self.schedule(at, Event::LinkTimer { member: index, life, conn });
+        }
     }
 
-    /// The leader's timer on `conn`: ends the link if it still waits for the backup and
-    /// nothing was heard for `ACK_TIMEOUT`.
+    /// The stall timer of member `index`'s link on `conn`: ends the link if it still
+    /// waits for its peer and nothing was heard for the stall bound.
     pub fn link_timer(&mut self, index: usize, life: u64, conn: u64) {
         let member = &self.members[index];
         if member.life != life {
@@ -912,14 +943,19 @@ impl World {
             self.schedule(until, Event::LinkTimer { member: index, life, conn });
             return;
         }
-        let Proc::Primary(p) = &member.proc else { return };
-        let Some((c, Some(link))) = &p.link else { return };
-        let timeout = ACK_TIMEOUT.as_micros() as Time;
-        if *c != conn || !link.awaits_backup() || self.now < p.link_waiting_since + timeout {
-            return;
+        let now = micros(self.now);
+        let (watch, peer) = match &member.proc {
+            Proc::Primary(p) if p.link.as_ref().is_some_and(|(c, link)| *c == conn && link.is_some()) => {
+                (p.link_watch, "backup")
+            }
+            Proc::Backup(b) if b.served.as_ref().is_some_and(|s| s.conn == conn && s.link.is_some()) => {
+                (b.served.as_ref().expect("checked").watch, "primary")
+            }
+            _ => return,
+        };
+        if watch.stalled(now) {
+            self.link_ended(index, conn, watch.end(peer));
         }
-        let why = format!("the backup answered nothing for {} ms", ACK_TIMEOUT.as_millis());
-        self.link_ended(index, conn, LinkEnd::Closed(why));
     }
 
     /// Member `index` stops (SIGSTOP) for `duration`.

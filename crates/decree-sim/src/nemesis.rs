@@ -23,7 +23,11 @@
 //! id, from being elected without the decision: the primary, the leader of record, must
 //! come back to lead (`Break::RunIdIgnored` breaks it on purpose).
 //!
-//! In the liveness phase the faults stop, the network heals, paused members continue, the
+//! Elected runs in `durable` mode also lose a member's machine with its disk now and then
+//! (`elected_disk_lost`): it restarts empty, and `led_by`'s `since` check must keep it from
+//! leading again as the record's leader (`Break::SinceIgnored` breaks it on purpose).
+//!
+//! In the liveness phase the faults stop, chaos ends, the network heals, paused members continue, the
 //! clients start no new transaction, and the operator restarts what is down and promotes
 //! as above until the pair is back to strict.
 
@@ -66,7 +70,14 @@ impl World {
     fn fault(&mut self) {
         let roll = self.rng.range(0, 99);
         let member = self.rng.range(0, 1) as usize;
+        // After an elected disk loss the other member, the only holder of every decision,
+        // is spared what would end its process until it leads (`elected_disk_lost`).
+        let spared = self.spared == Some(member) && !self.members[member].leading();
+        if !spared && self.spared.is_some_and(|s| self.members[s].leading()) {
+            self.spared = None;
+        }
         match roll {
+            0..=17 if spared => {}
             0..=17 => self.crash_member(member),
             18..=34 => self.restart(member),
             35..=49 if self.etcd.is_some() => {
@@ -84,6 +95,7 @@ impl World {
                 let duration = self.rng.range(10, 3000) * MS;
                 self.pause(member, duration);
             }
+            68..=72 if spared => {}
             68..=72 => {
                 if let Some(log) = self.members[member].log() {
                     log.fail_next_sync();
@@ -99,6 +111,8 @@ impl World {
                 self.arm_crash_point()
             }
             82..=89 if self.scenario.mistakes => self.mistaken_promotion(member),
+            // Unused by an elected run's other faults: a member's disk is lost (issue 33).
+            86..=89 if self.etcd.is_some() => self.elected_disk_lost(member),
             // Unused by an elected run's other faults: the operator's `decree switchover`.
             94..=97 if self.scenario.elected.as_ref().is_some_and(|e| e.switchovers) => {
                 if let Some(primary) = (0..self.members.len()).find(|&i| self.members[i].leading()) {
@@ -226,6 +240,71 @@ impl World {
         }
     }
 
+    /// Elected runs (issue 33): member `index`'s machine is lost with its disk (a power
+    /// loss, the disk replaced) and comes back empty 10 to 500 ms later, a new backup that
+    /// must catch up and must not lead: when it led, the sync record still names it as the
+    /// leader of its epoch, its lease holding the leader key up to a TTL more, and only
+    /// `led_by`'s `since` check (its log must hold the epoch the record says its leader's
+    /// log holds) keeps it from taking the lead with nothing once the lease lapses
+    /// (`Break::SinceIgnored` breaks it). Only a disk whose data lives on is lost: the
+    /// other member runs and the sync record names its current process, so that it may
+    /// campaign and holds every acknowledged decision; `durable` seeds only (in `received`
+    /// mode the other member may hold a decision in memory alone, as for the operator's
+    /// mistake). When the lost member led, its clients die with it (a rack lost), so that
+    /// what it acknowledged last may still have branches prepared. Until the other member
+    /// leads, the nemesis kills it no more (nor fails its
+    /// log): a new process of it is out of sync, and with the only other log gone nobody
+    /// could lead without the operator's `decree promote --force`, which elected runs do
+    /// not model (seed 678, before: the other member lost power, cut off from etcd, before
+    /// it could campaign).
+    fn elected_disk_lost(&mut self, index: usize) {
+        let other = &self.members[1 - index];
+        // The other member must be able to take over: running, its log healthy (a backup
+        // whose log failed is restarted, a new process out of sync: seeds 159 and 683).
+        let healthy = match &other.proc {
+            Proc::Down => false,
+            Proc::Backup(b) => !b.failed && !b.log.failed(),
+            Proc::Primary(p) => !p.log.failed(),
+        };
+        if matches!(self.members[index].proc, Proc::Down)
+            || !healthy
+            || self.scenario.ack == AckMode::Received
+        {
+            return;
+        }
+        let Some(etcd) = self.etcd.as_ref() else { return };
+        // Read on a copy: a read expires leases in the model, which the pair's own reads do.
+        let mut copy = crate::etcd::EtcdWorld {
+            etcd: etcd.etcd.clone(),
+            ..crate::etcd::EtcdWorld::new(etcd.elected.clone())
+        };
+        let view = copy.view(self.now);
+        let run = crate::election::run_name(other.candidacy.run);
+        if !view.sync.value.is_some_and(|sync| sync.names(other.id(), &run)) {
+            return;
+        }
+        let led = self.members[index].leading();
+        self.crash(index, Some(CrashMode::DropUnsynced));
+        if led {
+            // The rack goes with it: the clients die too, before the phase two of what it
+            // acknowledged last, whose branches stay prepared for the next leader to finish.
+            for client in 0..self.clients.len() {
+                self.client_crash(client);
+            }
+        }
+        let seed = self.rng.fork();
+        self.members[index].disk = FaultStorage::new(seed);
+        self.members[index].led_at = None;
+        self.members[index].disk_lost_at = Some(self.now);
+        self.disks_lost += 1;
+        self.spared = Some(1 - index);
+        self.note(|| {
+            format!("member {}'s disk is lost with its machine (the other member is in sync)", index + 1)
+        });
+        let restart = self.rng.range(10, 500) * MS;
+        self.after(restart, Event::Restart { member: index });
+    }
+
     /// A forced promotion of `index` is about to happen on purpose: what it lacks of the
     /// acknowledged decisions is given up.
     fn forfeit_for(&mut self, index: usize) {
@@ -323,6 +402,10 @@ impl World {
         self.phase = Phase::Liveness;
         self.crash_point = None;
         self.net.partitioned_until = None;
+        // Chaos is a fault like the others: frames lost within a connection at its rate
+        // through every catch-up would let none of hundreds of batches through, which no
+        // reconnect can mend (docs/simulation.md, defect 6).
+        self.net.chaos = false;
         if let Some(etcd) = &mut self.etcd {
             etcd.cut_until = [None, None];
         }
@@ -408,9 +491,7 @@ impl World {
             let dropped = self.net.dropped;
             return (
                 Some(6),
-                format!(
-                    "chaos dropped {dropped} frames and the link never recovers (no heartbeat): {summary}"
-                ),
+                format!("chaos dropped {dropped} frames and the link did not recover: {summary}"),
             );
         }
         (None, summary)

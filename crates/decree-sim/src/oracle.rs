@@ -315,7 +315,14 @@ impl Oracle {
     fn check_backup_holds(&mut self, at: Time, xid: &Xid, ack: &Ack, peer: &Member) {
         let durable = self.ack_mode == AckMode::Durable;
         let decided_at = self.decided_at.get(xid).copied().unwrap_or(at);
+        // A backup whose disk was lost (elected runs) after the decision was decided lost it
+        // with the disk, its acknowledgement on its way: the primary holds it, and the
+        // member, back empty and not caught up, may not lead (`led_by`'s `since`) until it
+        // caught up again (seed 1030: an acknowledgement a partition held for 3 s).
+        let lost_disk = peer.disk_lost_at.is_some_and(|lost| lost >= decided_at);
         let held = match &peer.proc {
+            Proc::Down if lost_disk => return,
+            Proc::Backup(b) if lost_disk && !b.follower.node().caught_up => return,
             Proc::Backup(b) if durable => b.log.durably_holds(xid),
             // So may one whose log failed after it acknowledged (it stops, fail-stop, and is
             // no longer caught up: never promoted without `--force`): that is its crash.

@@ -171,6 +171,8 @@ pub struct Report {
     pub crash_points: u64,
     /// Switchovers begun (elected runs): the primary stopped to hand its lead over.
     pub switchovers: u64,
+    /// Disks lost (elected runs; the operator's runs lose one only by mistake).
+    pub disks_lost: u64,
     /// Virtual time at the end.
     pub end: Time,
     /// One line per event and fault, when asked for (`DECREE_SIM_TRACE`).
@@ -223,6 +225,10 @@ pub struct World {
     pub crash_points: u64,
     /// Switchovers begun so far (elected runs: the nemesis asks the primary).
     pub switchovers: u64,
+    /// Disks lost so far in elected runs.
+    pub disks_lost: u64,
+    /// The member the nemesis spares until it leads, after the other's disk was lost.
+    pub spared: Option<usize>,
     trace: Option<Vec<String>>,
     steps: u64,
 }
@@ -277,6 +283,8 @@ impl World {
             crash_point: None,
             crash_points: 0,
             switchovers: 0,
+            disks_lost: 0,
+            spared: None,
             trace: trace.then(Vec::new),
             steps: 0,
             scenario,
@@ -446,6 +454,7 @@ pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
         crashes: world.crashes,
         crash_points: world.crash_points,
         switchovers: world.switchovers,
+        disks_lost: world.disks_lost,
         end: world.now,
         trace: world.trace.take().unwrap_or_default(),
         scenario: world.scenario.clone(),

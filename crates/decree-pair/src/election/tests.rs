@@ -47,7 +47,7 @@ fn view(etcd: &mut Etcd, now: u64) -> View {
 }
 
 fn candidate(etcd: &mut Etcd, now: u64, id: u8, run: &str, highest: Epoch) -> Candidate {
-    Candidate { member: m(id), run: run.into(), lease: etcd.grant(now, TTL), highest }
+    Candidate { member: m(id), run: run.into(), lease: etcd.grant(now, TTL), highest, prepared: Epoch::NONE }
 }
 
 /// `me` campaigns at `now`: the epoch it leads, or why not.
@@ -316,11 +316,23 @@ fn the_recorded_leader_leads_again_from_a_new_process_unless_its_disk_forgot_the
     // epoch, so the record's leadership is not its to take.
     let blank = candidate(&mut etcd, later, 1, "run-a3", Epoch::NONE);
     assert_eq!(campaign_at(&mut etcd, later, &blank), Err(NotNow::OutOfSync(one)));
+    // Nor when the databases still hold branches it prepared in `one` (the decisions it
+    // acknowledged and lost with its disk): they raise the epoch minted, never what its
+    // log is taken to hold (the simulator's finding 18, seed 121).
+    let blank = Candidate { prepared: one, ..blank };
+    assert_eq!(campaign_at(&mut etcd, later, &blank), Err(NotNow::OutOfSync(one)));
     // A restarted over its log, which holds epoch `one`: it leads again, above it.
     let restarted = candidate(&mut etcd, later, 1, "run-a2", one);
-    assert_eq!(campaign_at(&mut etcd, later, &restarted).unwrap().to_string(), "2.1");
+    let prepared_above = epoch_of(3, m(2));
+    let restarted = Candidate { prepared: prepared_above, ..restarted };
+    assert_eq!(
+        campaign_at(&mut etcd, later, &restarted).unwrap().to_string(),
+        "4.1",
+        "above the newest prepared incarnation (defect 14)"
+    );
+    assert_eq!(sync_record(&mut etcd, later).since, Some(one.raw()), "its log holds `one`, not 3.2");
     // The rule is the leader's only: member 2 named nowhere, with every epoch, may not.
-    let two = epoch_of(2, m(1));
+    let two = epoch_of(4, m(1));
     let b = candidate(&mut etcd, 3 * TTL, 2, "run-b", two);
     assert_eq!(campaign_at(&mut etcd, 3 * TTL, &b), Err(NotNow::OutOfSync(two)));
 }
@@ -347,7 +359,8 @@ fn inconsistent_or_unreadable_records_are_named() {
         counter: Read { value: Some(3), mod_revision: 6 },
         pause: Read::absent(),
     };
-    let me = Candidate { member: m(2), run: "r".into(), lease: 1, highest: Epoch::NONE };
+    let me =
+        Candidate { member: m(2), run: "r".into(), lease: 1, highest: Epoch::NONE, prepared: Epoch::NONE };
     let e = campaign(&v, &me, &k).unwrap_err().to_string();
     assert!(e.contains("epoch 4.1") && e.contains("counter is at 3"), "{e}");
     let e = from_json::<SyncRecord>(&k.sync, "{\"epoch\":1}").unwrap_err().to_string();

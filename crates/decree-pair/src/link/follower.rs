@@ -73,6 +73,8 @@ pub struct Follower {
     log_failed: Arc<AtomicBool>,
     /// This process's run id, sent in every `Hello`.
     run: u64,
+    /// How long a link may wait for the primary with nothing heard ([`super::stall`]).
+    stall: Duration,
 }
 
 /// The link being served, until it ends (and why).
@@ -172,7 +174,35 @@ impl Follower {
             busy_poll_turns: AtomicU64::new(0),
             log_failed: Arc::new(AtomicBool::new(false)),
             run: 0,
+            stall: super::stall::LINK_STALL_DEFAULT,
         })
+    }
+
+    /// Ends a link that waits for the primary and hears nothing for `stall` (the default
+    /// is [`super::stall::LINK_STALL_DEFAULT`]).
+    pub fn with_stall(mut self, stall: Duration) -> Follower {
+        assert!(!stall.is_zero(), "a link stall bound of zero");
+        self.stall = stall;
+        self
+    }
+
+    /// How long a link may wait for the primary with nothing heard.
+    pub fn stall(&self) -> Duration {
+        self.stall
+    }
+
+    /// Whether `link` waits for the primary: its `Hello`, or the `CaughtUp` that ends the
+    /// catch-up while this backup owes no acknowledgement (nor waits for its own log to
+    /// end a catch-up). The runtime ends a link that waits with nothing heard for the stall
+    /// bound ([`super::stall`]): a `CaughtUp` lost within a connection, which TCP never
+    /// does but a middlebox or a bug may, left the backup not caught up for good.
+    pub fn awaits_primary(&self, link: &FollowerLink) -> bool {
+        if !link.greeted {
+            return true;
+        }
+        let received = self.node.lock().next_sequence - 1;
+        let owes = received > link.stream.acked_up_to;
+        link.stream.joining && link.deferred.is_none() && !owes
     }
 
     /// Names this process with `run` in every `Hello` (the primary records it in sync).
@@ -438,7 +468,12 @@ impl Follower {
         let mut buf = Vec::new();
         // Until when the reader stays awake for the next frame (busy polling).
         let mut awake_until: Option<Instant> = None;
+        // The stall rule counts on the link's own clock, from its opening.
+        let opened = tokio::time::Instant::now();
+        let mut watch = super::stall::StallWatch::new(self.stall, Duration::ZERO);
         loop {
+            watch.waits(self.awaits_primary(&link), opened.elapsed());
+            let deadline = watch.deadline().map(|after| opened + after);
             let awake = awake_until.is_some_and(|until| Instant::now() < until);
             // While a catch-up waits for its batches' durability, no frame is read.
             let reading = link.wants_frames();
@@ -452,6 +487,12 @@ impl Follower {
                     }
                 }
                 _ = self.busy_poll_turn(), if awake && reading => continue,
+                _ = tokio::time::sleep_until(deadline.unwrap_or(opened)), if deadline.is_some() => {
+                    if watch.stalled(opened.elapsed()) {
+                        return watch.end("primary");
+                    }
+                    continue;
+                }
                 Some((sequence, result)) = durable_rx.recv() => {
                     if let Some(end) = send_step(self.on_durable(&mut link, sequence, result), &out).await {
                         return end;
@@ -459,6 +500,7 @@ impl Follower {
                     continue;
                 }
             };
+            watch.heard(opened.elapsed());
             if !self.busy_poll.is_zero() {
                 awake_until = Some(Instant::now() + self.busy_poll);
             }

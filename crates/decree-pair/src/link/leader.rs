@@ -12,8 +12,9 @@
 //! backup (decides wait while a backup catches up). Batches cut before the link opened and
 //! never acknowledged are dropped (the live set holds what of them still matters), and
 //! their decisions are confirmed only by the acknowledgement of the live set's last batch.
-//! A link whose backup leaves a batch unacknowledged for [`ACK_TIMEOUT`] is ended and
-//! dialled again (a half-open connection or a lost frame would stall it forever). A refusal
+//! A link that waits for its backup (its hello, a batch's acknowledgement, the catch-up's)
+//! and hears nothing for the stall bound ([`super::stall`], `pair.link_stall_ms`) is ended
+//! and dialled again (a half-open connection or a lost frame would stall it forever). A refusal
 //! of a newer epoch makes the leader step down and return.
 //!
 //! The link commits in groups the way the log does (no timer: if nothing is in flight,
@@ -51,11 +52,6 @@ pub trait LiveSet: Send + Sync {
 /// Delay between two dials of an unreachable backup.
 pub const REDIAL_DELAY: Duration = Duration::from_millis(100);
 
-/// How long a batch sent (or the link's opening) may wait for the backup's answer before
-/// the link is ended and dialled again: TCP tells nothing of a peer whose machine lost
-/// power, and nothing else would end the wait. Liveness only: no decision counts on it.
-pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// A primary member's link to its backup.
 pub struct Leader {
     node: Mutex<Node>,
@@ -73,6 +69,8 @@ pub struct Leader {
     /// The backup process that caught up last (its member and run id): it holds every
     /// decision this primary acknowledged since, for an election on etcd to record.
     caught_up: watch::Sender<Option<BackupRun>>,
+    /// How long a link may wait for the backup with nothing heard ([`super::stall`]).
+    stall: Duration,
 }
 
 /// A backup's process, named by its member id and the run id its `Hello` carried.
@@ -110,7 +108,21 @@ impl Leader {
             report: Mutex::new(LinkReport::default()),
             run: 0,
             caught_up: watch::channel(None).0,
+            stall: super::stall::LINK_STALL_DEFAULT,
         }
+    }
+
+    /// Ends a link that waits for the backup and hears nothing for `stall` (the default is
+    /// [`super::stall::LINK_STALL_DEFAULT`]).
+    pub fn with_stall(mut self, stall: Duration) -> Leader {
+        assert!(!stall.is_zero(), "a link stall bound of zero");
+        self.stall = stall;
+        self
+    }
+
+    /// How long a link may wait for the backup with nothing heard.
+    pub fn stall(&self) -> Duration {
+        self.stall
     }
 
     /// Names this process with `run` in every `Hello`.
@@ -268,13 +280,14 @@ impl Leader {
         }
         let mut buf = Vec::new();
         let closed = |_| LinkEnd::Closed("the writer stopped".into());
-        // Since when the link waits for the backup (its hello, or an acknowledgement).
-        let mut waiting_since = tokio::time::Instant::now();
+        // The stall rule counts on the link's own clock, from its opening.
+        let opened = tokio::time::Instant::now();
+        let mut watch = super::stall::StallWatch::new(self.stall, Duration::ZERO);
         loop {
-            let waiting = link.awaits_backup();
+            let deadline = watch.deadline().map(|after| opened + after);
             tokio::select! {
                 message = read_message(&mut reader, &mut buf, self.transport.as_ref()) => {
-                    waiting_since = tokio::time::Instant::now();
+                    watch.heard(opened.elapsed());
                     let message = match message {
                         Ok(message) => message,
                         Err(end) => return end,
@@ -288,18 +301,14 @@ impl Leader {
                     }
                 }
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep_until(waiting_since + ACK_TIMEOUT), if waiting => {
-                    return LinkEnd::Closed(format!(
-                        "the backup answered nothing for {} ms (a half-open connection or a lost frame)",
-                        ACK_TIMEOUT.as_millis()
-                    ));
+                _ = tokio::time::sleep_until(deadline.unwrap_or(opened)), if deadline.is_some() => {
+                    if watch.stalled(opened.elapsed()) {
+                        return watch.end("backup");
+                    }
                 }
             }
-            let was_waiting = link.awaits_backup();
             let frames = self.poll_send(&mut link);
-            if !was_waiting && link.awaits_backup() {
-                waiting_since = tokio::time::Instant::now();
-            }
+            watch.waits(link.awaits_backup(), opened.elapsed());
             for frame in frames {
                 if let Err(end) = out.send(frame).await.map_err(closed) {
                     return end;
@@ -550,10 +559,13 @@ pub struct LeaderLink {
 }
 
 impl LeaderLink {
-    /// Whether the link waits for the backup: its hello, or an acknowledgement of a batch
-    /// sent. The runtime ends a link that waits longer than [`ACK_TIMEOUT`] with no frame.
+    /// Whether the link waits for the backup: its hello, an acknowledgement of a batch
+    /// sent, or the acknowledgement that ends the catch-up (of the live set's last batch,
+    /// which the backup repeats once it has caught up: with an empty live set, the only
+    /// frame that can come). The runtime ends a link that waits with nothing heard for the
+    /// stall bound ([`super::stall`]).
     pub fn awaits_backup(&self) -> bool {
-        !self.started || self.in_flight() > 0
+        !self.started || self.in_flight() > 0 || self.caught_up_at.is_some()
     }
 
     /// Batches this link sent that await the backup's acknowledgement.

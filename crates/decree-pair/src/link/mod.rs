@@ -17,6 +17,7 @@
 mod dialled;
 pub mod follower;
 pub mod leader;
+pub mod stall;
 
 use crate::wire::{LinkError, LinkMessage, LINK_FRAME_BYTES_MAX};
 use std::future::Future;

@@ -615,3 +615,65 @@ fn a_backup_refuses_a_batch_before_the_hello_and_a_hello_of_another_node_or_memb
     let step = follower.on_frame(&mut link, hello(1, 7));
     assert!(step.end.expect("a second hello ends the link").to_string().contains("second hello"));
 }
+
+/// Issue 32, defect 6 with chaos (the simulator's seeds 95 and 720, elected): a `CaughtUp`
+/// lost within a connection left the backup not caught up beside a strict primary that
+/// took it for caught up, and nothing ever ended the link; an empty live set's catch-up
+/// whose one acknowledgement was lost left the primary waiting with nothing in flight.
+/// Sans-IO: each end says it waits for the other, so the stall rule ends the link, and a
+/// new link's catch-up completes.
+#[test]
+fn a_lost_caught_up_or_catch_up_acknowledgement_leaves_an_end_waiting_for_the_stall_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+    let follower = follower.with_ack_mode(AckMode::Received);
+    let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    server.live.lock().push(decision(1));
+    // Opens a link and exchanges the hellos; returns both ends' states.
+    let open = || {
+        let (mut to_backup, leader_hello) = leader.open_link();
+        let (mut to_primary, follower_hello) = follower.open_link(sink.clone());
+        assert!(follower.awaits_primary(&to_primary), "the primary's hello is awaited");
+        assert!(to_backup.awaits_backup(), "the backup's hello is awaited");
+        assert!(follower.on_frame(&mut to_primary, leader_hello).end.is_none());
+        assert!(leader.on_frame(&mut to_backup, follower_hello).end.is_none());
+        (to_backup, to_primary)
+    };
+    let (mut to_backup, mut to_primary) = open();
+    let frames = leader.poll_send(&mut to_backup);
+    assert!(
+        matches!(frames.as_slice(), [LinkMessage::Batch { .. }, LinkMessage::CaughtUp { .. }]),
+        "{frames:?}"
+    );
+    let step = follower.on_frame(&mut to_primary, frames[0].clone());
+    assert!(step.end.is_none());
+    for ack in step.send {
+        assert!(leader.on_frame(&mut to_backup, ack).end.is_none());
+    }
+    // The CaughtUp is lost: the primary took the batch's acknowledgement for the catch-up's.
+    assert_eq!(leader.node().role, Role::Primary { alone: false });
+    assert!(!to_backup.awaits_backup(), "the primary waits for nothing");
+    assert!(!follower.node().caught_up);
+    assert!(follower.awaits_primary(&to_primary), "the backup waits for the end of its catch-up");
+    let mut watch = super::stall::StallWatch::new(Duration::from_secs(5), Duration::ZERO);
+    watch.heard(Duration::from_millis(3));
+    watch.waits(follower.awaits_primary(&to_primary), Duration::from_millis(3));
+    assert!(watch.stalled(Duration::from_millis(5003)), "the backup ends the link");
+
+    // The next link: its live set is empty (decision 1 completed), and the backup's one
+    // acknowledgement, of the catch-up, is lost.
+    ship_completion(&leader, &server, 1);
+    let (mut to_backup, mut to_primary) = open();
+    let frames = leader.poll_send(&mut to_backup);
+    assert!(matches!(frames.as_slice(), [LinkMessage::CaughtUp { .. }]), "{frames:?}");
+    let step = follower.on_frame(&mut to_primary, frames[0].clone());
+    assert!(matches!(step.send.as_slice(), [LinkMessage::Ack { .. }]), "{:?}", step.send);
+    assert!(follower.node().caught_up && !follower.awaits_primary(&to_primary), "caught up: idle is fine");
+    assert!(to_backup.awaits_backup(), "the primary waits for the catch-up's acknowledgement");
+    assert!(leader.on_frame(&mut to_backup, step.send[0].clone()).end.is_none());
+    assert!(!to_backup.awaits_backup(), "an idle link after its catch-up waits for nothing");
+}
