@@ -785,3 +785,75 @@ fn two_pairs_under_one_prefix_each_fail_over_alone_and_status_shows_both() {
     );
     check_view(&etcd_view(bx, &pair_y), py, by);
 }
+
+/// `decree recover` on member `m`'s log, `args` after `--config` (JSON for `list`).
+fn recover(m: &Member, args: &[&str]) -> (bool, String) {
+    let out = Command::new(common::decree_bin())
+        .args(["recover", "--config"])
+        .arg(&m.config)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Issue 34: `decree status --etcd` reads etcd itself, so it answers with every member
+/// stopped, and shows the last change of leader the winner recorded; `decree recover` on a
+/// stopped member's log asks etcd: while another member leads it names that leader and
+/// refuses; with nobody leading, no other member running and this one in sync for the
+/// latest epoch it may resolve without `--pair-override`.
+#[test]
+fn status_etcd_answers_with_every_member_stopped_and_recover_asks_etcd_who_leads() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pair = pair_name("recover");
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair, links, links.1);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let acknowledged = decide(primary, 10);
+    let led = epoch(primary);
+    let change = &etcd_view(backup, &pair)["last_change"];
+    assert_eq!(
+        (change["member"].clone(), change["epoch"].as_u64()),
+        (status(primary).unwrap()["member"].clone(), Some(led)),
+        "{change}"
+    );
+    let (ok, table) = decree(backup, &["status", "--etcd"]);
+    assert!(ok && table.contains("last change of leader: member"), "{table}");
+
+    // Both members stop: etcd still answers, and once their leases lapse nobody leads.
+    servers = [None, None];
+    let took = eventually("the leases of both members lapse", &[&a, &b], || {
+        let v = etcd_view(&a, &pair);
+        v["leader"].is_null() && v["members"].as_object().is_some_and(|m| m.is_empty())
+    });
+    println!("status --etcd with both members stopped: their leases lapsed within {took:?}");
+    let (ok, listing) = recover(backup, &["list"]);
+    assert!(
+        ok && listing.contains("etcd: nobody leads and this member holds the pair's latest epoch"),
+        "{listing}"
+    );
+    let unknown = Xid::decree(Origin { node: 6, incarnation: led, session: 1, sequence: 999_999 });
+    let (ok, answer) = recover(backup, &["rollback", &unknown.to_string()]);
+    assert!(!ok && !answer.contains("--pair-override"), "refused for another reason than the pair: {answer}");
+
+    // The primary comes back and leads again: the stopped backup's log now resolves nothing.
+    let p = if std::ptr::eq(primary, &a) { 0 } else { 1 };
+    servers[p] = Some(serve(primary));
+    eventually("the primary leads again", &[primary], || {
+        status(primary).is_some_and(|s| s["role"] == "primary")
+    });
+    let leader = status(primary).unwrap()["member"].clone();
+    let (ok, listing) = recover(backup, &["list"]);
+    assert!(ok && listing.contains(&format!("etcd: member {leader} leads epoch")), "{listing}");
+    let (ok, answer) = recover(backup, &["rollback", &unknown.to_string()]);
+    assert!(
+        !ok && answer.contains("--pair-override") && answer.contains(&format!("member {leader} leads")),
+        "{answer}"
+    );
+    all_committed(primary, &acknowledged);
+    drop(servers);
+}
