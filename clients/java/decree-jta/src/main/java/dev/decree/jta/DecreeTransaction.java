@@ -564,16 +564,29 @@ public final class DecreeTransaction implements Transaction {
                 finish(Status.STATUS_ROLLEDBACK);
                 throw rolledBack(xid + ": the one-phase commit on " + b.rm + " failed (" + XaCodes.name(e) + "); it is rolled back", e);
             }
+            if (code == XAException.XA_HEURCOM || code == XAException.XA_HEURRB || code == XAException.XA_HEURMIX) {
+                // A branch that decided on its own: a told server is told so and answers heuristic
+                // for the Xid (never committed, nor unknown); the branch is forgotten only once the
+                // server keeps that (issue 32). A server not told (version 2) has nothing to keep:
+                // the branch stays for the server's recovery, never forgotten by this client.
+                Heuristic heuristic = code == XAException.XA_HEURCOM ? Heuristic.COMMITTED
+                        : code == XAException.XA_HEURRB ? Heuristic.ROLLED_BACK : Heuristic.MIXED;
+                boolean kept = told && session.completeKept(xid, heuristic);
+                forgetOnceKept(kept, List.of(b));
+            }
             if (code == XAException.XA_HEURCOM) {
                 b.state = BranchState.DONE;
+                log.info("{}: committed; {} committed the branch on its own", xid, b.rm);
+                finish(Status.STATUS_COMMITTED);
+                return;
             } else if (code == XAException.XA_HEURRB) {
-                forget(b);
+                b.state = BranchState.ROLLED_BACK;
                 finish(Status.STATUS_ROLLEDBACK);
                 HeuristicRollbackException h = new HeuristicRollbackException(xid + ": " + b.rm + " rolled the branch back on its own");
                 h.initCause(e);
                 throw h;
             } else if (code == XAException.XA_HEURMIX) {
-                forget(b);
+                b.state = BranchState.DONE;
                 finish(Status.STATUS_UNKNOWN);
                 HeuristicMixedException h = new HeuristicMixedException(xid + ": " + b.rm + " completed the branch in part on its own");
                 h.initCause(e);
@@ -815,6 +828,7 @@ public final class DecreeTransaction implements Transaction {
 
     private void phaseTwo(boolean sendComplete) throws HeuristicMixedException, HeuristicRollbackException {
         List<String> heuristics = new ArrayList<>();
+        List<Enlisted> heuristicBranches = new ArrayList<>();
         boolean anyCommitted = false;
         boolean anyRolledBack = false;
         boolean anyHeuristicCommitted = false;
@@ -845,18 +859,18 @@ public final class DecreeTransaction implements Transaction {
                     anyCommitted = true;
                     anyHeuristicCommitted = true;
                     heuristics.add(b.rm + " committed on its own");
-                    forget(b);
+                    heuristicBranches.add(b);
                 } else if (code == XAException.XA_HEURRB || XaCodes.isRollback(code)) {
                     b.state = BranchState.ROLLED_BACK;
                     anyRolledBack = true;
                     heuristics.add(b.rm + " rolled back on its own (" + XaCodes.name(e) + ")");
-                    forget(b);
+                    heuristicBranches.add(b);
                 } else if (code == XAException.XA_HEURMIX) {
                     b.state = BranchState.DONE;
                     anyCommitted = true;
                     anyRolledBack = true;
                     heuristics.add(b.rm + " completed in part on its own");
-                    forget(b);
+                    heuristicBranches.add(b);
                 } else {
                     log.warn("{}: phase two of branch {} on {} not done ({}); left to the server", xid, b.number, b.rm, XaCodes.name(e));
                     pending.add(b.rm);
@@ -877,11 +891,17 @@ public final class DecreeTransaction implements Transaction {
             combined = anyRolledBack ? (anyCommitted || !pending.isEmpty() ? Heuristic.MIXED : Heuristic.ROLLED_BACK)
                     : Heuristic.COMMITTED;
         }
+        boolean kept = false;
         if (!pending.isEmpty()) {
-            closeSession = true; // the server finishes phase two once this session is closed (rule 7).
+            closeSession = true; // the server finishes phase two once this session is closed (rule 7), and finds the heuristic branches.
         } else if (sendComplete) {
-            session.complete(xid, combined);
+            if (combined == null) {
+                session.complete(xid, null);
+            } else {
+                kept = session.completeKept(xid, combined);
+            }
         }
+        forgetOnceKept(kept, heuristicBranches);
         if (combined == Heuristic.ROLLED_BACK) {
             finish(Status.STATUS_ROLLEDBACK);
             throw new HeuristicRollbackException(xid + ": decided to commit, but every branch rolled back on its own: "
@@ -895,6 +915,30 @@ public final class DecreeTransaction implements Transaction {
             log.info("{}: committed; branches committed on their own: {}", xid, heuristics);
         }
         finish(Status.STATUS_COMMITTED);
+    }
+
+    /**
+     * Tells the resource managers of {@code heuristic} branches to forget them once the server
+     * keeps the heuristic outcome ({@code kept}: its answer to the kept-reply field, issue 32).
+     * Otherwise they stay, and the session is closed: the server's recovery finds them and
+     * reports them again (forgetting first, a crash before the report reached the server lost
+     * it everywhere). A version-2 session never keeps: its branches are never forgotten here.
+     */
+    private void forgetOnceKept(boolean kept, List<Enlisted> heuristic) {
+        if (heuristic.isEmpty()) {
+            return;
+        }
+        if (!kept) {
+            if (session != null && session.version >= Protocol.TRAILER_VERSION) {
+                closeSession = true; // hands the transaction to the server (rule 7), which reports the branches itself.
+            }
+            log.info("{}: {} heuristic branch(es) left for the server's recovery: the server did not say it keeps their outcome", xid,
+                    heuristic.size());
+            return;
+        }
+        for (Enlisted b : heuristic) {
+            forget(b);
+        }
     }
 
     private void forget(Enlisted b) {
@@ -921,6 +965,7 @@ public final class DecreeTransaction implements Transaction {
      */
     private void rollBackAll(boolean quiet) {
         Heuristic heuristic = null;
+        List<Enlisted> heuristicBranches = new ArrayList<>();
         for (Enlisted b : branches) {
             if (b.state == BranchState.READ_ONLY || b.state == BranchState.ROLLED_BACK || b.state == BranchState.DONE) {
                 continue;
@@ -940,14 +985,17 @@ public final class DecreeTransaction implements Transaction {
                 if (code == XAException.XAER_NOTA || code == XAException.XA_HEURRB || XaCodes.isRollback(code)) {
                     b.state = BranchState.ROLLED_BACK;
                     if (code == XAException.XA_HEURRB) {
-                        forget(b);
+                        // Rolled back on its own: the outcome wanted, but a heuristic branch all the same,
+                        // forgotten only once the server keeps its report (as decree-core does).
+                        heuristic = Heuristic.ROLLED_BACK.combine(heuristic);
+                        heuristicBranches.add(b);
                     }
                 } else if (code == XAException.XA_HEURCOM || code == XAException.XA_HEURMIX) {
                     Heuristic h = code == XAException.XA_HEURCOM ? Heuristic.COMMITTED : Heuristic.MIXED;
                     heuristic = h.combine(heuristic);
                     log.error("{}: branch {} on {} {} on its own during the rollback", xid, b.number, b.rm,
                             code == XAException.XA_HEURCOM ? "committed" : "completed in part");
-                    forget(b);
+                    heuristicBranches.add(b);
                     b.state = BranchState.DONE;
                 } else {
                     closeSession = true;
@@ -967,8 +1015,10 @@ public final class DecreeTransaction implements Transaction {
                 log.warn("{}: rollback of branch {} on {} failed: {}", xid, b.number, b.rm, e.toString());
             }
         }
+        boolean kept = false;
         if (heuristic != null && session != null && !closeSession) {
-            session.complete(xid, heuristic.combine(Heuristic.ROLLED_BACK));
+            kept = session.completeKept(xid, heuristic.combine(Heuristic.ROLLED_BACK));
         }
+        forgetOnceKept(kept, heuristicBranches);
     }
 }

@@ -7,12 +7,12 @@ public final class ErrorCodes {
     public static final int MALFORMED = 1, FRAME_TOO_LARGE = 2, UNKNOWN_TYPE = 3, VERSION = 4, PROTOCOL = 5, LOG_FAILED = 6,
             WRONG_SESSION = 7, NODE_MISMATCH = 8, SHUTTING_DOWN = 9, BUSY = 10, UNKNOWN_RM = 11, BRANCH_QUALIFIER = 12,
             DUPLICATE_BRANCH = 13, NO_BRANCHES = 14, OUTCOME_UNKNOWN = 15, OUTCOME_HEURISTIC = 16, NOT_ALLOWED = 17,
-            TLS_REQUIRED = 18, NOT_PRIMARY = 19, MUST_UNDERSTAND = 20;
+            TLS_REQUIRED = 18, NOT_PRIMARY = 19, MUST_UNDERSTAND = 20, NOT_KEPT = 21;
 
     /** Errors after which the connection stays open (the others close it). */
     static boolean keepsConnection(int code) {
         return code == LOG_FAILED || code == WRONG_SESSION || (code >= UNKNOWN_RM && code <= OUTCOME_HEURISTIC)
-                || code == MUST_UNDERSTAND;
+                || code == MUST_UNDERSTAND || code == NOT_KEPT;
     }
 
     /** A Decide refused before anything was written: not decided. */
@@ -43,6 +43,7 @@ public final class ErrorCodes {
             case TLS_REQUIRED -> "TlsRequired";
             case NOT_PRIMARY -> "NotPrimary";
             case MUST_UNDERSTAND -> "MustUnderstand";
+            case NOT_KEPT -> "NotKept";
             default -> "unknown code";
         };
     }

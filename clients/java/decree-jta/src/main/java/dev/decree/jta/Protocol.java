@@ -44,6 +44,12 @@ public final class Protocol {
     public static final int HELLO_VERSIONS_MAX = 16;
     /** The first protocol version whose messages may carry a field trailer. */
     public static final int TRAILER_VERSION = 3;
+    /**
+     * The kept-reply field (must understand, empty value), on {@code CompleteHeuristic} of a
+     * version-3 session only: the server answers {@code OutcomeIs} heuristic once it keeps
+     * the outcome, or {@code Error} 21 NotKept (docs/protocol.md, "The kept-reply field").
+     */
+    public static final int REPLY_WHEN_KEPT = 0x8002;
     static final byte[] DECISION_MAGIC = {'D', 'C', 'D', '1'};
 
     // --- encoding --------------------------------------------------------------------------

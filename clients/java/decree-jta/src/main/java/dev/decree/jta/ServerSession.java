@@ -353,6 +353,65 @@ final class ServerSession implements AutoCloseable {
         }
     }
 
+    /**
+     * Reports {@code xid}'s heuristic outcome and says whether the server keeps it for good,
+     * after which (and only after which) the resource managers may forget the heuristic
+     * branches (docs/protocol.md, "The kept-reply field"). On a version-3 session the
+     * {@code CompleteHeuristic} carries the kept-reply field and is sent at once (with any
+     * buffered completions) and its answer awaited: {@code OutcomeIs} heuristic is true.
+     * NotKept, MustUnderstand (a version-3 server that predates the field), any other error,
+     * a lost answer or a broken session are false: the branches are left to the server's
+     * recovery, which reports them again. On older sessions the plain notice is buffered as
+     * before and the answer is false: such a client never forgets a heuristic branch itself.
+     */
+    boolean completeKept(DecreeXid xid, Heuristic heuristic) {
+        lock.lock();
+        try {
+            if (version < Protocol.TRAILER_VERSION) {
+                complete(xid, heuristic);
+                return false;
+            }
+            if (broken()) {
+                log.warn("{}: heuristic outcome {} not reported: the session is closed; its branches are left to the server's recovery",
+                        xid, heuristic);
+                return false;
+            }
+            long request = requestId++;
+            try {
+                send(Protocol.encodeFrame(request, new Message.CompleteHeuristic(xid, heuristic),
+                        List.of(new Message.Field(Protocol.REPLY_WHEN_KEPT, new byte[0]))));
+            } catch (IOException e) {
+                markBroken(e.getMessage());
+                log.warn("{}: heuristic outcome {} not reported ({}); its branches are left to the server's recovery", xid, heuristic,
+                        e.getMessage());
+                return false;
+            }
+            Frame f;
+            try {
+                f = await(request, "CompleteHeuristic");
+            } catch (LostReply e) {
+                log.warn("{}: no answer to the heuristic report ({}); its branches are left to the server's recovery", xid, e.getMessage());
+                return false;
+            }
+            if (f.message() instanceof Message.OutcomeIs o && o.outcome() == Outcome.HEURISTIC) {
+                return true;
+            }
+            if (f.message() instanceof Message.Error e) {
+                if (e.code() != ErrorCodes.NOT_KEPT && e.code() != ErrorCodes.MUST_UNDERSTAND) {
+                    error(e); // closes the session when the code says the server did.
+                }
+                log.warn("{}: the server did not keep the heuristic outcome {} (error {} {}: {}); its branches are left to the "
+                        + "server's recovery", xid, heuristic, e.code(), ErrorCodes.name(e.code()), e.message());
+                return false;
+            }
+            markBroken("unexpected " + f.message());
+            log.warn("{}: unexpected answer {} to the heuristic report; its branches are left to the server's recovery", xid, f.message());
+            return false;
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Sends the buffered completions now. */
     void flush() {
         lock.lock();

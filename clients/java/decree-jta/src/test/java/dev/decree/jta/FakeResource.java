@@ -21,6 +21,7 @@ final class FakeResource implements DecreeResource {
     Integer failRollback;
     Runnable onPrepare;
     Runnable onCommit;
+    Runnable onForget;
     final List<Xid> xids = Collections.synchronizedList(new ArrayList<>());
     boolean abandoned;
 
@@ -104,6 +105,9 @@ final class FakeResource implements DecreeResource {
     @Override
     public void forget(Xid xid) {
         journal.add("forget " + n(xid));
+        if (onForget != null) {
+            onForget.run();
+        }
     }
 
     @Override

@@ -199,6 +199,41 @@ class VectorsTest {
     }
 
     @Test
+    void everyErrorVectorNamesItsCodeAsTheVectorDoes() {
+        int seen = 0;
+        for (Object o : Json.list(MESSAGES.get("messages"))) {
+            Map<String, Object> v = Json.obj(o);
+            if (!"Error".equals(v.get("type"))) {
+                continue;
+            }
+            int code = (int) Json.num(Json.obj(v.get("fields")).get("code"));
+            // error_not_kept is NotKept, error_must_understand MustUnderstand, ...
+            String expected = ((String) v.get("name")).substring("error_".length()).replace("_", "");
+            assertEquals(expected, ErrorCodes.name(code).toLowerCase(), (String) v.get("name"));
+            seen++;
+        }
+        assertTrue(seen >= 6, "the Error vectors are in the file");
+        assertEquals(21, ErrorCodes.NOT_KEPT);
+        assertTrue(ErrorCodes.keepsConnection(ErrorCodes.NOT_KEPT), "NotKept leaves the connection open");
+    }
+
+    @Test
+    void theKeptVectorCarriesTheMustUnderstandKeptReplyFieldWithAnEmptyValue() throws FrameException {
+        for (Object o : Json.list(MESSAGES.get("messages"))) {
+            Map<String, Object> v = Json.obj(o);
+            if ("complete_heuristic_v3_kept".equals(v.get("name"))) {
+                Frame f = decode((String) v.get("hex"), 3);
+                Field kept = new Field(Protocol.REPLY_WHEN_KEPT, new byte[0]);
+                assertEquals(List.of(kept), f.trailer());
+                assertTrue(kept.mustUnderstand());
+                assertEquals(v.get("hex"), HEX.formatHex(Protocol.encodeFrame(3, f.message(), List.of(kept))));
+                return;
+            }
+        }
+        throw new AssertionError("complete_heuristic_v3_kept is not in docs/vectors/messages.json");
+    }
+
+    @Test
     void aReceiverSkipsUnknownOptionalFieldsOnly() {
         Field optional = new Field(0x0101, "abc".getBytes());
         Field must = new Field(0x8101, new byte[0]);
