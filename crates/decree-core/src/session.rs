@@ -413,8 +413,9 @@ impl Session {
         let name = self.rms[i].name().to_string();
         self.clear();
         // The commit's answer is in: the server remembers it committed (lazily), or what
-        // the branch decided on its own; a heuristic branch is forgotten only once that is
-        // kept (a store not told has nothing to keep).
+        // the branch decided on its own, told or not (an older server then answers
+        // heuristic rather than rolled back); a heuristic branch is forgotten only once the
+        // store keeps that (the embedded log, which answers nothing, at once).
         let forget = match &result {
             Ok(()) if told => {
                 if let Err(e) = self.complete_in_store(xid, None) {
@@ -422,8 +423,8 @@ impl Session {
                 }
                 false
             }
-            Err(RmError::Heuristic(h)) if told => self.complete_heuristic_in_store(xid, *h),
-            _ => true,
+            Err(RmError::Heuristic(h)) => self.complete_heuristic_in_store(xid, *h),
+            _ => false,
         };
         let rolled_back = |call, cause| TmError::RolledBack {
             xid: Box::new(xid),

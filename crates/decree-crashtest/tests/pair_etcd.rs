@@ -825,7 +825,7 @@ fn status_etcd_answers_with_every_member_stopped_and_recover_asks_etcd_who_leads
     assert!(ok && table.contains("last change of leader: member"), "{table}");
 
     // Both members stop: etcd still answers, and once their leases lapse nobody leads.
-    servers = [None, None];
+    servers.iter_mut().for_each(|s| drop(s.take()));
     let took = eventually("the leases of both members lapse", &[&a, &b], || {
         let v = etcd_view(&a, &pair);
         v["leader"].is_null() && v["members"].as_object().is_some_and(|m| m.is_empty())
@@ -855,5 +855,54 @@ fn status_etcd_answers_with_every_member_stopped_and_recover_asks_etcd_who_leads
         "{answer}"
     );
     all_committed(primary, &acknowledged);
+    drop(servers);
+}
+
+/// Issue 34's watchdog, with a file standing for each member's device (a real
+/// `/dev/watchdog` armed here would reset this machine): the primary arms and feeds its
+/// own while it leads, the backup never arms its own; a primary stopped by SIGTERM disarms
+/// it (the magic `V`), and the backup, now leading, arms its own.
+#[test]
+fn the_watchdog_is_fed_by_the_primary_alone_and_disarmed_when_it_stops() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    if !Path::new("/dev/watchdog").exists() {
+        println!("no /dev/watchdog on this machine: a file stands for the device (the device itself is not exercised)");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let (a, b) = members(dir.path(), &endpoints, &pair_name("watchdog"), links, links.1);
+    let device = |m: &Member| m.config.with_extension("watchdog");
+    for m in [&a, &b] {
+        std::fs::write(device(m), b"").unwrap();
+        let config = std::fs::read_to_string(&m.config).unwrap();
+        let setting = format!("lease_ttl_s = {LEASE_TTL_S}\nwatchdog = \"{}\"\n", device(m).display());
+        std::fs::write(&m.config, config.replacen(&format!("lease_ttl_s = {LEASE_TTL_S}\n"), &setting, 1))
+            .unwrap();
+    }
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let dog = |m: &Member| status(m).map(|s| s["etcd"]["watchdog"].clone()).unwrap_or_default();
+    eventually("the primary feeds its watchdog", &[primary], || dog(primary)["feeds"].as_u64() >= Some(3));
+    assert_eq!(dog(primary)["armed"], true, "{}", dog(primary));
+    assert_eq!((dog(backup)["armed"].clone(), dog(backup)["times_armed"].as_u64()), (false.into(), Some(0)));
+    assert!(std::fs::read(device(backup)).unwrap().is_empty(), "the backup never touched its device");
+    let led = epoch(primary);
+    let server = servers[if std::ptr::eq(primary, &a) { 0 } else { 1 }].take().expect("runs");
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(server.0.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    eventually("the backup leads", &[primary, backup], || {
+        status(backup).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    drop(server);
+    let fed = std::fs::read(device(primary)).unwrap();
+    assert!(
+        fed.len() >= 4 && fed.ends_with(b"V") && fed[..fed.len() - 1].iter().all(|&c| c == b'1'),
+        "{fed:?}"
+    );
+    eventually("the new primary feeds its own watchdog", &[backup], || {
+        dog(backup)["feeds"].as_u64() >= Some(1)
+    });
+    assert_eq!(dog(backup)["armed"], true);
     drop(servers);
 }

@@ -123,6 +123,9 @@ pub(crate) struct Election {
     /// When this member first read the leader key absent since it last saw a leader: how
     /// long the pair had no leader, as it saw it, when it wins.
     vacant_since: Mutex<Option<std::time::Instant>>,
+    /// The watchdog device, when configured: fed at each keepalive while this member
+    /// leads with its lease provably alive, disarmed otherwise.
+    pub(crate) watchdog: Option<crate::watchdog::Watchdog>,
 }
 
 /// The name of a run id in etcd's records.
@@ -253,6 +256,10 @@ impl Election {
         run: u64,
         registration: rules::Registration,
     ) -> Result<Arc<Election>, ServerError> {
+        let watchdog = match &config.watchdog {
+            Some(path) => Some(crate::watchdog::Watchdog::new(path).map_err(ServerError::Io)?),
+            None => None,
+        };
         let etcd = Etcd::connect(&client_config(config)?).await.map_err(etcd_error)?;
         Ok(Arc::new(Election {
             etcd,
@@ -277,6 +284,7 @@ impl Election {
             won: AtomicU64::new(0),
             recorded: Mutex::new(None),
             vacant_since: Mutex::new(None),
+            watchdog,
         }))
     }
 
@@ -396,6 +404,7 @@ impl Election {
         let Some(mut keeper) = self.acquire(&mut stop).await else { return };
         let mut complained = false;
         loop {
+            self.tend_watchdog();
             match keeper.renew().await {
                 Ok(answer) => {
                     self.keepalives.fetch_add(1, Ordering::Relaxed);
@@ -542,6 +551,14 @@ impl Election {
                     }
                 }
             }
+        }
+    }
+
+    /// Feeds the watchdog while this member leads with its lease provably alive, disarms
+    /// it otherwise (no-op without one).
+    fn tend_watchdog(&self) {
+        if let Some(dog) = &self.watchdog {
+            dog.tend(self.leading.load(Ordering::SeqCst) && self.fence.alive());
         }
     }
 
@@ -872,6 +889,7 @@ impl Election {
     /// at once, so that the backup campaigns without waiting for the TTL.
     pub(crate) async fn resign(&self) {
         self.fence.end();
+        self.tend_watchdog();
         let Some(lease) = self.lease() else { return };
         self.requests.fetch_add(1, Ordering::Relaxed);
         match self.etcd.revoke_lease(lease).await {

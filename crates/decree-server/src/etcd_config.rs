@@ -48,6 +48,12 @@ pub struct PairEtcdConfig {
     /// A file (mode 0600) holding the etcd user's password.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// A watchdog device (`/dev/watchdog`, Linux's softdog or a hardware one), off by
+    /// default: the primary feeds it only while its lease provably lives, so that a
+    /// process that hangs past its lease gets its machine reset; its timeout must exceed
+    /// the lease's TTL (docs/replication.md, "Watchdog").
+    #[serde(default)]
+    pub watchdog: Option<PathBuf>,
 }
 
 /// PEM files for mutual TLS with etcd.

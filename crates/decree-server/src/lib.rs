@@ -47,6 +47,8 @@ mod sync {
 pub mod testing;
 pub mod tls;
 mod trace;
+#[cfg(feature = "etcd")]
+mod watchdog;
 
 pub use config::{
     ConfigError, Limits, PairAck, PairConfig, PairTlsConfig, RecoveryConfig, RmConfig, ServerConfig,

@@ -315,6 +315,12 @@ pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Val
         "campaigns": election.campaigns.load(Ordering::Relaxed),
         "campaigns_won": election.won.load(Ordering::Relaxed),
         "keepalive_age_ms": election.keepalive_age().map(|age| age.as_millis() as u64),
+        "watchdog": election.watchdog.as_ref().map(|dog| serde_json::json!({
+            "path": dog.path().display().to_string(),
+            "armed": dog.is_armed(),
+            "times_armed": dog.armed.load(Ordering::Relaxed),
+            "feeds": dog.feeds.load(Ordering::Relaxed),
+        })),
     }))
 }
 
