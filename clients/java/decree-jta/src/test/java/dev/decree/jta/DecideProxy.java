@@ -1,15 +1,9 @@
 package dev.decree.jta;
 
 import java.io.IOException;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
-import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.List;
-import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 
 /**
@@ -20,71 +14,20 @@ import java.util.concurrent.CountDownLatch;
  * the member dies, every connection through the proxy is closed, as the member's own would
  * be.
  */
-final class DecideProxy implements AutoCloseable {
-    private final Path upstream;
-    final Path path;
+final class DecideProxy extends FrameProxy {
     private final boolean holdReply;
     volatile boolean armed;
     final CountDownLatch lost = new CountDownLatch(1);
     private volatile long decideId = -1;
-    private final ServerSocketChannel listener;
-    private final List<SocketChannel> sockets = new CopyOnWriteArrayList<>();
 
     DecideProxy(Path upstream, Path path, boolean holdReply) throws IOException {
-        this.upstream = upstream;
-        this.path = path;
+        super(upstream, path, "decide-proxy");
         this.holdReply = holdReply;
-        Files.deleteIfExists(path);
-        listener = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-        listener.bind(UnixDomainSocketAddress.of(path));
-        Thread t = new Thread(this::accept, "decide-proxy");
-        t.setDaemon(true);
-        t.start();
+        listen();
     }
 
-    String endpoint() {
-        return "unix:" + path;
-    }
-
-    private void accept() {
-        while (true) {
-            SocketChannel down;
-            try {
-                down = listener.accept();
-            } catch (IOException e) {
-                return;
-            }
-            SocketChannel up;
-            try {
-                up = SocketChannel.open(StandardProtocolFamily.UNIX);
-                up.connect(UnixDomainSocketAddress.of(upstream));
-            } catch (IOException e) {
-                close(down); // the member is gone: so is every connection to it.
-                continue;
-            }
-            sockets.add(up);
-            sockets.add(down);
-            start(() -> pump(down, up, true));
-            start(() -> pump(up, down, false));
-        }
-    }
-
-    private static void start(Runnable r) {
-        Thread t = new Thread(r, "decide-proxy-pump");
-        t.setDaemon(true);
-        t.start();
-    }
-
-    private static boolean readFully(SocketChannel ch, ByteBuffer b) throws IOException {
-        while (b.hasRemaining()) {
-            if (ch.read(b) < 0) {
-                return false;
-            }
-        }
-        return true;
-    }
-
-    private void pump(SocketChannel src, SocketChannel dst, boolean toServer) {
+    @Override
+    void pump(SocketChannel src, SocketChannel dst, boolean toServer) {
         try {
             while (true) {
                 ByteBuffer len = ByteBuffer.allocate(4);
@@ -121,25 +64,8 @@ final class DecideProxy implements AutoCloseable {
         close(src);
     }
 
-    private static void close(SocketChannel c) {
-        try {
-            c.close();
-        } catch (IOException ignored) {
-            // gone already
-        }
-    }
-
     /** Closes every connection through the proxy (the member died). */
     void memberDied() {
-        for (SocketChannel s : sockets) {
-            close(s);
-        }
-    }
-
-    @Override
-    public void close() throws IOException {
-        listener.close();
-        memberDied();
-        Files.deleteIfExists(path);
+        closeConnections();
     }
 }

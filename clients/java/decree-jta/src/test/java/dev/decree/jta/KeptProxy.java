@@ -1,12 +1,8 @@
 package dev.decree.jta;
 
 import java.io.IOException;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
-import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.concurrent.CopyOnWriteArrayList;
@@ -21,69 +17,17 @@ import java.util.concurrent.CopyOnWriteArrayList;
  * it). Everything else passes unchanged. {@link #completeHeuristics} lists the
  * {@code CompleteHeuristic} frames the client sent, with their trailers.
  */
-final class KeptProxy implements AutoCloseable {
+final class KeptProxy extends FrameProxy {
     enum Mode { VERSION_2, NOT_KEPT, MUST_UNDERSTAND }
 
-    private final Path upstream;
-    final Path path;
     private final Mode mode;
-    private final ServerSocketChannel listener;
-    private final List<SocketChannel> sockets = new CopyOnWriteArrayList<>();
     /** Each CompleteHeuristic the client sent: its heuristic and whether it asked for the kept reply. */
     final List<String> completeHeuristics = new CopyOnWriteArrayList<>();
 
     KeptProxy(Path upstream, Path path, Mode mode) throws IOException {
-        this.upstream = upstream;
-        this.path = path;
+        super(upstream, path, "kept-proxy");
         this.mode = mode;
-        Files.deleteIfExists(path);
-        listener = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-        listener.bind(UnixDomainSocketAddress.of(path));
-        Thread t = new Thread(this::accept, "kept-proxy");
-        t.setDaemon(true);
-        t.start();
-    }
-
-    String endpoint() {
-        return "unix:" + path;
-    }
-
-    private void accept() {
-        while (true) {
-            SocketChannel down;
-            try {
-                down = listener.accept();
-            } catch (IOException e) {
-                return;
-            }
-            SocketChannel up;
-            try {
-                up = SocketChannel.open(StandardProtocolFamily.UNIX);
-                up.connect(UnixDomainSocketAddress.of(upstream));
-            } catch (IOException e) {
-                close(down);
-                continue;
-            }
-            sockets.add(up);
-            sockets.add(down);
-            start(() -> pump(down, up, true));
-            start(() -> pump(up, down, false));
-        }
-    }
-
-    private static void start(Runnable r) {
-        Thread t = new Thread(r, "kept-proxy-pump");
-        t.setDaemon(true);
-        t.start();
-    }
-
-    private static boolean readFully(SocketChannel ch, ByteBuffer b) throws IOException {
-        while (b.hasRemaining()) {
-            if (ch.read(b) < 0) {
-                return false;
-            }
-        }
-        return true;
+        listen();
     }
 
     private static void write(SocketChannel ch, byte[] frame) throws IOException {
@@ -95,7 +39,8 @@ final class KeptProxy implements AutoCloseable {
         }
     }
 
-    private void pump(SocketChannel src, SocketChannel dst, boolean toServer) {
+    @Override
+    void pump(SocketChannel src, SocketChannel dst, boolean toServer) {
         try {
             while (true) {
                 ByteBuffer len = ByteBuffer.allocate(4);
@@ -136,22 +81,5 @@ final class KeptProxy implements AutoCloseable {
         }
         close(dst);
         close(src);
-    }
-
-    private static void close(SocketChannel c) {
-        try {
-            c.close();
-        } catch (IOException ignored) {
-            // gone already
-        }
-    }
-
-    @Override
-    public void close() throws IOException {
-        listener.close();
-        for (SocketChannel s : sockets) {
-            close(s);
-        }
-        Files.deleteIfExists(path);
     }
 }
