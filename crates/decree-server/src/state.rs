@@ -491,25 +491,15 @@ impl State {
                 },
             }
         };
+        // The same join of the two answers (durable here, held by the backup) as the kept
+        // reply to a client's CompleteHeuristic.
         let (kept_tx, kept) = std::sync::mpsc::channel::<bool>();
-        let held_tx = kept_tx.clone();
-        let remembered = self.remember_shipped(
-            xid,
-            Remembered::Heuristic(combined),
-            Box::new(move |durable| {
-                let _ = kept_tx.send(durable.is_ok());
-            }),
-            Some(Box::new(move || {
-                let _ = held_tx.send(true);
-            })),
-        );
-        let deadline = std::time::Instant::now() + HEURISTIC_KEPT_WAIT;
-        // Two answers: durable here, and held by the backup.
-        let kept = remembered
-            && (0..2).all(|_| {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                kept.recv_timeout(left).unwrap_or(false)
-            });
+        let (durable, held) = join_kept(Some(Box::new(move |kept| {
+            let _ = kept_tx.send(kept);
+        })));
+        let durable: decree_log::DurableCallback = Box::new(move |result| durable.arrive(result.is_ok()));
+        let remembered = self.remember_shipped(xid, Remembered::Heuristic(combined), durable, held);
+        let kept = remembered && kept.recv_timeout(HEURISTIC_KEPT_WAIT).unwrap_or(false);
         // Counted once per branch: a report not kept comes again with the next pass.
         if kept {
             self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
