@@ -176,9 +176,19 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     server_a.0.wait().unwrap();
     drop(store);
     let asked_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let watching = ClientsWatch::start(&b);
     let (ok, text) = decree(&["promote"], &b);
     assert!(ok, "{text}");
     assert!(text.contains("member 2 leads epoch 2.2"), "{text}");
+    // The backup's client socket passes to the primary still bound: a client connecting
+    // meanwhile is refused (NotPrimary) or served, never told nobody listens there.
+    let (attempts, unreachable) = watching.stop();
+    assert!(
+        attempts > 10 && unreachable.is_empty(),
+        "{attempts} connections, {} unreachable, the first: {:?}",
+        unreachable.len(),
+        &unreachable[..unreachable.len().min(3)]
+    );
     // Issue 32, point 12: the status gave the member's start as its promotion time.
     let promotion = &status(&b)["promotion"];
     let at_ms = promotion["at_unix_ms"].as_u64().expect("when it was promoted") as u128;
@@ -208,6 +218,39 @@ fn a_promoted_backup_holds_every_decision_the_killed_primary_acknowledged() {
     assert!(connect(&a).is_err(), "the old primary serves no client any more");
     eventually("the new primary is strict again", || status(&b)["strict"] == true);
     store.decide(&decision(&store, session, 2)).expect("acknowledged with the rejoined backup");
+}
+
+/// A client connecting to a member again and again, keeping each answer that is neither
+/// service nor a backup's `NotPrimary`.
+struct ClientsWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, Vec<String>)>,
+}
+
+impl ClientsWatch {
+    fn start(m: &Member) -> ClientsWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stopped, socket) = (stop.clone(), m.socket.clone());
+        let thread = std::thread::spawn(move || {
+            let (mut attempts, mut unreachable) = (0, Vec::new());
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                attempts += 1;
+                match RemoteDecisions::connect(&format!("unix:{}", socket.display())) {
+                    Ok(_) => {}
+                    Err(e) if e.to_string().contains("backup member of a pair") => {}
+                    Err(e) => unreachable.push(e.to_string()),
+                }
+            }
+            (attempts, unreachable)
+        });
+        ClientsWatch { stop, thread }
+    }
+
+    /// How many connections it tried, and the answers that were neither.
+    fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the watching client ends")
+    }
 }
 
 fn signal(child: &Child, sig: &str) {

@@ -236,7 +236,7 @@ fn start_inner(
                 .enable_all()
                 .build()
                 .map_err(|e| ServerError::Io(format!("cannot start the tokio runtime: {e}")))?;
-            let listeners = Listeners { tls: tls_inner, stop_on_signals };
+            let listeners = Listeners { tls: tls_inner, stop_on_signals, bound: Prebound::default() };
             if config.pair.is_some() {
                 if storage.is_some() {
                     return Err(ServerError::Io("a pair member runs on the file system only".into()));
@@ -322,6 +322,17 @@ struct Listeners {
     tls: Option<Arc<TlsListener>>,
     /// SIGTERM/SIGINT stop the server and SIGHUP reloads TLS (`decree serve`).
     stop_on_signals: bool,
+    /// Client listeners already bound, taken instead of binding anew.
+    bound: Prebound,
+}
+
+/// Client listeners bound before `serve` runs: a pair member's backup phase hands its own
+/// over, so that the clients' address is never unbound (nor a status `primary` while it
+/// is) between the two roles; connections waiting in the backlog meet the primary.
+#[derive(Default)]
+struct Prebound {
+    unix: Option<UnixListener>,
+    tcp: Option<TcpListener>,
 }
 
 async fn serve(
@@ -330,7 +341,7 @@ async fn serve(
     stop: Arc<watch::Sender<bool>>,
     mut stop_rx: watch::Receiver<bool>,
     ready: std::sync::mpsc::Sender<(Bound, u32, u64)>,
-    listeners: Listeners,
+    mut listeners: Listeners,
 ) -> Result<(), ServerError> {
     let signals = if listeners.stop_on_signals { install_signals() } else { None };
     if listeners.stop_on_signals {
@@ -349,14 +360,20 @@ async fn serve(
     let gate = Gate { state: state.clone(), connections: connections.clone(), total, stop: stop_rx.clone() };
     let mut tasks = Vec::new();
     if let Some(path) = &config.unix {
-        let listener = bind_unix(path)?;
+        let listener = match listeners.bound.unix.take() {
+            Some(listener) => listener,
+            None => bind_unix(path)?,
+        };
         bound.unix = Some(path.clone());
         tasks.push(tokio::spawn(accept_unix(listener, gate.clone())));
     }
     if let Some(addr) = config.tcp {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
+        let listener = match listeners.bound.tcp.take() {
+            Some(listener) => listener,
+            None => TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?,
+        };
         bound.tcp = listener.local_addr().ok();
         tasks.push(tokio::spawn(accept_tcp(listener, gate.clone(), listeners.tls.clone())));
     }

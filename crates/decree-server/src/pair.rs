@@ -24,7 +24,7 @@ use crate::crash_points::{self, CrashPoint};
 use crate::metrics::{PairFigures, PairRole};
 use crate::pair_election;
 use crate::state::State;
-use crate::{Bound, Listeners, ServerError};
+use crate::{Bound, Listeners, Prebound, ServerError};
 use decree_core::{Decision, RmFactory, Xid};
 use decree_log::io::StdStorage;
 use decree_pair::link::follower::{AckMode, Follower};
@@ -431,10 +431,8 @@ pub(crate) async fn run(
     *member.lock() = Member::Changing;
     let _ = follower_stop.send(true);
     let _ = following.await;
-    for task in refusing {
-        task.abort();
-    }
-    remove_socket(&bound);
+    // Taken over, never closed: a client connecting now waits for the primary to answer.
+    let handed = refusing.hand_over().await;
     // The follower's log must be closed before the state reopens it (one owner).
     let (pair_state, backup_link) = (follower.pair_state(), follower.link_report());
     drop(follower);
@@ -459,6 +457,7 @@ pub(crate) async fn run(
     let listening = answer_once_listening(promoted.reply, answer);
     // The metrics endpoint bound above goes on serving, the state's figures now included.
     let config = ServerConfig { metrics: None, ..config };
+    let listeners = Listeners { bound: handed, ..listeners };
     let served = crate::serve(config, state, stop, stop_rx, listening, listeners).await;
     stop_leading(&election, &switchover, epoch, served, primary.deposed_by()).await
 }
@@ -914,11 +913,71 @@ fn deposition(deposed: Deposed) -> Box<dyn Fn(Epoch) + Send + Sync> {
     })
 }
 
+/// A backup's client listeners, each answered by a task that hands it back when told.
+struct Refusing {
+    stop: watch::Sender<bool>,
+    unix: Option<tokio::task::JoinHandle<UnixListener>>,
+    tcp: Option<tokio::task::JoinHandle<TcpListener>>,
+}
+
+impl Refusing {
+    /// Stops refusing and returns the listeners, still bound, for the primary phase.
+    async fn hand_over(self) -> Prebound {
+        let _ = self.stop.send(true);
+        let unix = match self.unix {
+            Some(task) => task.await.ok(),
+            None => None,
+        };
+        let tcp = match self.tcp {
+            Some(task) => task.await.ok(),
+            None => None,
+        };
+        Prebound { unix, tcp }
+    }
+}
+
+/// Accepts on `listener` until `stop`, giving each connection to `answer`; returns the
+/// listener, still bound.
+async fn accept_until<L: Accepting>(
+    listener: L,
+    mut stop: watch::Receiver<bool>,
+    answer: impl Fn(L::Stream),
+) -> L {
+    loop {
+        tokio::select! {
+            accepted = listener.accept_one() => match accepted {
+                Ok(stream) => answer(stream),
+                // Out of descriptors, say: the next accept may succeed, this one is lost.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            },
+            // The only change is the stop (and a sender gone is one too).
+            _ = stop.changed() => return listener,
+        }
+    }
+}
+
+/// A client listener of either kind, for [`accept_until`].
+trait Accepting {
+    type Stream;
+    async fn accept_one(&self) -> std::io::Result<Self::Stream>;
+}
+
+impl Accepting for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept_one(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+impl Accepting for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept_one(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
 /// The client listeners of a backup: every connection gets `NotPrimary` and is closed.
-async fn refuse_clients(
-    config: &ServerConfig,
-    pair: &PairConfig,
-) -> Result<(Bound, Vec<tokio::task::JoinHandle<()>>), ServerError> {
+async fn refuse_clients(config: &ServerConfig, pair: &PairConfig) -> Result<(Bound, Refusing), ServerError> {
     let why = match &pair.peer_clients {
         Some(peer) => {
             format!("this server is a backup member of a pair: its primary serves clients (try {peer})")
@@ -926,16 +985,15 @@ async fn refuse_clients(
         None => "this server is a backup member of a pair: its primary serves clients".to_string(),
     };
     let mut bound = Bound::default();
-    let mut tasks = Vec::new();
+    let (stop, stopped) = watch::channel(false);
+    let mut refusing = Refusing { stop, unix: None, tcp: None };
     if let Some(path) = &config.unix {
         let listener = crate::bind_unix(path)?;
         bound.unix = Some(path.clone());
         let why = why.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(refuse_one(stream, why.clone()));
-            }
-        }));
+        refusing.unix = Some(tokio::spawn(accept_until(listener, stopped.clone(), move |stream| {
+            tokio::spawn(refuse_one(stream, why.clone()));
+        })));
     }
     if let Some(addr) = config.tcp {
         let listener = TcpListener::bind(addr)
@@ -943,20 +1001,16 @@ async fn refuse_clients(
             .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?;
         bound.tcp = listener.local_addr().ok();
         let tls = config.tls.as_ref().map(crate::tls::TlsListener::load).transpose()?.map(Arc::new);
-        tasks.push(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                match &tls {
-                    Some(tls) => {
-                        tokio::spawn(refuse_over_tls(stream, tls.clone(), why.clone()));
-                    }
-                    None => {
-                        tokio::spawn(refuse_one(stream, why.clone()));
-                    }
-                }
+        refusing.tcp = Some(tokio::spawn(accept_until(listener, stopped, move |stream| match &tls {
+            Some(tls) => {
+                tokio::spawn(refuse_over_tls(stream, tls.clone(), why.clone()));
             }
-        }));
+            None => {
+                tokio::spawn(refuse_one(stream, why.clone()));
+            }
+        })));
     }
-    Ok((bound, tasks))
+    Ok((bound, refusing))
 }
 
 /// A backup's TLS client listener: the `NotPrimary` answer goes inside TLS, to a client
