@@ -22,8 +22,12 @@ if ! java -version 2>&1 | awk -F'"' '/version/ { split($2, v, "."); exit !(v[1] 
     exit 1
 fi
 
-cargo build --release -p decree-cli --quiet
-export DECREE_BIN="$PWD/target/release/decree"
+# scripts/test.sh hands over the `decree` its Rust tests built (DECREE_BIN) instead of
+# building it a second time without their features.
+if [ -z "${DECREE_BIN:-}" ]; then
+    cargo build --release -p decree-cli --quiet
+    export DECREE_BIN="$PWD/target/release/decree"
+fi
 
 offline=()
 if [ "${DECREE_MVN_OFFLINE:-0}" = 1 ]; then

@@ -27,8 +27,12 @@ fi
 # Reinstalled every run, so that the tests see the client as it is now.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./clients/python
 
-cargo build --release -p decree-cli --quiet
-export DECREE_BIN="$PWD/target/release/decree"
+# scripts/test.sh hands over the `decree` its Rust tests built (DECREE_BIN) instead of
+# building it a second time without their features.
+if [ -z "${DECREE_BIN:-}" ]; then
+    cargo build --release -p decree-cli --quiet
+    export DECREE_BIN="$PWD/target/release/decree"
+fi
 # From outside the source tree, so that `import decree` is the installed package.
 cd clients/python/tests
 exec "../../../$VENV/bin/python" -m pytest -p no:cacheprovider -o faulthandler_timeout=300 "$@" .

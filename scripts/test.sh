@@ -21,5 +21,8 @@ eval "$(scripts/test-etcd.sh env)"
 # `decree_bin`) instead of building decree-server and decree-cli a second time.
 export DECREE_TEST_WORKSPACE_FEATURES=crash-points,etcd
 cargo test --workspace --release --features decree-cli/crash-points,decree-cli/etcd "$@"
+# The Python and Java tests run that same binary (its crash points act only when a test
+# names one), which spares a second build of decree-server and decree-cli.
+export DECREE_BIN="$PWD/target/release/decree"
 scripts/test-python.sh
 scripts/test-java.sh
