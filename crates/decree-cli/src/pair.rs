@@ -265,6 +265,7 @@ fn cluster_text(c: &serde_json::Value) -> String {
             None => "  leader: none (nobody leads now)\n".into(),
         };
         out += &last_change_text(&p["last_change"], now_unix_ms());
+        out += &lag_text(&p["lag"], now_unix_ms());
         let in_sync: Vec<String> = p["sync"]["members"]
             .as_array()
             .into_iter()
@@ -315,6 +316,23 @@ fn last_change_text(change: &serde_json::Value, now_unix_ms: u64) -> String {
     )
 }
 
+/// The leader's lag as it last reported it, as a line (none without a report).
+fn lag_text(lag: &serde_json::Value, now_unix_ms: u64) -> String {
+    let (Some(records), Some(waiting), Some(at)) =
+        (lag["records"].as_u64(), lag["decisions_waiting"].as_u64(), lag["at_unix_ms"].as_u64())
+    else {
+        return String::new();
+    };
+    let age = now_unix_ms.saturating_sub(at) as f64 / 1e3;
+    let oldest =
+        lag["oldest_ms"].as_u64().map(|ms| format!(", the oldest waiting {ms} ms")).unwrap_or_default();
+    let link = if lag["linked"] == true { "linked" } else { "NOT linked" };
+    let mode = if lag["strict"] == true { "strict" } else { "alone" };
+    format!(
+        "  lag (the leader's report {age:.0} s ago, sent on change): {records} records and {waiting} decisions waiting for the backup{oldest}; {link}, {mode}\n"
+    )
+}
+
 /// A JSON string without its quotes (anything else as JSON).
 fn text(v: &serde_json::Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), str::to_string)
@@ -361,7 +379,9 @@ mod tests {
             "leader": {"member": 2, "run": "r2", "epoch": 770},
             "sync": {"epoch": 770, "members": [{"member": 2, "run": "r2"}, {"member": 1, "run": "r1"}]},
             "members": {"1": {"run": "r1", "link": "l", "clients": "unix:/a"}}, "pause": null, "unreadable": [],
-            "last_change": {"member": 2, "epoch": 770, "at_unix_ms": now_unix_ms() - 5_000, "vacant_ms": 640}}]});
+            "last_change": {"member": 2, "epoch": 770, "at_unix_ms": now_unix_ms() - 5_000, "vacant_ms": 640},
+            "lag": {"member": 2, "epoch": 770, "linked": false, "strict": true, "records": 12,
+                    "decisions_waiting": 7, "oldest_ms": 340, "at_unix_ms": now_unix_ms() - 1_000}}]});
         let text = cluster_text(&cluster);
         assert!(
             text.contains(
@@ -373,6 +393,12 @@ mod tests {
         assert!(text.contains("in sync for epoch 3.2: member 2 (run r2), member 1 (run r1)"), "{text}");
         assert!(text.contains("member 1 registered: run r1, clients unix:/a"), "{text}");
         assert!(text.contains("automatic failover: on"), "{text}");
+        assert!(
+            text.contains(
+                "lag (the leader's report 1 s ago, sent on change): 12 records and 7 decisions waiting for the backup, the oldest waiting 340 ms; NOT linked, strict"
+            ),
+            "{text}"
+        );
         let without = status_text(&serde_json::json!({"role": "backup", "member": 2, "epoch_raw": 0}));
         assert!(!without.contains("etcd"), "{without}");
     }

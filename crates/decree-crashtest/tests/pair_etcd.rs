@@ -699,9 +699,32 @@ fn etcd_view(m: &Member, pair: &str) -> serde_json::Value {
     pairs.iter().find(|p| p["pair"] == pair).cloned().unwrap_or_else(|| panic!("no pair {pair}: {view}"))
 }
 
+/// Waits until `decree status --etcd`, asked through `m`, shows `pair`'s lag as reported by
+/// `primary` of its current epoch, idle, and linked and strict (`with_backup`) or neither;
+/// returns that view.
+fn reported_lag(m: &Member, pair: &str, primary: &Member, with_backup: bool) -> serde_json::Value {
+    let p = status(primary).expect("primary");
+    let mut view = serde_json::Value::Null;
+    eventually(&format!("{pair}'s lag reported by member {}", p["member"]), &[primary], || {
+        view = etcd_view(m, pair);
+        let lag = &view["lag"];
+        (lag["member"].clone(), lag["epoch"].clone(), lag["linked"].clone(), lag["strict"].clone())
+            == (p["member"].clone(), p["epoch_raw"].clone(), with_backup.into(), with_backup.into())
+            && (!with_backup || (lag["records"] == 0 && lag["decisions_waiting"] == 0))
+    });
+    view
+}
+
 /// Checks `view` field by field against what the pair's primary and backup say of themselves.
 fn check_view(view: &serde_json::Value, primary: &Member, backup: &Member) {
     let (p, b) = (status(primary).expect("primary"), status(backup).expect("backup"));
+    // The lag the leader reported (reported_lag waited for it), as the leader says it now.
+    assert_eq!(
+        (view["lag"]["member"].clone(), view["lag"]["epoch"].clone(), view["lag"]["linked"].clone()),
+        (p["member"].clone(), p["epoch_raw"].clone(), p["link"]["connected"].clone()),
+        "{view}"
+    );
+    assert_eq!(view["lag"]["records"], p["lag"]["records"], "{view}");
     assert_eq!(view["leader"]["member"], p["member"], "{view}");
     assert_eq!(view["leader"]["epoch"], p["epoch_raw"], "{view}");
     assert_eq!(view["leader"]["run"], p["etcd"]["run"], "{view}");
@@ -751,13 +774,14 @@ fn two_pairs_under_one_prefix_each_fail_over_alone_and_status_shows_both() {
     let _y = [serve(&c), serve(&d)];
     let (px, bx) = wait_strict(&a, &b);
     let (py, by) = wait_strict(&c, &d);
-    check_view(&etcd_view(&c, &pair_x), px, bx);
-    check_view(&etcd_view(&a, &pair_y), py, by);
+    check_view(&reported_lag(&c, &pair_x, px, true), px, bx);
+    check_view(&reported_lag(&a, &pair_y, py, true), py, by);
     let (ok, table) = decree(&a, &["status", "--etcd"]);
     assert!(
         ok && table.contains(&format!("pair {pair_x}")) && table.contains(&format!("pair {pair_y}")),
         "{table}"
     );
+    assert!(table.contains("0 records and 0 decisions waiting for the backup; linked, strict"), "{table}");
 
     let (led_x, led_y) = (epoch(px), epoch(py));
     let acknowledged_x = decide(px, 20);
@@ -783,7 +807,10 @@ fn two_pairs_under_one_prefix_each_fail_over_alone_and_status_shows_both() {
         (status(bx).unwrap()["member"].clone(), Some(epoch(bx))),
         "{view}"
     );
-    check_view(&etcd_view(bx, &pair_y), py, by);
+    // The dead primary's report went with its lease; the new one runs alone, unlinked.
+    let view = reported_lag(&c, &pair_x, bx, false);
+    assert_eq!(view["lag"]["strict"], false, "{view}");
+    check_view(&reported_lag(bx, &pair_y, py, true), py, by);
 }
 
 /// `decree recover` on member `m`'s log, `args` after `--config` (JSON for `list`).

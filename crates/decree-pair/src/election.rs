@@ -70,6 +70,8 @@ pub struct Keys {
     pub pause: String,
     /// The last change of leader's key (what `decree status --etcd` shows of it).
     pub last_change: String,
+    /// The primary's replication lag as it last reported it (under its lease).
+    pub lag: String,
 }
 
 impl Keys {
@@ -83,6 +85,7 @@ impl Keys {
             members: format!("{base}/members/"),
             pause: format!("{base}/pause"),
             last_change: format!("{base}/last_change"),
+            lag: format!("{base}/lag"),
         }
     }
 
@@ -184,6 +187,51 @@ pub struct LeaderChange {
     pub vacant_ms: Option<u64>,
 }
 
+/// The primary's replication lag as it reported it (the operator's information only: no rule
+/// reads it), kept under its lease so that it goes with the primary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LagReport {
+    /// The primary that measured it.
+    pub member: u8,
+    /// The epoch it leads (raw value).
+    pub epoch: u64,
+    /// Whether its link to the backup was up.
+    pub linked: bool,
+    /// Whether it was strict (every acknowledgement waits for the backup).
+    pub strict: bool,
+    /// Records sent or waiting to be sent, not yet acknowledged by the backup.
+    pub records: u64,
+    /// Decisions whose answer waited for the backup's confirmation.
+    pub decisions_waiting: u64,
+    /// How long the oldest of those records had waited, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_ms: Option<u64>,
+    /// When it measured, in milliseconds since the Unix epoch (its clock).
+    pub at_unix_ms: u64,
+}
+
+impl LagReport {
+    /// Whether `self` says something `earlier` did not (the time of measure aside).
+    pub fn differs_from(&self, earlier: &LagReport) -> bool {
+        LagReport { at_unix_ms: 0, ..self.clone() } != LagReport { at_unix_ms: 0, ..earlier.clone() }
+    }
+}
+
+/// Whether the primary writes `now_report` to etcd, `since_last` after it wrote `last`: when
+/// it says something new and at least `every` passed, so that etcd takes one write per
+/// `every` at most under load and none while nothing changes.
+pub fn lag_report_due(
+    last: Option<&LagReport>,
+    since_last: std::time::Duration,
+    every: std::time::Duration,
+    now_report: &LagReport,
+) -> bool {
+    match last {
+        None => true,
+        Some(last) => since_last >= every && now_report.differs_from(last),
+    }
+}
+
 /// The pause key's value: who paused the pair's automatic failover, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pause {
@@ -212,6 +260,8 @@ pub struct PairView {
     pub pause: Option<Pause>,
     /// The last change of leader, once a leader recorded one.
     pub last_change: Option<LeaderChange>,
+    /// The primary's replication lag as it last reported it, while its lease lives.
+    pub lag: Option<LagReport>,
     /// Keys of the pair that do not parse, named with what is wrong.
     pub unreadable: Vec<String>,
 }
@@ -232,6 +282,7 @@ pub fn cluster(prefix: &str, entries: &[(String, String)]) -> Vec<PairView> {
             "sync" => from_json(key, value).map(|r| view.sync = Some(r)),
             "pause" => from_json(key, value).map(|p| view.pause = Some(p)),
             "last_change" => from_json(key, value).map(|c| view.last_change = Some(c)),
+            "lag" => from_json(key, value).map(|l| view.lag = Some(l)),
             "epoch" => value
                 .parse()
                 .map(|c| view.epoch_count = Some(c))
@@ -245,6 +296,16 @@ pub fn cluster(prefix: &str, entries: &[(String, String)]) -> Vec<PairView> {
         };
         if let Err(e) = read {
             view.unreadable.push(e.to_string());
+        }
+    }
+    for view in pairs.values_mut() {
+        // A report stands beside the leader that wrote it only: a stepped-down leader's,
+        // which lives until its lease does, would be taken for the new leader's.
+        let current = |lag: &LagReport| {
+            view.leader.as_ref().is_some_and(|l| (l.member, l.epoch) == (lag.member, lag.epoch))
+        };
+        if !view.lag.as_ref().is_some_and(current) {
+            view.lag = None;
         }
     }
     pairs.into_values().collect()
@@ -569,6 +630,22 @@ pub fn record_leader_change(keys: &Keys, lease: LeaseId, change: &LeaderChange) 
         compares: vec![Compare::Lease(keys.leader.clone(), lease)],
         ops: vec![Op::Put { key: keys.last_change.clone(), value: to_json(change), lease: None }],
     }
+}
+
+/// The transaction by which the leader holding `lease` reports its lag, under that lease (a
+/// dead primary's figure goes with it); it fails unless the leader key still holds the
+/// lease, so that a deposed leader's late report never stands beside the new leader's.
+pub fn report_lag(keys: &Keys, lease: LeaseId, report: &LagReport) -> Txn {
+    Txn {
+        compares: vec![Compare::Lease(keys.leader.clone(), lease)],
+        ops: vec![Op::Put { key: keys.lag.clone(), value: to_json(report), lease: Some(lease) }],
+    }
+}
+
+/// The transaction by which a leader that steps down takes back its lag report (only its
+/// own: one under its lease), so that it does not stand while its lease lives on.
+pub fn withdraw_lag(keys: &Keys, lease: LeaseId) -> Txn {
+    Txn { compares: vec![Compare::Lease(keys.lag.clone(), lease)], ops: vec![Op::Delete(keys.lag.clone())] }
 }
 
 /// Whether a lease is provably alive at `now`: its last successful keepalive was sent at

@@ -34,7 +34,7 @@ use decree_pair::{Epoch, MemberId};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// The first and the longest pause between two attempts to take a lease while etcd is
@@ -53,6 +53,13 @@ pub(crate) struct Trouble {
 
 /// How often a leader with `alone_after_ms` looks at how long decisions have waited.
 const ALONE_CHECK: Duration = Duration::from_millis(50);
+
+/// The primary writes its lag to etcd at most this often, and only when it changed.
+const LAG_REPORT_EVERY: Duration = Duration::from_secs(2);
+
+/// How often the primary measures its lag for etcd (finer than [`LAG_REPORT_EVERY`], so that
+/// a change waits at most one period and a half for its write).
+const LAG_MEASURE: Duration = Duration::from_secs(1);
 
 /// Keys `decree status --etcd` reads under the prefix, at most (a few per pair and member).
 const CLUSTER_KEYS_MAX: i64 = 4096;
@@ -655,6 +662,8 @@ impl Election {
         let mut caught_up = primary.caught_up_backups();
         let alone_after = self.config.alone_after_ms.map(Duration::from_millis);
         let mut watch = None;
+        let mut lag_tick = tokio::time::interval(LAG_MEASURE);
+        let mut reported = None;
         // The record now says this member's log holds the led epoch (`PAIR` does since the
         // promotion): were its disk lost, the record's lead would not be its to take again.
         let starting = self.record_in_sync(&record, None).await;
@@ -696,10 +705,43 @@ impl Election {
                         Err(_) => watch = None,
                     }
                 }
+                _ = lag_tick.tick() => self.report_lag(&primary, &mut reported).await,
             }
         };
         self.fence.end();
         primary.step_down(newer);
+        self.withdraw_lag().await;
+    }
+
+    /// Writes the primary's lag to etcd when it changed, at most once per
+    /// [`LAG_REPORT_EVERY`] (the operator's information only: a failure is logged).
+    async fn report_lag(&self, primary: &PrimaryLink, reported: &mut Option<(rules::LagReport, Instant)>) {
+        let now = primary.lag_report();
+        let (last, since) = match reported {
+            Some((last, at)) => (Some(&*last), at.elapsed()),
+            None => (None, Duration::ZERO),
+        };
+        let Some(lease) = self.lease() else { return };
+        if !rules::lag_report_due(last, since, LAG_REPORT_EVERY, &now) {
+            return;
+        }
+        let (compares, ops) = decree_etcd::election::txn(&rules::report_lag(&self.keys, lease.0, &now));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match self.etcd.txn(&compares, &ops, &[]).await {
+            Ok(result) if result.succeeded => *reported = Some((now, Instant::now())),
+            Ok(_) => tracing::debug!("the lag is not reported: this member no longer holds the leader key"),
+            Err(e) => tracing::debug!(error = %e, "cannot report the lag on etcd"),
+        }
+    }
+
+    /// Takes back this member's lag report as it stops leading (its lease may live on).
+    async fn withdraw_lag(&self) {
+        let Some(lease) = self.lease() else { return };
+        let (compares, ops) = decree_etcd::election::txn(&rules::withdraw_lag(&self.keys, lease.0));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.etcd.txn(&compares, &ops, &[]).await {
+            tracing::debug!(error = %e, "cannot take the lag report back from etcd");
+        }
     }
 
     /// Whether `events` on the leader key end this member's lead (`Some`, with the newer

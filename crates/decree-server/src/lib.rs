@@ -335,6 +335,26 @@ struct Prebound {
     tcp: Option<TcpListener>,
 }
 
+impl Prebound {
+    /// The Unix listener handed over, or one bound now at `path`.
+    fn take_unix(&mut self, path: &Path) -> Result<UnixListener, ServerError> {
+        match self.unix.take() {
+            Some(listener) => Ok(listener),
+            None => bind_unix(path),
+        }
+    }
+
+    /// The TCP listener handed over, or one bound now on `addr`.
+    async fn take_tcp(&mut self, addr: SocketAddr) -> Result<TcpListener, ServerError> {
+        match self.tcp.take() {
+            Some(listener) => Ok(listener),
+            None => TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}"))),
+        }
+    }
+}
+
 async fn serve(
     config: ServerConfig,
     state: Arc<State>,
@@ -360,20 +380,12 @@ async fn serve(
     let gate = Gate { state: state.clone(), connections: connections.clone(), total, stop: stop_rx.clone() };
     let mut tasks = Vec::new();
     if let Some(path) = &config.unix {
-        let listener = match listeners.bound.unix.take() {
-            Some(listener) => listener,
-            None => bind_unix(path)?,
-        };
+        let listener = listeners.bound.take_unix(path)?;
         bound.unix = Some(path.clone());
         tasks.push(tokio::spawn(accept_unix(listener, gate.clone())));
     }
     if let Some(addr) = config.tcp {
-        let listener = match listeners.bound.tcp.take() {
-            Some(listener) => listener,
-            None => TcpListener::bind(addr)
-                .await
-                .map_err(|e| ServerError::Io(format!("cannot listen on tcp {addr}: {e}")))?,
-        };
+        let listener = listeners.bound.take_tcp(addr).await?;
         bound.tcp = listener.local_addr().ok();
         tasks.push(tokio::spawn(accept_tcp(listener, gate.clone(), listeners.tls.clone())));
     }

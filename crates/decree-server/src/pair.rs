@@ -316,6 +316,24 @@ impl PrimaryLink {
         tracing::warn!("the backup is recorded out of sync on etcd: acknowledging alone");
     }
 
+    /// The replication lag as this primary reports it on etcd (`decree status --etcd`).
+    pub(crate) fn lag_report(&self) -> decree_pair::election::LagReport {
+        let (node, lag) = (self.leader.node(), self.leader.lag());
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        decree_pair::election::LagReport {
+            member: node.member.get(),
+            epoch: node.seen.raw(),
+            linked: self.leader.link_report().connected,
+            strict: node.role == (Role::Primary { alone: false }),
+            records: lag.records as u64,
+            decisions_waiting: self.waiting() as u64,
+            oldest_ms: lag.oldest.map(|d| d.as_millis() as u64),
+            at_unix_ms,
+        }
+    }
+
     /// The backup processes that catch up, as they do (an election records each in sync).
     pub(crate) fn caught_up_backups(&self) -> watch::Receiver<Option<decree_pair::link::leader::BackupRun>> {
         self.leader.caught_up_backups()

@@ -4,6 +4,7 @@
 
 use super::model::Etcd;
 use super::*;
+use std::time::Duration;
 
 const SECOND: u64 = 1_000_000_000;
 const TTL: u64 = SECOND;
@@ -474,6 +475,9 @@ fn the_cluster_view_groups_the_keys_by_pair_and_names_what_does_not_parse() {
         ("/decree/orders/members/1".into(), to_json(&registration)),
         ("/decree/orders/pause".into(), to_json(&Pause { by: 1, at_unix_ms: 7 })),
         ("/decree/orders/last_change".into(), to_json(&change)),
+        ("/decree/orders/lag".into(), to_json(&lag(2, 5))),
+        // A stepped-down leader's report, its lease still alive: not the leader's, not shown.
+        ("/decree/stock/lag".into(), to_json(&lag(1, 5))),
         ("/decree/stock/epoch".into(), "x".into()),
         ("/decree/stock/sync".into(), "{".into()),
         ("/decree/stray".into(), "1".into()),
@@ -489,10 +493,12 @@ fn the_cluster_view_groups_the_keys_by_pair_and_names_what_does_not_parse() {
     assert_eq!(orders.members.get(&1), Some(&registration));
     assert_eq!(orders.pause, Some(Pause { by: 1, at_unix_ms: 7 }));
     assert_eq!(orders.last_change, Some(change));
+    assert_eq!(orders.lag, Some(lag(2, 5)));
     assert!(orders.unreadable.is_empty() && orders.sync.is_none());
     let stock = &views[1];
     assert_eq!(stock.unreadable.len(), 2, "{:?}", stock.unreadable);
     assert!(stock.unreadable.iter().any(|e| e.contains("/decree/stock/epoch")), "{:?}", stock.unreadable);
+    assert_eq!(stock.lag, None, "no leader: no lag shown");
 }
 
 /// The last change of leader is written only by the member whose lease holds the leader
@@ -549,4 +555,66 @@ fn a_hand_resolution_is_alone_only_with_no_leader_no_other_member_and_this_one_i
     );
     let nothing = PairView { pair: "p".into(), ..Default::default() };
     assert!(matches!(hand_resolution(&nothing, 1, two.raw()), HandResolution::Unproven(_)));
+}
+
+/// A lag report of member `member` with `records` unacknowledged.
+fn lag(member: u8, records: u64) -> LagReport {
+    LagReport {
+        member,
+        epoch: epoch_of(3, m(member)).raw(),
+        linked: true,
+        strict: true,
+        records,
+        decisions_waiting: records / 2,
+        oldest_ms: (records > 0).then_some(4),
+        at_unix_ms: 1_000,
+    }
+}
+
+/// The lag goes to etcd at the first measure, then only when it says something new and at
+/// most once per period: an idle pair writes nothing, a busy one one key per period.
+#[test]
+fn the_lag_is_reported_when_it_changes_at_most_once_per_period() {
+    let every = Duration::from_secs(2);
+    let (quiet, busy) = (lag(1, 0), lag(1, 40));
+    let later = LagReport { at_unix_ms: 9_000, ..quiet.clone() };
+    assert!(lag_report_due(None, Duration::ZERO, every, &quiet), "the first measure goes");
+    assert!(!lag_report_due(Some(&quiet), Duration::from_secs(60), every, &later), "unchanged: nothing");
+    assert!(!lag_report_due(Some(&quiet), Duration::from_millis(1_999), every, &busy), "too soon");
+    assert!(lag_report_due(Some(&quiet), every, every, &busy));
+    let unlinked = LagReport { linked: false, ..quiet.clone() };
+    assert!(lag_report_due(Some(&quiet), every, every, &unlinked), "a link that went down is news");
+    let alone = LagReport { strict: false, ..quiet.clone() };
+    assert!(lag_report_due(Some(&quiet), every, every, &alone), "going alone is news");
+}
+
+/// Only the leader holding the key reports a lag, under its lease: a deposed leader's late
+/// report fails, and the report goes when the lease does.
+#[test]
+fn only_the_leader_holding_the_key_reports_its_lag_and_it_goes_with_its_lease() {
+    let mut etcd = Etcd::default();
+    let a = candidate(&mut etcd, 0, 1, "run-a", Epoch::NONE);
+    campaign_at(&mut etcd, 0, &a).unwrap();
+    let stranger = etcd.grant(0, TTL);
+    assert!(!etcd.txn(0, &report_lag(&keys(), stranger, &lag(2, 1))), "another lease reports nothing");
+    assert!(etcd.txn(0, &report_lag(&keys(), a.lease, &lag(1, 3))));
+    let stored = etcd.get(0, &keys().lag).expect("reported");
+    assert_eq!(
+        (from_json::<LagReport>("lag", &stored.value).unwrap(), stored.lease),
+        (lag(1, 3), Some(a.lease))
+    );
+    etcd.revoke(a.lease);
+    assert!(etcd.get(0, &keys().lag).is_none(), "the report went with the lease");
+    assert!(!etcd.txn(0, &report_lag(&keys(), a.lease, &lag(1, 4))), "a deposed leader reports nothing");
+
+    // A leader stepping down with its lease alive takes back its own report, no other.
+    let mut etcd = Etcd::default();
+    let b = candidate(&mut etcd, 0, 2, "run-b", Epoch::NONE);
+    campaign_at(&mut etcd, 0, &b).unwrap();
+    let stranger = etcd.grant(0, TTL);
+    assert!(etcd.txn(0, &report_lag(&keys(), b.lease, &lag(2, 0))));
+    assert!(!etcd.txn(0, &withdraw_lag(&keys(), stranger)), "not its report");
+    assert!(etcd.get(0, &keys().lag).is_some());
+    assert!(etcd.txn(0, &withdraw_lag(&keys(), b.lease)));
+    assert!(etcd.get(0, &keys().lag).is_none());
 }
