@@ -28,6 +28,44 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// The members' lease: issue 33's figures are taken with 1 s.
 const LEASE_TTL_S: u64 = 1;
 
+/// Issue 34's watchdog on a real device, where the person running the tests names one that
+/// may be armed (`DECREE_TEST_WATCHDOG_DEVICE=/dev/watchdog`, Linux's softdog loaded without
+/// `nowayout`, with a `soft_margin` of 10 s or more): the primary arms and feeds it while it
+/// leads, and disarms it at SIGTERM, so that this machine is still up well past the device's
+/// timeout. Skipped, saying so, without the variable: a device armed and not disarmed resets
+/// the machine that runs the tests, which is also how this test fails.
+#[test]
+fn a_real_watchdog_device_is_armed_fed_and_disarmed_by_the_primary() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let Some(device) = std::env::var_os("DECREE_TEST_WATCHDOG_DEVICE") else {
+        println!(
+            "DECREE_TEST_WATCHDOG_DEVICE is not set: the real watchdog device is not exercised \
+             (set it to a softdog device without nowayout to run this test; a failure resets the machine)"
+        );
+        return;
+    };
+    let margin = Duration::from_secs(common::env_count("DECREE_TEST_WATCHDOG_TIMEOUT_S", 60));
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let extra = format!("watchdog = \"{}\"\n", Path::new(&device).display());
+    // Member a alone, so that it leads; b is never started.
+    let (a, _) = members_with(dir.path(), &endpoints, &pair_name("real-watchdog"), (links, links.1), &extra);
+    let server = serve(&a);
+    eventually("a leads", &[&a], || status(&a).is_some_and(|s| s["role"] == "primary"));
+    let dog = || status(&a).map(|s| s["etcd"]["watchdog"].clone()).unwrap_or_default();
+    eventually("a feeds the device", &[&a], || dog()["feeds"].as_u64() >= Some(3));
+    assert_eq!((dog()["armed"].clone(), dog()["times_armed"].as_u64()), (true.into(), Some(1)), "{}", dog());
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(server.0.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let mut child = server;
+    let exit = child.0.wait().unwrap();
+    assert!(exit.success(), "a clean stop: {exit}\n{}", tail(&a));
+    // Disarmed: the machine outlives the device's timeout (a reset ends this test run).
+    std::thread::sleep(margin);
+    println!("still up {margin:?} after the primary stopped: the device was disarmed");
+}
+
 /// Longer than a lease surely lasts on a busy machine, for "it did not happen" checks.
 const WELL_PAST_THE_LEASE: Duration = Duration::from_secs(3);
 
