@@ -8,6 +8,7 @@ databases agree with the answer."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -32,6 +33,8 @@ def pair(dsns: dict[str, str]) -> tuple[Server, Server]:
     fd, secret = tempfile.mkstemp(prefix="decree-pair-", suffix=".secret")
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)
+    # Outside any server's directory (both members read it): removed when the tests end.
+    atexit.register(os.unlink, secret)
     members = []
     for member, (link, peer) in ((1, links), (2, links[::-1])):
         extra = (

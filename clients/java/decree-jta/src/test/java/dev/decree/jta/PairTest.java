@@ -38,6 +38,8 @@ class PairTest {
         byte[] bytes = new byte[32];
         new java.security.SecureRandom().nextBytes(bytes);
         java.nio.file.Files.writeString(secret, java.util.HexFormat.of().formatHex(bytes));
+        // Outside any server's directory (both members read it): removed when the JVM ends.
+        secret.toFile().deleteOnExit();
         return secret;
     }
 
