@@ -78,49 +78,75 @@ fn text(kv: &[KeyValue]) -> HashMap<String, String> {
 
 /// Starts the OTLP/HTTP receiver; returns its base URL and what it records.
 fn receiver() -> (String, Spans) {
+    receiver_with(None)
+}
+
+/// Starts the OTLP/HTTP receiver, behind TLS with `tls` (its URL still says `http://`);
+/// returns its base URL and what it records.
+fn receiver_with(tls: Option<Arc<rustls::ServerConfig>>) -> (String, Spans) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let spans: Spans = Arc::default();
     let recorded = spans.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let Some(body) = read_request(&mut stream) else { continue };
-            let request = ExportTraceServiceRequest::decode(&body[..]).expect("an ExportTraceServiceRequest");
-            let mut out = recorded.lock().unwrap();
-            for rs in request.resource_spans {
-                let resource = text(&rs.resource.map(|r| r.attributes).unwrap_or_default());
-                let service = resource.get("service.name").cloned().unwrap_or_default();
-                for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
-                    out.push(Recorded {
-                        service: service.clone(),
-                        resource: resource.clone(),
-                        name: span.name,
-                        trace_id: hex::encode(span.trace_id),
-                        span_id: hex::encode(span.span_id),
-                        parent: hex::encode(span.parent_span_id),
-                        links: span
-                            .links
-                            .iter()
-                            .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
-                            .collect(),
-                        attributes: text(&span.attributes),
-                        events: span.events.iter().map(|e| (e.name.clone(), e.time_unix_nano)).collect(),
-                        start_end: (span.start_time_unix_nano, span.end_time_unix_nano),
-                    });
+            let Ok(stream) = stream else { continue };
+            match &tls {
+                Some(config) => {
+                    let Ok(connection) = rustls::ServerConnection::new(config.clone()) else { continue };
+                    let mut tls_stream = rustls::StreamOwned::new(connection, stream);
+                    if record(&mut tls_stream, &recorded) {
+                        tls_stream.conn.send_close_notify();
+                        let _ = tls_stream.flush();
+                    }
+                }
+                None => {
+                    record(&mut { stream }, &recorded);
                 }
             }
-            let _ = stream.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
         }
     });
     (url, spans)
 }
 
+/// Reads one export request from `stream`, records its spans and answers it; false when
+/// no request came (a failed handshake, a closed connection).
+fn record(stream: &mut (impl Read + Write), recorded: &Spans) -> bool {
+    let Some(body) = read_request(stream) else { return false };
+    let request = ExportTraceServiceRequest::decode(&body[..]).expect("an ExportTraceServiceRequest");
+    let mut out = recorded.lock().unwrap();
+    for rs in request.resource_spans {
+        let resource = text(&rs.resource.map(|r| r.attributes).unwrap_or_default());
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+            out.push(Recorded {
+                service: service.clone(),
+                resource: resource.clone(),
+                name: span.name,
+                trace_id: hex::encode(span.trace_id),
+                span_id: hex::encode(span.span_id),
+                parent: hex::encode(span.parent_span_id),
+                links: span
+                    .links
+                    .iter()
+                    .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
+                    .collect(),
+                attributes: text(&span.attributes),
+                events: span.events.iter().map(|e| (e.name.clone(), e.time_unix_nano)).collect(),
+                start_end: (span.start_time_unix_nano, span.end_time_unix_nano),
+            });
+        }
+    }
+    drop(out);
+    let _ = stream.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    true
+}
+
 /// Reads one HTTP/1.1 request and returns its body (by `Content-Length`).
-fn read_request(stream: &mut std::net::TcpStream) -> Option<Vec<u8>> {
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
+fn read_request(stream: &mut impl Read) -> Option<Vec<u8>> {
+    let mut reader = BufReader::new(stream);
     let mut length = 0usize;
     loop {
         let mut line = String::new();
@@ -808,13 +834,18 @@ fn openmetrics_parser_accepts(body: &str) {
 /// Starts a single `decree serve` (node 6, the journal, two dummy resource managers)
 /// exporting its spans to `collector`; returns it and its client endpoint.
 fn serve_dummy(dir: &Path, collector: &str) -> (Killed, String) {
+    serve_dummy_with(dir, collector, "")
+}
+
+/// [`serve_dummy`] with `tracing` more lines of `[tracing]`.
+fn serve_dummy_with(dir: &Path, collector: &str, tracing: &str) -> (Killed, String) {
     let socket = dir.join("d.sock");
     let config = dir.join("decree.toml");
     std::fs::write(
         &config,
         format!(
             "node = 6\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
-             [tracing]\nendpoint = \"{collector}\"\nexport_delay_ms = 50\n\
+             [tracing]\nendpoint = \"{collector}\"\nexport_delay_ms = 50\n{tracing}\
              [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
             dir.join("log").display(),
             socket.display()
@@ -921,4 +952,53 @@ fn each_group_commit_write_links_to_every_decision_it_made_durable() {
     }
     let widest = numbers.iter().map(|n| groups[n].links.len()).max().unwrap_or(0);
     println!("{} decisions in {} writes, at most {widest} in one", decided.len(), numbers.len());
+}
+
+/// Issue 36: spans reach an `https://` collector. A real `decree serve` exports to a TLS
+/// receiver inside this test, whose certificate (for `localhost`) is signed by a test CA
+/// that `[tracing] ca_file` names. (A collector whose certificate chains to another CA is
+/// refused: decree-otel's `http.rs` tests.)
+///
+/// The bug it guards against: an exporter that cannot reach a collector behind TLS, so
+/// that the spans of a server told to send them there silently go nowhere.
+#[test]
+fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
+    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
+    use decree_server::testing::{TestCa, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("otel-test-ca");
+    let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+    let files = ca.server(dir.path(), "collector", Validity::Current);
+    let (collector, spans) = receiver_with(Some(tls_server_config(&files.cert, &files.key)));
+    let collector = collector.replace("http://127.0.0.1", "https://localhost");
+    let extra = format!("ca_file = \"{}\"\n", ca_file.display());
+    let (_server, endpoint) = serve_dummy_with(dir.path(), &collector, &extra);
+    let store = RemoteDecisions::connect(&endpoint).unwrap();
+    let session = store.open_session().unwrap();
+    let xid =
+        Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
+    let branches = vec![
+        BranchRecord { rm: "dummy-0".into(), branch: 0 },
+        BranchRecord { rm: "dummy-1".into(), branch: 1 },
+    ];
+    let context = client_context(7);
+    store.decide_traced(&Decision { xid, branches }, Some(&context)).expect("acknowledged");
+    let trace = trace_with(&spans, &context.trace_id_hex(), &["decree.server.decide"]);
+    assert_eq!(one(&trace, "decree-server", "decree.server.decide").parent, hex::encode(context.span_id));
+}
+
+/// A rustls server configuration with the certificate chain `cert` and key `key` (PEM).
+fn tls_server_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    Arc::new(config)
 }
