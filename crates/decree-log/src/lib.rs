@@ -21,6 +21,7 @@ pub mod outcomes;
 pub mod record;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod write_batch;
 pub mod write_times;
 
 pub use config::{EngineKind, LogConfig, SyncPolicy};

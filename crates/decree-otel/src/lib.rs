@@ -9,7 +9,8 @@
 //!
 //! Nothing here runs on a commit path: spans are queued by the SDK's batch processor (a
 //! bounded queue, `export_queue_max`; spans past it are dropped and counted by the SDK)
-//! and exported from its own thread over [`http::BlockingHttp`].
+//! and exported from its own thread over [`http::BlockingHttp`] (`http://`, or TLS for an
+//! `https://` collector).
 
 pub mod http;
 
@@ -19,6 +20,7 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
 use opentelemetry_sdk::Resource;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Why tracing could not be set up.
@@ -37,8 +39,12 @@ pub const XID_CONTEXTS_MAX_CAP: u32 = 1 << 20;
 #[serde(deny_unknown_fields)]
 pub struct TracingConfig {
     /// The collector's OTLP/HTTP base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`
-    /// (`http://127.0.0.1:4318`); spans go to its `/v1/traces`.
+    /// (`http://127.0.0.1:4318`, or `https://` for TLS); spans go to its `/v1/traces`.
     pub endpoint: String,
+    /// The CA certificates (PEM) an `https://` collector's certificate must chain to, as
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`; absent: the system's CA bundle.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// Share of the traces the server starts itself (recovery passes) that are sampled,
     /// 0.0 to 1.0; a client's sampled flag decides for its own transactions.
     #[serde(default = "default_sampling")]
@@ -83,6 +89,7 @@ impl TracingConfig {
     pub fn to(endpoint: &str) -> TracingConfig {
         TracingConfig {
             endpoint: endpoint.into(),
+            ca_file: None,
             sampling: default_sampling(),
             service_name: default_service_name(),
             export_delay_ms: default_export_delay_ms(),
@@ -94,10 +101,12 @@ impl TracingConfig {
     /// Refuses values that cannot work, naming the key.
     pub fn validate(&self) -> Result<(), OtelError> {
         let bad = |why: String| Err(OtelError::Config(why));
-        let Some(rest) = self.endpoint.strip_prefix("http://") else {
+        let Some(rest) =
+            self.endpoint.strip_prefix("http://").or_else(|| self.endpoint.strip_prefix("https://"))
+        else {
             return bad(format!(
-                "tracing.endpoint = {:?} must be an http:// URL of an OTLP/HTTP collector, such as \
-                 \"http://127.0.0.1:4318\" (https is not supported: send to a local collector)",
+                "tracing.endpoint = {:?} must be an http:// or https:// URL of an OTLP/HTTP collector, \
+                 such as \"http://127.0.0.1:4318\"",
                 self.endpoint
             ));
         };
@@ -131,7 +140,8 @@ impl TracingConfig {
     /// The traces URL: the endpoint with `/v1/traces` unless it names a path already.
     pub fn traces_url(&self) -> String {
         let base = self.endpoint.trim_end_matches('/');
-        match base.strip_prefix("http://").and_then(|r| r.find('/')) {
+        let rest = base.strip_prefix("http://").or_else(|| base.strip_prefix("https://"));
+        match rest.and_then(|r| r.find('/')) {
             Some(_) => base.to_string(),
             None => format!("{base}/v1/traces"),
         }
@@ -153,9 +163,12 @@ impl Exporter {
     /// children, `config.sampling` for new traces.
     pub fn start(config: &TracingConfig, attributes: Vec<KeyValue>) -> Result<Exporter, OtelError> {
         config.validate()?;
+        let client =
+            http::BlockingHttp::for_endpoint(&config.endpoint, config.ca_file.as_deref(), EXPORT_TIMEOUT)
+                .map_err(|e| OtelError::Config(format!("tracing.endpoint = {:?}: {e}", config.endpoint)))?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(http::BlockingHttp { timeout: EXPORT_TIMEOUT })
+            .with_http_client(client)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(config.traces_url())
             .with_timeout(EXPORT_TIMEOUT)
@@ -210,16 +223,28 @@ pub fn configured_by_env() -> bool {
 /// In a client process: when the standard variables configure an OTLP endpoint
 /// ([`configured_by_env`]), installs an OTLP/HTTP exporter as OpenTelemetry's global
 /// provider (`OTEL_SERVICE_NAME` or `service_name`; sampler from `OTEL_TRACES_SAMPLER`,
-/// batching from `OTEL_BSP_*`) and turns the coordinator's spans on. `None` when nothing
+/// batching from `OTEL_BSP_*`; an `https://` endpoint's CA from
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`, else the system's) and turns the coordinator's spans on. `None` when nothing
 /// is configured: spans stay off and cost nothing. Keep the exporter for the life of the
 /// process: dropping it exports what is left.
 pub fn install_from_env(service_name: &str) -> Result<Option<Exporter>, OtelError> {
     if !configured_by_env() {
         return Ok(None);
     }
+    let variable =
+        |names: [&str; 2]| names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()));
+    let endpoint =
+        variable(["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]).unwrap_or_default();
+    let ca_file = variable(["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"]);
+    let client = http::BlockingHttp::for_endpoint(
+        endpoint.trim(),
+        ca_file.as_deref().map(std::path::Path::new),
+        EXPORT_TIMEOUT,
+    )
+    .map_err(|e| OtelError::Config(format!("OTEL_EXPORTER_OTLP_*: {e}")))?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(http::BlockingHttp { timeout: EXPORT_TIMEOUT })
+        .with_http_client(client)
         .with_protocol(Protocol::HttpBinary)
         .build()
         .map_err(|e| OtelError::Config(format!("OTEL_EXPORTER_OTLP_*: {e}")))?;
@@ -238,9 +263,10 @@ mod tests {
     #[test]
     fn bad_tracing_values_are_refused_by_name() {
         assert!(TracingConfig::to("http://127.0.0.1:4318").validate().is_ok());
+        assert!(TracingConfig::to("https://collector.example:4318").validate().is_ok());
         for (config, key) in [
             (TracingConfig::to("127.0.0.1:4318"), "tracing.endpoint"),
-            (TracingConfig::to("https://collector:4318"), "https is not supported"),
+            (TracingConfig::to("ftp://collector:4318"), "http:// or https://"),
             (TracingConfig::to("http://"), "names no host"),
             (TracingConfig { sampling: 1.5, ..TracingConfig::to("http://a:1") }, "tracing.sampling"),
             (TracingConfig { xid_contexts_max: 0, ..TracingConfig::to("http://a:1") }, "xid_contexts_max"),
@@ -256,5 +282,7 @@ mod tests {
         assert_eq!(TracingConfig::to("http://a:4318").traces_url(), "http://a:4318/v1/traces");
         assert_eq!(TracingConfig::to("http://a:4318/").traces_url(), "http://a:4318/v1/traces");
         assert_eq!(TracingConfig::to("http://a:4318/custom").traces_url(), "http://a:4318/custom");
+        assert_eq!(TracingConfig::to("https://a:4318").traces_url(), "https://a:4318/v1/traces");
+        assert_eq!(TracingConfig::to("https://a/custom").traces_url(), "https://a/custom");
     }
 }

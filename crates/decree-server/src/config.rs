@@ -34,7 +34,9 @@
 //! rechecks_after_close = 5      # rechecks, each delay doubled: 1, 2, 4, 8, 16 s
 //!
 //! [tracing]                     # OpenTelemetry spans over OTLP/HTTP; off when absent
-//! endpoint = "http://127.0.0.1:4318"  # the collector's base URL (spans to /v1/traces)
+//! endpoint = "http://127.0.0.1:4318"  # the collector's base URL (spans to /v1/traces);
+//!                               # https:// for TLS, checked against ca_file (PEM) or,
+//!                               # without it, the system's CA bundle
 //! sampling = 1.0                # share of the server's own traces (recovery passes);
 //!                               # a client's sampled flag decides for its transactions
 //! xid_contexts_max = 65536      # client span contexts kept for recovery's links

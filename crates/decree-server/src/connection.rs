@@ -22,6 +22,7 @@
 //! (docs/protocol.md, session rule 9).
 
 use crate::crash_points::{self, CrashPoint};
+use crate::pair::Acknowledged;
 use crate::rules;
 use crate::state::{SessionTxns, State};
 use crate::trace;
@@ -29,6 +30,7 @@ use decree_core::{Decision, HeuristicOutcome, Outcome, TraceContext, Xid};
 use decree_proto::{encode_frame, ErrorCode, Field, FrameBuffer, Message, Negotiated, REPLY_WHEN_KEPT};
 use opentelemetry::trace::Span;
 use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::Span as SdkSpan;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -286,6 +288,8 @@ impl Conn {
             Message::OnePhase(xid) if self.version >= decree_proto::PROTOCOL_VERSION_TRAILER => {
                 let span =
                     self.state.trace.as_ref().map(|t| t.request("decree.server.one_phase", &xid, client));
+                let scope = span.as_ref().map(trace::span_log_scope);
+                let _entered = scope.as_ref().map(tracing::Span::enter);
                 self.state.metrics.one_phase_notices.fetch_add(1, Ordering::Relaxed);
                 if !self.state.mark_one_phase(&xid, session, &txns) {
                     tracing::debug!(%xid, session, "ignored a OnePhase for a transaction of another session");
@@ -298,8 +302,12 @@ impl Conn {
             Message::Outcome(xid) => {
                 let span =
                     self.state.trace.as_ref().map(|t| t.request("decree.server.outcome", &xid, client));
-                let outcome = self.state.outcome(&xid);
-                self.state.outcome_asked(&xid, outcome);
+                let scope = span.as_ref().map(trace::span_log_scope);
+                let outcome = trace::within(scope.as_ref(), || {
+                    let outcome = self.state.outcome(&xid);
+                    self.state.outcome_asked(&xid, outcome);
+                    outcome
+                });
                 if let Some(mut span) = span {
                     span.set_attribute(KeyValue::new("decree.outcome", format!("{outcome:?}")));
                     trace::end(span, None);
@@ -363,6 +371,8 @@ impl Conn {
         kept: Option<crate::state::KeptCallback>,
     ) -> Next {
         let span = self.state.trace.as_ref().map(|t| t.request("decree.server.complete", xid, client));
+        let scope = span.as_ref().map(trace::span_log_scope);
+        let _entered = scope.as_ref().map(tracing::Span::enter);
         let own = self.state.complete_own_kept(xid, session, txns, heuristic, kept);
         if !own {
             self.state.metrics.completes_ignored.fetch_add(1, Ordering::Relaxed);
@@ -621,7 +631,8 @@ pub(crate) fn check_decide(state: &State, session: u64, decision: &Decision) -> 
 /// simulator (`decree-sim`) with its own.
 /// `client` is the trace context the `Decide` carried (spans on only): the server's
 /// `decree.server.decide` span is its child, with the log write as a child span and the
-/// backup's confirmation, in a pair, as an event.
+/// backup's confirmation, in a pair, as an event; the log lines of the decision, on every
+/// thread it passes through, carry that span's trace and span ids.
 pub(crate) fn commit_decision_traced(
     state: &Arc<State>,
     txns: Arc<SessionTxns>,
@@ -634,6 +645,26 @@ pub(crate) fn commit_decision_traced(
         .trace
         .as_ref()
         .map(|t| (t.request("decree.server.decide", &decision.xid, client), SystemTime::now()));
+    let scope = span.as_ref().map(|(span, _)| trace::span_log_scope(span));
+    trace::within(scope.as_ref(), || {
+        commit_decision_scoped(state, txns, sequence, decision, send, span, scope.clone())
+    })
+}
+
+/// The decision's span and the write's start, when spans are on.
+type DecideSpan = Option<(SdkSpan, SystemTime)>;
+
+/// [`commit_decision_traced`] inside the decision's log scope (`scope`, entered again on
+/// the threads that finish it).
+fn commit_decision_scoped(
+    state: &Arc<State>,
+    txns: Arc<SessionTxns>,
+    sequence: u64,
+    decision: Decision,
+    send: Box<dyn FnOnce(Message) + Send>,
+    span: DecideSpan,
+    scope: Option<tracing::Span>,
+) {
     let payload = decision.encode();
     // A pair's strict primary ships the decision while it writes it locally.
     let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
@@ -645,7 +676,9 @@ pub(crate) fn commit_decision_traced(
     log_state.log.append_with(
         key,
         &payload,
-        Box::new(move |result| match result {
+        Box::new(move |result| {
+            let _entered = scope.as_ref().map(tracing::Span::enter);
+            match result {
             Ok(()) => {
                 let xid = decision.xid;
                 let accepting = state.clone();
@@ -656,16 +689,20 @@ pub(crate) fn commit_decision_traced(
                     span.add_event("decision written", Vec::new());
                     span
                 });
-                let paired = state.pair().is_some();
-                let accept = move || {
+                let accept_scope = scope.clone();
+                let accept = move |acknowledged: Acknowledged| {
+                    let _entered = accept_scope.as_ref().map(tracing::Span::enter);
                     // Visible as decided before the client can see DecideOk.
                     accepting.decided_or_orphan(&txns, sequence, decision, key);
                     accepting.metrics.decides.fetch_add(1, Ordering::Relaxed);
-                    accepting.metrics.observe_decide(started.elapsed());
+                    let sampled = span.as_ref().map(|s| s.span_context()).filter(|c| c.is_sampled());
+                    accepting.metrics.observe_decide(started.elapsed(), sampled);
                     crash_points::pass(CrashPoint::DecideConfirmed, &xid);
+                    tracing::debug!(%xid, "decided: DecideOk sent");
                     if let Some(mut span) = span {
-                        if paired {
-                            span.add_event("backup confirmed", Vec::new());
+                        if let Acknowledged::Confirmed(at) = acknowledged {
+                            let at = at.unwrap_or_else(SystemTime::now);
+                            span.add_event_with_timestamp("backup confirmed", at, Vec::new());
                         }
                         trace::end(span, None);
                     }
@@ -679,7 +716,7 @@ pub(crate) fn commit_decision_traced(
                     (Some(link), None, Some(payload)) => {
                         link.after_local_write(&state, xid, payload, Box::new(accept))
                     }
-                    _ => accept(),
+                    _ => accept(Acknowledged::Alone),
                 }
             }
             Err(e) => {
@@ -692,7 +729,6 @@ pub(crate) fn commit_decision_traced(
                 state.metrics.decide_errors.fetch_add(1, Ordering::Relaxed);
                 if let (Some(t), Some((span, write_started))) = (&state.trace, span) {
                     t.log_write(&span, &decision.xid, write_started, Some(e.to_string()));
-                    tracing::error!(xid = %decision.xid, trace_id = %trace::trace_id_hex(&span), "the traced decision's write failed");
                     trace::end(span, Some(format!("log write failed: {e}")));
                 }
                 tracing::error!(xid = %decision.xid, error = %e, "decision write failed; its outcome is unknown until a restart");
@@ -700,6 +736,7 @@ pub(crate) fn commit_decision_traced(
                     "the decision's write failed ({e}); it may or may not be durable, and the server touches none of its branches until a restart has read the log"
                 );
                 send(Message::Error { code: ErrorCode::LogFailed, message })
+            }
             }
         }),
     );

@@ -4,15 +4,25 @@
 //! read up to `REQUEST_BYTES_MAX`, one response per connection), bound to a loopback
 //! address and off unless configured: it must not become a second attack surface.
 //!
+//! It speaks the classic Prometheus text format by default, and OpenMetrics 1.0 when the
+//! scrape's `Accept` header asks for `application/openmetrics-text` ([`Format`]): only
+//! OpenMetrics carries exemplars, and the decide-latency histogram has one per bucket, the
+//! trace of the newest sampled decide that fell in it (spans on only: with spans off
+//! nothing is recorded, and the commit path takes no lock for it). The OpenMetrics body
+//! is the classic one rewritten ([`to_openmetrics`]): counter families are named without
+//! their `_total`, blank lines go, and `# EOF` ends it.
+//!
 //! A member of a pair binds the endpoint once, when it starts as a backup, and keeps it
 //! through its promotion: it shows the pair's figures ([`PairFigures`], `decree_pair_*`)
 //! in every role, and the state server's figures once it leads.
 
 use crate::state::State;
+use opentelemetry::trace::SpanContext;
+use parking_lot::Mutex;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -53,20 +63,120 @@ pub(crate) struct Metrics {
     pub(crate) sessions_closed_unread: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
+    /// The newest sampled decide of each bucket (spans on only).
+    latency_exemplars: [Mutex<Option<Exemplar>>; LATENCY_BUCKETS_US.len() + 1],
+}
+
+/// A decide that a bucket of the latency histogram shows as its exemplar.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Exemplar {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    seconds: f64,
+    /// When it was observed, in seconds since the Unix epoch.
+    at_unix_seconds: f64,
 }
 
 impl Metrics {
-    /// Records the time from receiving a decide to its durability.
-    pub(crate) fn observe_decide(&self, elapsed: Duration) {
+    /// Records the time from receiving a decide to its durability; `sampled`: the span
+    /// context of the decide's sampled span, which becomes its bucket's exemplar.
+    pub(crate) fn observe_decide(&self, elapsed: Duration, sampled: Option<&SpanContext>) {
         let us = elapsed.as_micros().min(u64::MAX as u128) as u64;
         let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
         self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
         self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        if let Some(context) = sampled {
+            let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            *self.latency_exemplars[i].lock() = Some(Exemplar {
+                trace_id: context.trace_id().to_bytes(),
+                span_id: context.span_id().to_bytes(),
+                // The sum's unit, so that the exemplar's value lies within its bucket.
+                seconds: us as f64 / 1e6,
+                at_unix_seconds: at.as_secs_f64(),
+            });
+        }
     }
 }
 
-/// Renders every metric in the Prometheus text format.
-pub(crate) fn render(state: &State) -> String {
+/// The exposition format a scrape gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// The classic Prometheus text format, version 0.0.4 (the default).
+    Prometheus,
+    /// OpenMetrics 1.0, with exemplars.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format an HTTP request asks for: OpenMetrics when its `Accept` header names
+    /// `application/openmetrics-text` with a quality above zero (Prometheus sends it first,
+    /// with the classic text as a fallback), else the classic text.
+    pub(crate) fn of_request(request: &[u8]) -> Format {
+        let request = String::from_utf8_lossy(request);
+        let accept = request
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .filter_map(|(name, value)| name.trim().eq_ignore_ascii_case("accept").then_some(value));
+        let asks = accept.flat_map(|value| value.split(',')).any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let refused =
+                parts.any(|p| p.strip_prefix("q=").and_then(|q| q.parse::<f64>().ok()) == Some(0.0));
+            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+        });
+        if asks {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// The `Content-Type` of a body in this format.
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Rewrites a classic text body (of `render`, `render_pair` and the election's figures)
+/// as OpenMetrics 1.0: a counter family is named without `_total` in its `HELP` and `TYPE`
+/// lines while its samples keep it (a sample without one gets it), blank lines go, and
+/// `# EOF` ends the body. Exemplars are written by [`render`] itself.
+pub(crate) fn to_openmetrics(classic: &str) -> String {
+    let mut out = String::with_capacity(classic.len() + 512);
+    let counters: std::collections::HashSet<&str> = classic
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let family = |name: &str| name.strip_suffix("_total").unwrap_or(name).to_string();
+    for line in classic.lines().filter(|line| !line.trim().is_empty()) {
+        if let Some(rest) = line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")) {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            let kind = &line[..7];
+            let name = if counters.contains(name) { family(name) } else { name.to_string() };
+            let _ = writeln!(out, "{kind}{name} {tail}");
+            continue;
+        }
+        assert!(!line.starts_with('#'), "a comment OpenMetrics does not allow: {line}");
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..end];
+        if counters.contains(name) && !name.ends_with("_total") {
+            let _ = writeln!(out, "{name}_total{}", &line[end..]);
+        } else {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+/// Renders every metric in the Prometheus text format, with the latency histogram's
+/// exemplars when the body becomes OpenMetrics (`format`, then [`to_openmetrics`]).
+pub(crate) fn render(state: &State, format: Format) -> String {
     let m = &state.metrics;
     let stats = state.log.stats();
     let mut out = String::with_capacity(4096);
@@ -161,7 +271,7 @@ pub(crate) fn render(state: &State) -> String {
     );
     render_one_phase(&mut out, m);
     render_rm_calls(&mut out);
-    render_latency(&mut out, m);
+    render_latency(&mut out, m, format);
     out
 }
 
@@ -202,31 +312,58 @@ fn render_one_phase(out: &mut String, m: &Metrics) {
     }
 }
 
-/// Appends the decide latency histogram.
-fn render_latency(out: &mut String, m: &Metrics) {
+/// Appends the decide latency histogram (with its exemplars in OpenMetrics).
+fn render_latency(out: &mut String, m: &Metrics, format: Format) {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let _ = writeln!(
         out,
         "# HELP decree_decide_seconds Time from receiving a decide to its durability.\n\
          # TYPE decree_decide_seconds histogram"
     );
+    let exemplar = |i: usize| match format {
+        Format::OpenMetrics => m.latency_exemplars[i].lock().map(|e| {
+            format!(
+                " # {{trace_id=\"{}\",span_id=\"{}\"}} {} {:.3}",
+                hex_of(&e.trace_id),
+                hex_of(&e.span_id),
+                e.seconds,
+                e.at_unix_seconds
+            )
+        }),
+        Format::Prometheus => None,
+    };
     let mut cumulative = 0;
     for (i, bound) in LATENCY_BUCKETS_US.iter().enumerate() {
         cumulative += load(&m.latency_buckets[i]);
-        let _ = writeln!(out, "decree_decide_seconds_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+        let _ = writeln!(
+            out,
+            "decree_decide_seconds_bucket{{le=\"{}\"}} {cumulative}{}",
+            *bound as f64 / 1e6,
+            exemplar(i).unwrap_or_default()
+        );
     }
     cumulative += load(&m.latency_buckets[LATENCY_BUCKETS_US.len()]);
-    let _ = writeln!(out, "decree_decide_seconds_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(
+        out,
+        "decree_decide_seconds_bucket{{le=\"+Inf\"}} {cumulative}{}",
+        exemplar(LATENCY_BUCKETS_US.len()).unwrap_or_default()
+    );
     let _ = writeln!(out, "decree_decide_seconds_sum {}", load(&m.latency_sum_us) as f64 / 1e6);
     let _ = writeln!(out, "decree_decide_seconds_count {cumulative}");
 }
 
-/// What the endpoint answers: the text of every metric now.
-pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
+/// Lowercase hex of `bytes`, as trace ids are shown everywhere.
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the endpoint answers: the classic text of every metric now (with exemplars when
+/// the format asks for them; [`serve`] rewrites it for OpenMetrics).
+pub(crate) type Render = Arc<dyn Fn(Format) -> String + Send + Sync>;
 
 /// The endpoint's text for a single server.
 pub(crate) fn of_state(state: Arc<State>) -> Render {
-    Arc::new(move || render(&state))
+    Arc::new(move |format| render(&state, format))
 }
 
 /// What a pair member's metrics say of the pair (filled in by `pair.rs`).
@@ -370,10 +507,15 @@ pub(crate) async fn serve(listener: TcpListener, render: Render) {
             }
             let response = if request.starts_with(b"GET /metrics ") || request.starts_with(b"GET /metrics\r")
             {
-                let body = render();
+                let format = Format::of_request(&request);
+                let body = match format {
+                    Format::Prometheus => render(format),
+                    Format::OpenMetrics => to_openmetrics(&render(format)),
+                };
                 format!(
-                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
+                    "HTTP/1.0 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
                      Connection: close\r\n\r\n{body}",
+                    format.content_type(),
                     body.len()
                 )
             } else {
@@ -383,5 +525,71 @@ pub(crate) async fn serve(listener: TcpListener, render: Render) {
             let _ = stream.write_all(response.as_bytes()).await;
             let _ = stream.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+
+    #[test]
+    fn the_accept_header_chooses_openmetrics_only_when_it_asks_for_it() {
+        let prometheus = "GET /metrics HTTP/1.1\r\nHost: a\r\nAccept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n";
+        assert_eq!(Format::of_request(prometheus.as_bytes()), Format::OpenMetrics);
+        assert_eq!(
+            Format::of_request(b"GET /metrics HTTP/1.0\r\naccept: Application/OpenMetrics-Text\r\n\r\n"),
+            Format::OpenMetrics
+        );
+        for classic in [
+            "GET /metrics HTTP/1.0\r\n\r\n",
+            "GET /metrics HTTP/1.0\r\nAccept: */*\r\n\r\n",
+            "GET /metrics HTTP/1.0\r\nAccept: text/plain, application/openmetrics-text;q=0\r\n\r\n",
+            "GET /metrics HTTP/1.0\r\nX-Note: Accept: application/openmetrics-text\r\n\r\n",
+        ] {
+            assert_eq!(Format::of_request(classic.as_bytes()), Format::Prometheus, "{classic}");
+        }
+    }
+
+    #[test]
+    fn openmetrics_names_counter_families_without_total_and_ends_with_eof() {
+        let classic = "# HELP decree_a_total A.\n# TYPE decree_a_total counter\ndecree_a_total 3\n\n\
+                       # HELP decree_b B.\n# TYPE decree_b counter\ndecree_b{x=\"1\"} 4\n\
+                       # HELP decree_c C.\n# TYPE decree_c gauge\ndecree_c 0.5\n";
+        assert_eq!(
+            to_openmetrics(classic),
+            "# HELP decree_a A.\n# TYPE decree_a counter\ndecree_a_total 3\n\
+             # HELP decree_b B.\n# TYPE decree_b counter\ndecree_b_total{x=\"1\"} 4\n\
+             # HELP decree_c C.\n# TYPE decree_c gauge\ndecree_c 0.5\n# EOF\n"
+        );
+    }
+
+    fn context(n: u8) -> SpanContext {
+        let trace_id = TraceId::from_bytes([n; 16]);
+        SpanContext::new(trace_id, SpanId::from_bytes([n; 8]), TraceFlags::SAMPLED, false, TraceState::NONE)
+    }
+
+    #[test]
+    fn the_newest_sampled_decide_of_a_bucket_is_its_exemplar_in_openmetrics_only() {
+        let m = Metrics::default();
+        m.observe_decide(Duration::from_micros(300), Some(&context(1)));
+        m.observe_decide(Duration::from_micros(400), Some(&context(2)));
+        m.observe_decide(Duration::from_micros(5), None);
+        let mut open = String::new();
+        render_latency(&mut open, &m, Format::OpenMetrics);
+        let bucket = |le: &str| {
+            let start = format!("decree_decide_seconds_bucket{{le=\"{le}\"}} ");
+            open.lines().find(|l| l.starts_with(&start)).unwrap().to_string()
+        };
+        // Cumulative: the 5 µs decide counts in this bucket too.
+        let newest =
+            format!(" 3 # {{trace_id=\"{}\",span_id=\"{}\"}} 0.0004 ", "02".repeat(16), "02".repeat(8));
+        assert!(bucket("0.0005").contains(&newest), "{open}");
+        assert!(!bucket("0.00001").contains('#'), "an unsampled decide leaves no exemplar: {open}");
+        assert_eq!(open.matches(" # {").count(), 1, "{open}");
+        let mut classic = String::new();
+        render_latency(&mut classic, &m, Format::Prometheus);
+        assert!(!classic.contains(" # {"), "{classic}");
+        assert_eq!(classic.lines().count(), open.lines().count());
     }
 }

@@ -39,6 +39,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::SystemTime;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -49,15 +50,31 @@ pub const CONTROL_SOCKET: &str = "control.sock";
 /// Longest request line the control socket reads.
 const CONTROL_LINE_BYTES_MAX: u64 = 256;
 
+/// How a decision of a pair came to be acknowledged (its span shows the backup's
+/// confirmation as an event, `trace.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acknowledged {
+    /// After its backup's confirmation, received at this time (`None` when spans are off:
+    /// the clock is then not read).
+    Confirmed(Option<SystemTime>),
+    /// Without a backup's confirmation: a primary running alone, or one that went alone
+    /// while the decision waited (etcd recorded the backup out of sync).
+    Alone,
+}
+
+/// What runs once a decision (or a held outcome) may be acknowledged.
+pub(crate) type Accept = Box<dyn FnOnce(Acknowledged) + Send>;
+
 /// A decision durable here that waits for the backup's confirmation.
 struct Pending {
     xid: Xid,
     record: LinkRecord,
     /// Moves the decision to its session (or the orphans) and sends its `DecideOk`; `None`
     /// while the local write (shipped beside it) is not durable yet.
-    accept: Option<Box<dyn FnOnce() + Send>>,
-    /// The backup confirmed it before the local write was durable.
-    confirmed: bool,
+    accept: Option<Accept>,
+    /// Settled before the local write was durable: by the backup's confirmation, or by
+    /// the primary going alone.
+    settled: Option<Acknowledged>,
 }
 
 /// What the leader needs of the server, and where its confirmations go.
@@ -97,7 +114,32 @@ impl LiveSet for LinkShared {
     }
 
     fn confirmed(&self, tickets: Vec<Ticket>) {
+        self.settle(tickets, true);
+    }
+
+    fn deposed(&self, seen: Epoch) {
+        *self.deposed.lock() = Some(seen);
+        // A deposed member acknowledges nothing more: answers its lease's fence holds
+        // (etcd away) are dropped, so that their connections end and the server can stop.
+        if let Some(fence) = self.state.upgrade().and_then(|s| s.fence().cloned()) {
+            fence.end();
+        }
+        (self.on_deposed)(seen);
+    }
+}
+
+impl LinkShared {
+    /// Acknowledges the decisions of `tickets`, confirmed by the backup or not (the primary
+    /// went alone), or marks those whose local write is still on its way.
+    fn settle(&self, tickets: Vec<Ticket>, by_backup: bool) {
         let state = self.state.upgrade();
+        let how = match by_backup {
+            // The clock is read for the decide spans only.
+            true => Acknowledged::Confirmed(
+                state.as_ref().filter(|s| s.trace.is_some()).map(|_| SystemTime::now()),
+            ),
+            false => Acknowledged::Alone,
+        };
         // A member deposed meanwhile acknowledges nothing more (issue 32, defect 3).
         let role = self.leader.get().and_then(Weak::upgrade).map_or(Role::Backup, |l| l.node().role);
         let acknowledging = rules::may_acknowledge(role, true, true);
@@ -105,14 +147,14 @@ impl LiveSet for LinkShared {
         for ticket in tickets {
             let Some(entry) = pending.get_mut(&ticket) else { continue };
             if entry.accept.is_none() {
-                entry.confirmed = true; // The local write is still on its way.
+                entry.settled = Some(how); // The local write is still on its way.
                 continue;
             }
             let p = pending.remove(&ticket).expect("present");
             if !acknowledging {
                 continue;
             }
-            (p.accept.expect("checked"))();
+            (p.accept.expect("checked"))(how);
             if let Some(state) = &state {
                 state.confirm(&p.xid);
             }
@@ -126,16 +168,6 @@ impl LiveSet for LinkShared {
             }
             overflow.pop_front();
         }
-    }
-
-    fn deposed(&self, seen: Epoch) {
-        *self.deposed.lock() = Some(seen);
-        // A deposed member acknowledges nothing more: answers its lease's fence holds
-        // (etcd away) are dropped, so that their connections end and the server can stop.
-        if let Some(fence) = self.state.upgrade().and_then(|s| s.fence().cloned()) {
-            fence.end();
-        }
-        (self.on_deposed)(seen);
     }
 }
 
@@ -158,19 +190,13 @@ impl PrimaryLink {
     /// leader's decision gate, so that the next catch-up's live set holds it; a member
     /// deposed meanwhile answers nothing (its client asks `Outcome` of the new primary,
     /// whose log may hold the decision already).
-    pub(crate) fn after_local_write(
-        &self,
-        state: &State,
-        xid: Xid,
-        payload: Vec<u8>,
-        accept: Box<dyn FnOnce() + Send>,
-    ) {
+    pub(crate) fn after_local_write(&self, state: &State, xid: Xid, payload: Vec<u8>, accept: Accept) {
         let gate = self.leader.decision_gate();
         let role = gate.role();
         match role {
             Role::Primary { alone: true } => {
                 assert!(rules::may_acknowledge(role, true, false), "alone: on the local write");
-                accept();
+                accept(Acknowledged::Alone);
             }
             Role::Primary { alone: false } => {
                 state.unconfirm(&xid);
@@ -197,13 +223,13 @@ impl PrimaryLink {
 
     /// The local write of `ticket`'s decision is durable: `accept` runs now if the backup
     /// confirmed it already, else at its confirmation.
-    pub(crate) fn written(&self, state: &State, ticket: Ticket, accept: Box<dyn FnOnce() + Send>) {
+    pub(crate) fn written(&self, state: &State, ticket: Ticket, accept: Accept) {
         let mut pending = self.shared.pending.lock();
         match pending.get_mut(&ticket) {
-            Some(entry) if entry.confirmed => {
+            Some(entry) if entry.settled.is_some() => {
                 let entry = pending.remove(&ticket).expect("present");
                 if rules::may_acknowledge(self.leader.node().role, true, true) {
-                    accept();
+                    accept(entry.settled.expect("checked"));
                     state.confirm(&entry.xid);
                 }
             }
@@ -224,14 +250,9 @@ impl PrimaryLink {
 
     /// Registers a pending decision and ships it with its ticket (kept for later when the
     /// outbox is full).
-    fn ship_pending(
-        &self,
-        gate: &DecisionGate<'_>,
-        record: LinkRecord,
-        accept: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Ticket {
+    fn ship_pending(&self, gate: &DecisionGate<'_>, record: LinkRecord, accept: Option<Accept>) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending { xid: record.xid, record: record.clone(), accept, confirmed: false };
+        let pending = Pending { xid: record.xid, record: record.clone(), accept, settled: None };
         self.shared.pending.lock().insert(ticket, pending);
         if gate.ship(record.clone(), Some(ticket)).is_err() {
             self.shared.overflow.lock().push_back((record, ticket));
@@ -255,7 +276,7 @@ impl PrimaryLink {
             Role::Primary { alone: true } => held(),
             Role::Primary { alone: false } => {
                 let record = LinkRecord { kind: RecordKind::Outcome, xid: *xid, payload: vec![outcome] };
-                self.ship_pending(&gate, record, Some(held));
+                self.ship_pending(&gate, record, Some(Box::new(move |_| held())));
             }
             Role::Backup => tracing::warn!(%xid, "deposed: a heuristic outcome is not shipped"),
         }
@@ -271,7 +292,7 @@ impl PrimaryLink {
     /// Decisions shipped or queued for the backup whose answer waits for its confirmation
     /// (bounded by the server's in-flight decides).
     pub(crate) fn waiting(&self) -> usize {
-        self.shared.pending.lock().values().filter(|p| !p.confirmed).count()
+        self.shared.pending.lock().values().filter(|p| p.settled.is_none()).count()
     }
 
     /// The member's role now (a deposed member is a backup).
@@ -312,7 +333,7 @@ impl PrimaryLink {
         }
         self.shared.overflow.lock().clear();
         let tickets: Vec<Ticket> = self.shared.pending.lock().keys().copied().collect();
-        LiveSet::confirmed(&*self.shared, tickets);
+        self.shared.settle(tickets, false);
         tracing::warn!("the backup is recorded out of sync on etcd: acknowledging alone");
     }
 
@@ -796,7 +817,7 @@ async fn serve_metrics(
         .await
         .map_err(|e| ServerError::Io(format!("cannot listen for metrics on {addr}: {e}")))?;
     let bound = listener.local_addr().ok();
-    let render: crate::metrics::Render = Arc::new(move || {
+    let render: crate::metrics::Render = Arc::new(move |format| {
         let (figures, state) = {
             let member = member.lock();
             let state = match &*member {
@@ -805,7 +826,7 @@ async fn serve_metrics(
             };
             (pair_figures(&member), state)
         };
-        let mut out = state.map(|state| crate::metrics::render(&state)).unwrap_or_default();
+        let mut out = state.map(|state| crate::metrics::render(&state, format)).unwrap_or_default();
         crate::metrics::render_pair(&mut out, figures.as_ref());
         pair_election::render_metrics(&mut out, &election);
         out

@@ -115,8 +115,11 @@ fn pass_with(state: &State, stop: &AtomicBool, books: &Books<'_>) -> bool {
             return false;
         }
         let decision = orphan.decision;
+        // Its lines name its client's trace when the server holds that context.
+        let scope = state.trace.as_ref().and_then(|t| t.log_scope_of(&decision.xid));
         let mut phase_two = PhaseTwo::new(decision.xid, true, decision.branches);
-        clean &= runtime::run_phase_two(&mut phase_two, &mut connections, books);
+        clean &=
+            trace::within(scope.as_ref(), || runtime::run_phase_two(&mut phase_two, &mut connections, books));
     }
     // A failed commit does not mean that listing fails: give every RM a fresh try.
     connections.forgive();

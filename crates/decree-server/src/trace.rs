@@ -1,8 +1,10 @@
 //! The state server's OpenTelemetry spans (`[tracing]` in decree.toml; issue 36): the
 //! decision with its log write (and, in a pair, the backup's confirmation as an event),
 //! completions, one-phase notices and outcome answers, each a child of the client's span
-//! when its request carried the trace-context field; recovery passes and the branches they
-//! finish, linked to the client's span through the global Xid.
+//! when its request carried the trace-context field; each group-commit write, linked to
+//! every decision it made durable (the log tells a callback its write:
+//! `decree_log::write_batch`); recovery passes and the branches they finish, linked to the
+//! client's span through the global Xid.
 //!
 //! Off unless configured: the server then holds `None` and every call site is one
 //! `Option` check, with nothing allocated. On, spans go to this server's own provider
@@ -12,14 +14,22 @@
 //! `tracing.xid_contexts_max` and forgets the oldest first: it never grows with history.
 //! It lives in memory, so recovery after a restart, or by the other member of a pair after
 //! a failover, has no link to give: its spans carry the Xid attribute only.
+//!
+//! Log lines carry the trace too: while the server works on a traced request (or recovery
+//! on a transaction whose client context it holds), it enters a `tracing` span
+//! ([`log_scope`]) whose `trace_id` and `span_id` fields the log formatter prints on every
+//! line emitted inside it, on whichever thread the work goes on (the log's callback, the
+//! pair link's confirmation).
 
 use decree_core::trace::{xid_attribute, TraceContext};
 use decree_core::Xid;
+use decree_log::write_batch::WriteBatch;
 use decree_otel::{Exporter, OtelError, TracingConfig};
 use opentelemetry::trace::{Link, Span, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 use parking_lot::Mutex;
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::time::SystemTime;
 
@@ -71,19 +81,77 @@ impl ServerTrace {
             .start_with_context(&self.tracer, &parent)
     }
 
-    /// The span of the decision's log write, a child of `decide`, from `started` to now.
+    /// The span of the decision's log write, a child of `decide`, from `started` to now;
+    /// called from the write's callback, it also counts the decision in its group-commit
+    /// write ([`ServerTrace::group_write`]).
     pub(crate) fn log_write(&self, decide: &SdkSpan, xid: &Xid, started: SystemTime, error: Option<String>) {
+        let batch = decree_log::write_batch::current();
         let parent = Context::new().with_remote_span_context(decide.span_context().clone());
+        let mut attributes = vec![xid_attribute(xid)];
+        if let Some(batch) = batch {
+            attributes.push(KeyValue::new(WRITE_NUMBER_ATTRIBUTE, batch.number as i64));
+        }
         let mut span = self
             .tracer
             .span_builder("decree.log.write")
             .with_kind(SpanKind::Internal)
             .with_start_time(started)
-            .with_attributes([xid_attribute(xid)])
+            .with_attributes(attributes)
             .start_with_context(&self.tracer, &parent);
-        if let Some(error) = error {
-            span.set_status(Status::error(error));
+        match error {
+            Some(error) => span.set_status(Status::error(error)),
+            None => {
+                if let Some(batch) = batch {
+                    self.group_write(batch, decide.span_context(), started);
+                }
+            }
         }
+        span.end();
+    }
+
+    /// Counts the decision of `decide` (its append at `started`) in the group-commit write
+    /// `batch` whose callback runs now; after the write's last callback, exports the
+    /// write's span `decree.log.group_write`, linked to every decision it made durable.
+    /// The callbacks of one write run one after the other on one thread, so the write is
+    /// gathered in a thread-local: no lock, and at most one write held per thread.
+    fn group_write(&self, batch: WriteBatch, decide: &SpanContext, started: SystemTime) {
+        let (stale, finished) = GROUP_WRITE.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            // A write whose last callback was no decision's never finished: export it now.
+            let stale = cell.take_if(|write| write.number != batch.number);
+            let write = cell.get_or_insert_with(|| GroupWrite {
+                number: batch.number,
+                records: batch.callbacks,
+                started,
+                links: Vec::new(),
+            });
+            write.started = write.started.min(started);
+            if write.links.len() < GROUP_LINKS_MAX {
+                write.links.push(Link::with_context(decide.clone()));
+            }
+            assert!(write.links.len() <= write.records.min(GROUP_LINKS_MAX));
+            (stale, cell.take_if(|_| batch.position + 1 == batch.callbacks))
+        });
+        for write in [stale, finished].into_iter().flatten() {
+            self.export_group_write(write);
+        }
+    }
+
+    /// Exports the span of a group-commit write, from its first decision's append to now.
+    fn export_group_write(&self, write: GroupWrite) {
+        let decisions = write.links.len() as i64;
+        let mut span = self
+            .tracer
+            .span_builder("decree.log.group_write")
+            .with_kind(SpanKind::Internal)
+            .with_start_time(write.started)
+            .with_links(write.links)
+            .with_attributes([
+                KeyValue::new(WRITE_NUMBER_ATTRIBUTE, write.number as i64),
+                KeyValue::new("decree.log.records", write.records as i64),
+                KeyValue::new("decree.log.decisions", decisions),
+            ])
+            .start(&self.tracer);
         span.end();
     }
 
@@ -127,10 +195,40 @@ impl ServerTrace {
         span.end();
     }
 
+    /// The log scope of `xid`'s transaction when its client's span context is known
+    /// (recovery's lines then name the client's trace).
+    pub(crate) fn log_scope_of(&self, xid: &Xid) -> Option<tracing::Span> {
+        self.contexts.lock().get(&xid.global()).map(log_scope)
+    }
+
     /// Forgets `xid`'s client context (its transaction is finished).
     pub(crate) fn forget(&self, xid: &Xid) {
         self.contexts.lock().remove(&xid.global());
     }
+}
+
+/// The attribute naming a group-commit write on its span and on each decision's
+/// `decree.log.write` span (the log's write number, `decree_log::write_batch`).
+pub(crate) const WRITE_NUMBER_ATTRIBUTE: &str = "decree.log.write_number";
+
+/// A group-commit write's span links at most this many decisions (OpenTelemetry's default
+/// limit of links per span); `decree.log.records` still counts them all.
+const GROUP_LINKS_MAX: usize = 128;
+
+thread_local! {
+    /// The group-commit write whose callbacks run on this thread now.
+    static GROUP_WRITE: RefCell<Option<GroupWrite>> = const { RefCell::new(None) };
+}
+
+/// A group-commit write, gathered from its callbacks.
+struct GroupWrite {
+    number: u64,
+    /// Records the write made durable (callbacks it calls).
+    records: usize,
+    /// The earliest append of its decisions.
+    started: SystemTime,
+    /// One per decision, at most `GROUP_LINKS_MAX`.
+    links: Vec<Link>,
 }
 
 /// Ends a request span, failed with `error` when given.
@@ -141,9 +239,25 @@ pub(crate) fn end(mut span: SdkSpan, error: Option<String>) {
     span.end();
 }
 
-/// The trace id of a span in hex, for log lines and exemplars.
-pub(crate) fn trace_id_hex(span: &SdkSpan) -> String {
-    span.span_context().trace_id().to_string()
+/// A `tracing` span that puts `context`'s `trace_id` and `span_id` (lowercase hex, as the
+/// exported spans show them) on every log line emitted while it is entered. At level
+/// ERROR so that it is enabled whenever any line is printed: a span below the filter's
+/// level would be disabled, and the warnings inside it would lose the ids.
+pub(crate) fn log_scope(context: &SpanContext) -> tracing::Span {
+    tracing::error_span!("otel", trace_id = %context.trace_id(), span_id = %context.span_id())
+}
+
+/// Runs `f` inside `scope` when there is one (spans on).
+pub(crate) fn within<T>(scope: Option<&tracing::Span>, f: impl FnOnce() -> T) -> T {
+    match scope {
+        Some(scope) => scope.in_scope(f),
+        None => f(),
+    }
+}
+
+/// The log scope of a server span.
+pub(crate) fn span_log_scope(span: &SdkSpan) -> tracing::Span {
+    log_scope(span.span_context())
 }
 
 /// The client span context of each recent transaction, at most `max`, the oldest

@@ -353,9 +353,7 @@ impl Inner {
             }
             SyncPolicy::Window(_) => files.into_iter().try_for_each(|(path, _)| self.defer_sync(path)),
         };
-        for done in waiting {
-            call(done, result.clone());
-        }
+        crate::write_batch::call_batch(waiting, result, call);
     }
 }
 

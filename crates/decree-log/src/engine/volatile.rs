@@ -56,7 +56,7 @@ impl Log for VolatileLog {
         Ok(())
     }
     fn append_with(&self, txn: TxnKey, payload: &[u8], done: DurableCallback) {
-        done(self.append(txn, payload));
+        crate::write_batch::call_batch(std::iter::once(done), self.append(txn, payload), |done, r| done(r));
     }
     fn complete(&self, txn: TxnKey) -> Result<(), LogError> {
         self.shard(txn).lock().remove(&txn);

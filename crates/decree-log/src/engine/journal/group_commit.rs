@@ -161,9 +161,7 @@ impl Shared {
             let outcome =
                 if ok { Ok(()) } else { Err(st.stopped.clone().expect("failed flush stops the log")) };
             MutexGuard::unlocked(st, || {
-                for done in callbacks {
-                    done(outcome.clone());
-                }
+                crate::write_batch::call_batch(callbacks, outcome, |done, r| done(r))
             });
         }
     }

@@ -608,9 +608,7 @@ impl Inner {
                 self.sync_slots(&slots)
             }
         };
-        for (_, done) in written {
-            call(done, result.clone());
-        }
+        crate::write_batch::call_batch(written.into_iter().map(|(_, done)| done), result, call);
     }
 }
 
