@@ -98,6 +98,18 @@ fn status(m: &Member) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+/// The member's status, or `None` while it cannot answer (a deposed member rejoining as a
+/// backup in the same process binds its control socket again).
+fn try_status(m: &Member) -> Option<serde_json::Value> {
+    let (ok, text) = decree(&["status", "--format", "json"], m);
+    ok.then(|| serde_json::from_str(text.trim()).ok()).flatten()
+}
+
+/// Whether the member is a caught-up backup of `epoch`.
+fn backup_of(m: &Member, epoch: &str) -> bool {
+    try_status(m).is_some_and(|s| s["role"] == "backup" && s["epoch"] == epoch && s["caught_up"] == true)
+}
+
 /// Decides the transactions of `sequences` in `session`, each acknowledged with the
 /// backup; returns their Xids.
 fn decide_each(store: &RemoteDecisions, session: u64, sequences: std::ops::RangeInclusive<u64>) -> Vec<Xid> {
@@ -262,7 +274,9 @@ fn signal(child: &Child, sig: &str) {
 /// listened, so an old primary that was only paused came back as "primary of epoch 1.1"
 /// for good, opening sessions whose decides nobody answered. A primary now keeps
 /// listening on its link address: the old one learns of the new epoch at its first
-/// contact and steps down (the process ends, `Deposed`), and its clients go to the new one.
+/// contact and steps down: the same process rejoins as a backup of the new epoch (issue 32,
+/// defect 10), whose clients are answered `NotPrimary` naming the new primary, and its
+/// clients go to the new one.
 #[test]
 fn a_paused_old_primary_learns_of_the_new_epoch_at_its_first_contact_and_steps_down() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,9 +298,15 @@ fn a_paused_old_primary_learns_of_the_new_epoch_at_its_first_contact_and_steps_d
     assert!(text.contains("member 2 leads epoch 2.2"), "{text}");
     signal(&server_a.0, "-CONT");
 
-    eventually("the old primary stepped down and ended", || server_a.0.try_wait().unwrap().is_some());
+    eventually("the old primary stepped down and rejoined as a caught-up backup of 2.2", || {
+        backup_of(&a, "2.2")
+    });
+    assert!(server_a.0.try_wait().unwrap().is_none(), "the old primary's process goes on as a backup");
     let log = std::fs::read_to_string(a.config.with_extension("log")).unwrap();
     assert!(log.contains("2.2"), "the old primary names the epoch that deposed it:\n{log}");
+    // A client that lists the old primary alone is told who leads, never left unanswered.
+    let why = connect(&a).err().expect("a deposed primary serves no client");
+    assert!(why.contains("backup member of a pair") && why.contains("b.sock"), "{why}");
     let s = status(&b);
     assert_eq!((s["role"].as_str(), s["epoch"].as_str()), (Some("primary"), Some("2.2")), "{s}");
     // A client given both members reaches the new primary, which answers for the old
@@ -296,12 +316,53 @@ fn a_paused_old_primary_learns_of_the_new_epoch_at_its_first_contact_and_steps_d
     for xid in &decided {
         assert_eq!(client.outcome(xid).unwrap(), Outcome::Committed, "{xid}");
     }
-    // Restarted, the old primary is a backup of the new epoch.
+    // Restarted, the old primary is still a backup of the new epoch.
+    signal(&server_a.0, "-KILL");
+    let _ = server_a.0.wait();
     let _server_a = serve(&a);
-    eventually("the old primary rejoined as a backup", || {
-        let s = status(&a);
-        s["role"] == "backup" && s["epoch"] == "2.2" && s["caught_up"] == true
+    eventually("the restarted old primary is a backup again", || backup_of(&a, "2.2"));
+    let store = connect(&b).expect("the new primary serves");
+    let session = store.open_session().unwrap();
+    store.decide(&decision(&store, session, 1)).expect("acknowledged with the restarted backup");
+}
+
+/// Issue 32, defect 9: a primary running alone was paused, the other member promoted with
+/// `--force`, the old one continued: `decree status` showed two primaries for good and the
+/// old one went on answering `DecideOk`. Now the continued one dials its peer (it has no
+/// backup), is refused with the newer epoch at that first contact, steps down and rejoins
+/// as a backup of the new epoch in the same process; a client given it alone is told who
+/// leads. (What it acknowledged alone before the forced promotion is `--force`'s documented
+/// risk, not asserted here.)
+#[test]
+fn a_forced_promotion_beside_a_paused_alone_primary_makes_it_step_down_at_its_first_contact() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = linked_pair(dir.path());
+    let server_a = serve(&a);
+    // Member b is not running: a, promoted with force, leads alone.
+    let (ok, text) = decree(&["promote", "--force"], &a);
+    assert!(ok, "{text}");
+    let store = connect(&a).expect("the primary serves");
+    let session = store.open_session().unwrap();
+    decide_each(&store, session, 1..=3);
+    assert_eq!(status(&a)["strict"], false, "a primary without a backup runs alone");
+
+    signal(&server_a.0, "-STOP");
+    let _server_b = serve(&b);
+    let (ok, text) = decree(&["promote", "--force"], &b);
+    // b never heard of epoch 1.1: it mints 1.2, newer by its member id.
+    assert!(ok && text.contains("member 2 leads epoch 1.2"), "{text}");
+    signal(&server_a.0, "-CONT");
+
+    eventually("the continued alone primary stepped down and follows 1.2", || backup_of(&a, "1.2"));
+    eventually("the new primary is strict with it", || {
+        let s = status(&b);
+        s["role"] == "primary" && s["strict"] == true
     });
+    let why = connect(&a).err().expect("the old primary serves no client");
+    assert!(why.contains("backup member of a pair") && why.contains("b.sock"), "{why}");
+    // Its old session's decides are not answered by it any more.
+    let late = decision(&store, session, 4);
+    assert!(store.decide(&late).is_err(), "the old primary acknowledged after it stepped down");
 }
 
 /// A backup that busy-polls its link (`busy_poll_us`) takes every decision, says so in its

@@ -6,8 +6,10 @@
 //! command after it, since a member that forgot an epoch it had seen could accept a
 //! deposed primary's records again after a restart.
 //!
-//! The pure predicates at the end ([`may_acknowledge`], [`settled`], [`may_call_rms`],
-//! [`may_presume_abort`]) are the one place that says when a decision counts.
+//! The pure predicates at the end ([`may_acknowledge`], [`may_call_rms`],
+//! [`may_presume_abort`]) are the one place that says when a decision counts; the server's
+//! commit path, recovery and `Outcome` ask them. A decision written or sent that
+//! `may_acknowledge` does not settle yet is in doubt, never absent.
 
 use crate::epoch::{Epoch, MemberId};
 
@@ -349,12 +351,6 @@ pub fn may_acknowledge(role: Role, local_durable: bool, backup_confirmed: bool) 
         Role::Primary { alone: true } => local_durable,
         Role::Primary { alone: false } => local_durable && backup_confirmed,
     }
-}
-
-/// Whether a decision is settled: what a strict primary would acknowledge. A decision
-/// written or sent but not settled is in doubt, never absent.
-pub fn settled(role: Role, local_durable: bool, backup_confirmed: bool) -> bool {
-    may_acknowledge(role, local_durable, backup_confirmed)
 }
 
 /// Whether the member may call a resource manager at all (phase two, recovery, rollback):

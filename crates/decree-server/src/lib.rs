@@ -83,9 +83,9 @@ pub enum ServerError {
     /// A listener or the runtime could not be set up; names what and where.
     #[error("{0}")]
     Io(String),
-    /// This pair member led, and a member of a newer epoch deposed it (fail-stop: it
-    /// touched nothing since; restarted, it rejoins as a backup).
-    #[error("deposed by epoch {0}: restart this member to rejoin the pair as a backup")]
+    /// This pair member led, and a member of a newer epoch deposed it (it touched nothing
+    /// since; `decree serve` then rejoins the pair as a backup in the same process).
+    #[error("deposed by epoch {0}: this member rejoins the pair as a backup")]
     Deposed(String),
 }
 
@@ -172,13 +172,15 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
 /// Runs the server until SIGTERM or SIGINT; `factories` finish the phase two of dead
 /// sessions and recover prepared branches (one per configured `[[rm]]`, by name).
 ///
-/// A pair member whose election on etcd deposed it rejoins as a backup in the same process
-/// (its log reopened, a new run id): the election, not an operator, names the primary.
+/// A deposed pair member rejoins as a backup in the same process (its log reopened, a new
+/// run id), as a restart would make it: its clients are answered `NotPrimary` naming the
+/// peer instead of finding nobody listening (issue 32, defect 10), and under an election
+/// it is ready to lead again. It drops what the new primary does not send, which no
+/// member acknowledged in strict mode (docs/replication.md, the operator's procedure).
 pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
-    let elected = config.pair.as_ref().is_some_and(|pair| pair.etcd.is_some());
     loop {
         match start_inner(config.clone(), factories.clone(), true, None)?.wait() {
-            Err(ServerError::Deposed(epoch)) if elected => {
+            Err(ServerError::Deposed(epoch)) if config.pair.is_some() => {
                 tracing::warn!(%epoch, "stepped down: rejoining the pair as a backup");
             }
             other => return other,

@@ -11,8 +11,8 @@
 //! strict mode a decision durable here is *pending* until the backup confirms it, counted
 //! as doubtful meanwhile (nothing rolls back its branches, `Outcome` never answers it
 //! decided), and only then moves to its session and gets its `DecideOk`. A primary told of
-//! a newer epoch records it and stops with [`crate::ServerError::Deposed`]; restarted, it
-//! comes back as a backup.
+//! a newer epoch records it and stops with [`crate::ServerError::Deposed`]; `decree serve`
+//! then starts it again as a backup in the same process (`run_with`).
 //!
 //! The outcome memory follows too (each entry as it is remembered, and the whole memory
 //! in every catch-up), so a promoted member answers `Outcome` for what the old primary had

@@ -296,6 +296,55 @@ fn the_elected_pair_keeps_its_invariants_under_faults_seed_after_seed() {
     );
 }
 
+/// Issue 32's defects, each at the seeds that showed it on the code before its fix
+/// (docs/simulation.md, "What it found before the fixes"): every one keeps the invariants
+/// now, in CI. The simulator's model has grown since (more faults, the stall rule), so a
+/// seed no longer plays the schedule it played then; the census keeps exploring others.
+#[test]
+fn the_seeds_that_showed_issue_32s_defects_keep_the_invariants() {
+    // defect 1: 12, 83, 121; 3: 1636; 4: 569, 7; 5: 20, 78; 6: 0, 3, 600, 115; 10: 196, 248.
+    let seeds = [12, 83, 121, 1636, 569, 7, 20, 78, 0, 3, 600, 115, 196, 248];
+    let failing: Vec<String> = seeds
+        .into_iter()
+        .filter_map(|seed| {
+            let report = run(seed, false);
+            fails(&report, false)
+                .then(|| format!("seed {seed}: {:?}\n  {}", report.violations, replay_command(seed)))
+        })
+        .collect();
+    assert!(failing.is_empty(), "issue 32's seeds violate an invariant again:\n{}", failing.join("\n"));
+}
+
+/// The mutation check of issue 33 in CI: each rule of the election broken on purpose is
+/// still found by the seed that first showed it (docs/simulation.md, "Each rule broken"),
+/// and the same seed with the rule intact keeps the invariants. A change that makes a
+/// broken rule pass unseen fails here; the search below finds the new first seed.
+#[test]
+fn each_broken_rule_of_the_election_is_still_found_by_its_seed() {
+    let known = [
+        (Break::LateSyncWrite, 259),
+        (Break::RunIdIgnored, 23),
+        (Break::FenceIgnored, 20),
+        (Break::HandOverUnsynced, 92),
+        (Break::SinceIgnored, 121),
+    ];
+    for (rule, seed) in known {
+        let name = BREAKS.iter().find(|(_, b)| *b == rule).map(|(n, _)| *n).expect("a named rule");
+        let broken = run_scenario(elected(seed, Some(rule)), false);
+        assert!(
+            !broken.violations.is_empty(),
+            "{name}: seed {seed} no longer shows the broken rule; search again with\n  DECREE_SIM_BREAK={name} cargo test --release -p decree-sim --test sim each_broken -- --ignored --nocapture"
+        );
+        let intact = run_scenario(elected(seed, None), false);
+        assert!(
+            !elected_fails(&intact, false),
+            "seed {seed} violates an invariant with every rule intact: {:?}\n  {}",
+            intact.violations,
+            elected_replay_command(seed)
+        );
+    }
+}
+
 /// The mutation check of issue 33: with each rule of the election broken on purpose (in
 /// the simulation's glue only), some seed violates an invariant. Slow: run by hand.
 #[test]

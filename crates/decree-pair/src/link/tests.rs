@@ -677,3 +677,54 @@ fn a_lost_caught_up_or_catch_up_acknowledgement_leaves_an_end_waiting_for_the_st
     assert!(leader.on_frame(&mut to_backup, step.send[0].clone()).end.is_none());
     assert!(!to_backup.awaits_backup(), "an idle link after its catch-up waits for nothing");
 }
+
+/// Issue 32, defect 5 (the simulator's seeds 20 and 78): a backup whose log failed stayed
+/// caught up, so an unforced promotion took a member that might not hold what it had
+/// acknowledged. Sans-IO, in `durable` mode: the backup catches up, then the write of the
+/// next batch fails; that batch is not acknowledged, the link ends over the storage, and
+/// the member is no longer caught up, so a promotion without `--force` is refused.
+#[test]
+fn a_backup_whose_log_failed_acknowledges_nothing_more_and_is_no_longer_promotable() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+    let follower = follower.with_ack_mode(AckMode::Durable);
+    // The log's durability reports are taken by hand below, to fail one of them.
+    let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
+    let server = Arc::new(TestServer::default());
+    let leader = leader(server.clone());
+    server.live.lock().push(decision(1));
+    let (mut to_backup, leader_hello) = leader.open_link();
+    let (mut to_primary, follower_hello) = follower.open_link(sink);
+    assert!(follower.on_frame(&mut to_primary, leader_hello).end.is_none());
+    assert!(leader.on_frame(&mut to_backup, follower_hello).end.is_none());
+    // The catch-up: one batch, durable, acknowledged; then its CaughtUp.
+    let frames = leader.poll_send(&mut to_backup);
+    let [LinkMessage::Batch { sequence, .. }, caught_up] = frames.as_slice() else {
+        panic!("a batch and its CaughtUp: {frames:?}")
+    };
+    assert!(follower.on_frame(&mut to_primary, frames[0].clone()).end.is_none());
+    let step = follower.on_durable(&mut to_primary, *sequence, Ok(()));
+    assert!(matches!(step.send.as_slice(), [LinkMessage::Ack { .. }]), "{:?}", step.send);
+    for ack in step.send {
+        assert!(leader.on_frame(&mut to_backup, ack).end.is_none());
+    }
+    let step = follower.on_frame(&mut to_primary, caught_up.clone());
+    assert!(step.end.is_none());
+    assert!(follower.node().caught_up, "caught up with a healthy log");
+
+    // The next decision's batch: its write fails.
+    ship_decision(&leader, &server, 2);
+    let frames = leader.poll_send(&mut to_backup);
+    let [LinkMessage::Batch { sequence, .. }] = frames.as_slice() else { panic!("one batch: {frames:?}") };
+    let step = follower.on_frame(&mut to_primary, frames[0].clone());
+    assert!(step.end.is_none() && step.send.is_empty(), "durable mode waits for the write: {:?}", step.send);
+    let step = follower.on_durable(&mut to_primary, *sequence, Err("fdatasync: Input/output error".into()));
+    assert!(step.send.is_empty(), "a batch whose write failed is never acknowledged: {:?}", step.send);
+    assert!(matches!(step.end, Some(LinkEnd::Storage(_))), "the link ends over the log: {:?}", step.end);
+    assert!(!follower.node().caught_up, "a failed log leaves the member not caught up");
+    let refused = follower.promote(false, Epoch::NONE).expect_err("an unforced promotion is refused");
+    assert!(refused.to_string().contains("caught up"), "{refused}");
+    assert!(!server.confirmed.lock().contains(&2), "the primary never saw decision 2 confirmed");
+}
