@@ -52,7 +52,9 @@
 //! the lease (the primary holds its answers meanwhile) then the primary, both members
 //! killed at once, and the link cut through its proxies with both members alive for up to
 //! twice the lease (the primary waits), healed, then the primary killed during the catch-up;
-//! and a planned switchover (`decree switchover`) with nobody killed.
+//! a planned switchover (`decree switchover`) with nobody killed; and the backup alone
+//! killed and restarted under traffic, then, the pair strict again, the primary.
+//! PostgreSQL + MariaDB elected runs 16 cycles by default (each kind once).
 //! Every cycle also delays the link by a random amount (half of them not at all).
 //!
 //! Then the test promotes the other member with `decree promote` (not forced: it caught
@@ -62,12 +64,17 @@
 //! succeed through the new primary, and once the new primary's recovery has settled every
 //! prepared branch (polled), the databases must hold in both every acknowledged transfer,
 //! every one resolved as committed and every one decided at a crash point, none resolved
-//! as rolled back, none in one only, and the same total. Acknowledgements are counted per
+//! as rolled back, none in one only, and the same total; and `Outcome`, asked through the
+//! pair of every transfer the cycle's workload saw acknowledged, answers committed.
+//! Acknowledgements are counted per
 //! epoch (a transfer id starts with its Xid's incarnation, the epoch of the primary that
 //! acknowledged it): those of the cycle's workload must all carry the epoch that led when
 //! it started, those after the promotion the new epoch, so no epoch gains one once it was
 //! superseded; the summary prints the counts. Cycles: DECREE_PAIR_KILL_CYCLES (default 50
-//! per database pair); seed: DECREE_PAIR_KILL_SEED. PostgreSQL + PostgreSQL also runs with
+//! per database pair); seed: DECREE_PAIR_KILL_SEED. The nemesis (issue 33):
+//! `DECREE_PAIR_KILL_RANDOM=1` draws each cycle's fault at random from the seeded generator
+//! instead of in turn, and `DECREE_PAIR_KILL_MINUTES=10` runs cycles for that long instead
+//! of a count (the seed printed at the start replays the schedule of faults). PostgreSQL + PostgreSQL also runs with
 //! the backup acknowledging from memory (`ack = "received"`) and busy-polling its link on a
 //! thread of its own (`busy_poll_us`), so that promotions stop that thread. The `decree` binary is built by the
 //! test (`cargo build -p decree-cli --features crash-points` with this test's profile and
@@ -711,7 +718,7 @@ struct Totals {
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
     /// Cycles by mode (see [`Mode::index`]).
-    modes: [u64; 14],
+    modes: [u64; 15],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
     /// committed (the backup held the decision), rolled back, other.
     written_outcomes: [u64; 3],
@@ -804,6 +811,8 @@ struct Loop<'a> {
     seed: u64,
     /// The backup's acknowledgement mode (`durable` or `received`).
     ack: &'static str,
+    /// Modes drawn at random instead of in turn (`DECREE_PAIR_KILL_RANDOM=1`).
+    random: bool,
 }
 
 /// A crash point inside the server (decree-server/src/crash_points.rs).
@@ -876,16 +885,24 @@ enum Mode {
     /// primary at a random moment): the in-sync backup leads next, the old primary follows
     /// it, no process dies; the workload fails over as after a crash.
     Switchover,
+    /// Elected on etcd only: under traffic the backup alone is SIGKILLed at a random
+    /// moment and restarted at once (the strict primary holds its answers while it is
+    /// away and catches it up), the pair waits until it is strict again, then the primary
+    /// is SIGKILLed at a random moment.
+    BackupAlone,
 }
 
 impl Mode {
-    /// The cycle's mode: ten kinds in turn, the primary alone twice (and in place of the
-    /// catch-up in `received` mode, where a backup SIGKILLed then the primary is the
-    /// double failure that mode does not survive).
-    fn pick(cycle: u64, rng: &mut impl Rng, ack: &str, elected: bool) -> Mode {
+    /// The cycle's mode: ten kinds (sixteen elected on etcd) in turn, or drawn at random
+    /// when `random` (the nemesis, `DECREE_PAIR_KILL_RANDOM=1`); the primary alone twice
+    /// (and in place of the catch-up in `received` mode, where a backup SIGKILLed then the
+    /// primary is the double failure that mode does not survive).
+    fn pick(cycle: u64, rng: &mut impl Rng, ack: &str, elected: bool, random: bool) -> Mode {
         let nth = rng.gen_range(1..=8);
-        let kind = if elected { cycle % 15 } else { cycle % 10 };
+        let kinds = if elected { 16 } else { 10 };
+        let kind = if random { rng.gen_range(0..kinds) } else { cycle % kinds };
         match kind {
+            15 => Mode::BackupAlone,
             14 => Mode::Switchover,
             13 => Mode::LinkCut,
             10 => Mode::EtcdLeader,
@@ -922,6 +939,7 @@ impl Mode {
             Mode::BothMembers => 11,
             Mode::LinkCut => 12,
             Mode::Switchover => 13,
+            Mode::BackupAlone => 14,
         }
     }
 
@@ -946,6 +964,7 @@ impl Mode {
                 | Mode::BothMembers
                 | Mode::LinkCut
                 | Mode::Switchover
+                | Mode::BackupAlone
                 | Mode::Server(ServerPoint::DecideWritten | ServerPoint::DecideConfirmed, _)
         )
     }
@@ -955,7 +974,7 @@ impl Mode {
 /// some modes, or by itself at a crash point), the other promoted, the killed one back as
 /// the backup, a run that must succeed, and the checks.
 fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: &mut Totals) {
-    let mode = Mode::pick(cycle, rng, l.ack, pair.elected);
+    let mode = Mode::pick(cycle, rng, l.ack, pair.elected, l.random);
     totals.modes[mode.index()] += 1;
     let delay_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..=LINK_DELAY_MAX_MS) };
     pair.link_delay.store(delay_ms * 1000, Ordering::Relaxed);
@@ -1012,6 +1031,34 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
     old_primary_refuses(l, pair, cycle, &context);
     serves(l, pair, cycle, totals, &context);
     check(l.config, l.bank.0.node, totals, &context);
+    acknowledged_are_answered_committed(pair, l.bank.0.node, &acked_now, &context);
+}
+
+/// Every transfer the cycle's workload saw acknowledged is answered committed by `Outcome`
+/// through the pair after the failover (issue 33), asked of whichever member leads now, by
+/// the Xid its transfer id names (incarnation, session, sequence of `node`).
+fn acknowledged_are_answered_committed(pair: &Pair, node: u32, ids: &[String], context: &str) {
+    use decree_core::{Origin, Outcome, Xid};
+    let client = decree_client::RemoteDecisions::connect(&pair.addresses)
+        .unwrap_or_else(|e| panic!("{context}: cannot ask the pair: {e}"));
+    for id in ids {
+        let parts: Vec<u64> = id.split('-').filter_map(|p| p.parse().ok()).collect();
+        let [incarnation, session, sequence] = parts[..] else {
+            panic!("{context}: {id} is not a transfer id")
+        };
+        let xid = Xid::decree(Origin { node, incarnation, session, sequence });
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            match client.outcome(&xid) {
+                Ok(Outcome::Committed) => break,
+                // The new primary's first recovery pass has not ended yet.
+                Ok(Outcome::InProgress) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                other => panic!("{context}: acknowledged transfer {id} ({xid}) is answered {other:?}"),
+            }
+        }
+    }
 }
 
 /// How a cycle's primary dies.
@@ -1039,7 +1086,8 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
     | Mode::EtcdLeader
     | Mode::EtcdGone
     | Mode::BothMembers
-    | Mode::LinkCut = k.mode
+    | Mode::LinkCut
+    | Mode::BackupAlone = k.mode
     {
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
         if let Ok(Some(status)) = child.try_wait() {
@@ -1060,6 +1108,11 @@ fn kill(pair: &mut Pair, k: &Killing<'_>, child: &mut Child, rng: &mut impl Rng)
     let _etcd_down = etcd_fault(pair, k.mode, rng);
     if let Mode::BothMembers = k.mode {
         pair.kill_backup(context);
+    }
+    if let Mode::BackupAlone = k.mode {
+        pair.restart_backup(context);
+        pair.wait_strict(context);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..=KILL_DELAY_MAX_MS)));
     }
     if let Mode::LinkCut = k.mode {
         pair.link_cut.store(true, Ordering::SeqCst);
@@ -1179,12 +1232,19 @@ fn serves(l: &Loop<'_>, pair: &Pair, cycle: u64, totals: &mut Totals, context: &
 /// backup acknowledges from memory; the loop kills only primaries, which it survives too);
 /// `busy_poll_us` the backup's busy poll of its link (0: none).
 fn pair_kill_loop(kind: PairKind, prefix: &str, node: u32, ack: &'static str, busy_poll_us: u64) {
-    run_pair_kill_loop(kind, prefix, node, (ack, busy_poll_us), false);
+    run_pair_kill_loop(kind, prefix, node, (ack, busy_poll_us), false, 50);
 }
 
 /// The loop itself; `elected`: etcd elects the primary (`[pair.etcd]`, issue 33) and no
 /// one runs `decree promote`.
-fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static str, u64), elected: bool) {
+fn run_pair_kill_loop(
+    kind: PairKind,
+    prefix: &str,
+    node: u32,
+    backup: (&'static str, u64),
+    elected: bool,
+    cycles_default: u64,
+) {
     let (ack, busy_poll_us) = backup;
     let Some(config) = common::bank_config(kind, prefix, ACCOUNTS) else { return };
     let etcd = match elected.then(decree_server::testing::etcd::endpoints) {
@@ -1193,7 +1253,11 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
         Some(None) => return eprintln!("{}", decree_server::testing::etcd::SKIPPED),
     };
     let (seed, mut rng) = common::seeded_rng("DECREE_PAIR_KILL_SEED");
-    let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", 50);
+    let cycles = common::env_count("DECREE_PAIR_KILL_CYCLES", cycles_default);
+    // The nemesis: modes drawn at random, for a time instead of a count when asked.
+    let random = std::env::var("DECREE_PAIR_KILL_RANDOM").is_ok_and(|v| v == "1");
+    let minutes = std::env::var("DECREE_PAIR_KILL_MINUTES").ok().and_then(|v| v.parse::<u64>().ok());
+    let budget = minutes.map(|m| Duration::from_secs(m * 60));
     let scratch = Scratch(Some(tempfile::tempdir().expect("temp dir")));
     let dir = scratch.path();
     let bank = Bank(common::BankArgs { pair: kind, prefix: prefix.into(), accounts: ACCOUNTS, node });
@@ -1207,10 +1271,13 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
     let started = Instant::now();
     let mut pair = Pair::start(&Site { dir, bin: &bin, node, bank: &config, ack, busy_poll_us, etcd });
     let mut totals = Totals::default();
-    let l = Loop { bank: &bank, config: &config, dir, seed, ack };
-    for n in 0..cycles {
-        cycle(&l, &mut pair, n, &mut rng, &mut totals);
+    let l = Loop { bank: &bank, config: &config, dir, seed, ack, random };
+    let mut cycles_run = 0;
+    while budget.map_or(cycles_run < cycles, |b| started.elapsed() < b) {
+        cycle(&l, &mut pair, cycles_run, &mut rng, &mut totals);
+        cycles_run += 1;
     }
+    let cycles = cycles_run;
     assert!(!totals.acked.is_empty(), "{}: no transfer was ever acknowledged", kind.name());
     let mut per_epoch: Vec<String> =
         totals.per_epoch.iter().map(|(epoch, n)| format!("{}:{n}", epoch_name(*epoch))).collect();
@@ -1223,7 +1290,7 @@ fn run_pair_kill_loop(kind: PairKind, prefix: &str, node: u32, backup: (&'static
     eprintln!(
         "{} (ack = {}, busy_poll_us = {busy_poll_us}): {cycles} cycles (primary killed alone / with the workload / after the workload's crash \
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
-         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut, switchover: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
+         phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut, switchover, backup alone then primary: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
          failovers had none); the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",
@@ -1264,7 +1331,14 @@ fn pair_kill_loop_postgres_postgres_with_received_acknowledgements_and_a_busy_po
 /// member is restarted at once and the election alone picks who leads next.
 #[test]
 fn pair_kill_loop_postgres_postgres_elected_on_etcd() {
-    run_pair_kill_loop(PairKind::PgPg, "pair_pgpg_etcd", 0x00C0_0014, ("durable", 0), true);
+    run_pair_kill_loop(PairKind::PgPg, "pair_pgpg_etcd", 0x00C0_0014, ("durable", 0), true, 50);
+}
+
+/// The elected cycles with PostgreSQL and MariaDB: 16 by default (each kind once), so
+/// that CI stays within its time; more with `DECREE_PAIR_KILL_CYCLES`.
+#[test]
+fn pair_kill_loop_postgres_mariadb_elected_on_etcd() {
+    run_pair_kill_loop(PairKind::PgMariaDb, "pair_pgm_etcd", 0x00C0_0015, ("durable", 0), true, 16);
 }
 
 #[test]

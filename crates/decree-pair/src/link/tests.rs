@@ -86,10 +86,7 @@ async fn start_follower_acking(
     stop: watch::Receiver<bool>,
     ack: AckMode,
 ) -> (Arc<Follower>, SocketAddr) {
-    let config = LogConfig::new(dir, EngineKind::Journal, SyncPolicy::Immediate);
-    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.to_path_buf()).unwrap();
-    let follower = Arc::new(follower.with_ack_mode(ack));
+    let follower = Arc::new(follower_in(dir, ack));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(follower.clone().serve(listener, stop));
@@ -137,6 +134,14 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Member 2 of node 7 as a backup over a journal log in `dir`, acknowledging as `ack` says.
+fn follower_in(dir: &Path, ack: AckMode) -> Follower {
+    let config = LogConfig::new(dir, EngineKind::Journal, SyncPolicy::Immediate);
+    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
+    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.to_path_buf()).unwrap();
+    follower.with_ack_mode(ack)
 }
 
 fn live_after_reopen(dir: &Path) -> Vec<u64> {
@@ -520,11 +525,7 @@ async fn a_batch_the_backup_refuses_is_never_acknowledged_in_either_mode() {
 async fn a_busy_polling_backup_on_its_own_thread_confirms_every_decision_and_stops() {
     for mode in [AckMode::Durable, AckMode::Received] {
         let dir = tempfile::tempdir().unwrap();
-        let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
-        let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-        let follower =
-            Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
-        let follower = Arc::new(follower.with_ack_mode(mode).with_busy_poll(Duration::from_millis(2)));
+        let follower = Arc::new(follower_in(dir.path(), mode).with_busy_poll(Duration::from_millis(2)));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = watch::channel(false);
@@ -581,9 +582,7 @@ async fn a_backup_without_busy_poll_sleeps_between_frames() {
 #[test]
 fn a_backup_refuses_a_batch_before_the_hello_and_a_hello_of_another_node_or_member() {
     let dir = tempfile::tempdir().unwrap();
-    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
-    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
+    let follower = follower_in(dir.path(), AckMode::Durable);
     let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
     let epoch = Epoch::mint(m(1), &[]);
     use crate::wire::LinkMessage;
@@ -625,10 +624,7 @@ fn a_backup_refuses_a_batch_before_the_hello_and_a_hello_of_another_node_or_memb
 #[test]
 fn a_lost_caught_up_or_catch_up_acknowledgement_leaves_an_end_waiting_for_the_stall_rule() {
     let dir = tempfile::tempdir().unwrap();
-    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
-    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
-    let follower = follower.with_ack_mode(AckMode::Received);
+    let follower = follower_in(dir.path(), AckMode::Received);
     let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
     let server = Arc::new(TestServer::default());
     let leader = leader(server.clone());
@@ -686,10 +682,7 @@ fn a_lost_caught_up_or_catch_up_acknowledgement_leaves_an_end_waiting_for_the_st
 #[test]
 fn a_backup_whose_log_failed_acknowledges_nothing_more_and_is_no_longer_promotable() {
     let dir = tempfile::tempdir().unwrap();
-    let config = LogConfig::new(dir.path(), EngineKind::Journal, SyncPolicy::Immediate);
-    let replica = Replica::open(Arc::from(decree_log::open(&config).unwrap()));
-    let follower = Follower::open(m(2), 7, replica, Arc::new(StdStorage), dir.path().to_path_buf()).unwrap();
-    let follower = follower.with_ack_mode(AckMode::Durable);
+    let follower = follower_in(dir.path(), AckMode::Durable);
     // The log's durability reports are taken by hand below, to fail one of them.
     let sink: crate::link::follower::DurableSink = Arc::new(|_, _| {});
     let server = Arc::new(TestServer::default());
