@@ -364,6 +364,9 @@ struct Pair {
     link_cut: Arc<AtomicBool>,
     /// etcd elects the primary (`[pair.etcd]`): nobody runs `decree promote`.
     elected: bool,
+    /// The cycle's promotion was forced on a backup that had not caught up (the catch-up
+    /// mode): its outcome memory may lack finished transactions the old primary remembered.
+    forced: bool,
 }
 
 impl Pair {
@@ -380,8 +383,17 @@ impl Pair {
         let addresses = format!("unix:{},unix:{}", a.socket.display(), b.socket.display());
         let servers = [Some(a.serve()), Some(b.serve())];
         let elected = site.etcd.is_some();
-        let mut pair =
-            Pair { members: [a, b], servers, primary: 0, epoch: 0, addresses, link_delay, link_cut, elected };
+        let mut pair = Pair {
+            members: [a, b],
+            servers,
+            primary: 0,
+            epoch: 0,
+            addresses,
+            link_delay,
+            link_cut,
+            elected,
+            forced: false,
+        };
         if elected {
             pair.wait_elected([true, true], "the first election");
         } else {
@@ -591,6 +603,7 @@ impl Pair {
         self.primary = 1 - dead;
         let promoted = &self.members[self.primary];
         let behind = matches!(mode, Mode::CatchUp) && promoted.status()["caught_up"] != true;
+        self.forced = behind;
         let args: &[&str] = if behind { &["promote", "--force"] } else { &["promote"] };
         let (ok, text) = promoted.decree(args);
         assert!(
@@ -717,6 +730,9 @@ struct Totals {
     resolved_other: u64,
     /// Failover runs whose workload had lost no decide in flight.
     no_doubt: u64,
+    /// Acknowledged transfers answered `unknown` after a forced promotion of a backup that
+    /// had not caught up (see `acknowledged_are_answered_committed`).
+    forgotten_after_force: u64,
     /// Cycles by mode (see [`Mode::index`]).
     modes: [u64; 15],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
@@ -1001,6 +1017,7 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
     let mut seen = wait_ready(&lines, &mut child.0, &context, &stderr);
     let killing = Killing { mode, log_from, stderr: &stderr, context: &context };
     let epoch_before = pair.epoch;
+    pair.forced = false;
     let (crashed, epoch) = match mode {
         Mode::Deposition => (None, pair.depose_primary(rng, &context)),
         Mode::Switchover => (None, pair.switch_over(rng, &context)),
@@ -1031,16 +1048,23 @@ fn cycle(l: &Loop<'_>, pair: &mut Pair, cycle: u64, rng: &mut impl Rng, totals: 
     old_primary_refuses(l, pair, cycle, &context);
     serves(l, pair, cycle, totals, &context);
     check(l.config, l.bank.0.node, totals, &context);
-    acknowledged_are_answered_committed(pair, l.bank.0.node, &acked_now, &context);
+    totals.forgotten_after_force +=
+        acknowledged_are_answered_committed(pair, l.bank.0.node, &acked_now, &context);
 }
 
 /// Every transfer the cycle's workload saw acknowledged is answered committed by `Outcome`
 /// through the pair after the failover (issue 33), asked of whichever member leads now, by
-/// the Xid its transfer id names (incarnation, session, sequence of `node`).
-fn acknowledged_are_answered_committed(pair: &Pair, node: u32, ids: &[String], context: &str) {
+/// the Xid its transfer id names (incarnation, session, sequence of `node`). After a forced
+/// promotion of a backup that had not caught up, `unknown` is true too: the transfer is
+/// finished (the databases were checked), and the outcome memory, which a catch-up sends
+/// whole, may not have reached it (the backup's copy is flushed lazily, and it had just
+/// been killed); those are counted and returned. `rolled back`, or anything but committed
+/// after an unforced promotion or an election, fails the cycle.
+fn acknowledged_are_answered_committed(pair: &Pair, node: u32, ids: &[String], context: &str) -> u64 {
     use decree_core::{Origin, Outcome, Xid};
     let client = decree_client::RemoteDecisions::connect(&pair.addresses)
         .unwrap_or_else(|e| panic!("{context}: cannot ask the pair: {e}"));
+    let mut forgotten = 0;
     for id in ids {
         let parts: Vec<u64> = id.split('-').filter_map(|p| p.parse().ok()).collect();
         let [incarnation, session, sequence] = parts[..] else {
@@ -1051,6 +1075,10 @@ fn acknowledged_are_answered_committed(pair: &Pair, node: u32, ids: &[String], c
         loop {
             match client.outcome(&xid) {
                 Ok(Outcome::Committed) => break,
+                Ok(Outcome::Unknown) if pair.forced => {
+                    forgotten += 1;
+                    break;
+                }
                 // The new primary's first recovery pass has not ended yet.
                 Ok(Outcome::InProgress) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50))
@@ -1059,6 +1087,7 @@ fn acknowledged_are_answered_committed(pair: &Pair, node: u32, ids: &[String], c
             }
         }
     }
+    forgotten
 }
 
 /// How a cycle's primary dies.
@@ -1292,7 +1321,7 @@ fn run_pair_kill_loop(
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
          phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut, switchover, backup alone then primary: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
-         failovers had none); the transfers of decide-written crashes ended committed / rolled \
+         failovers had none); acknowledged transfers answered unknown after a forced promotion: {}; the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",
         kind.name(),
         ack,
@@ -1303,6 +1332,7 @@ fn run_pair_kill_loop(
         totals.resolved_rolled_back.len(),
         totals.resolved_other,
         totals.no_doubt,
+        totals.forgotten_after_force,
         totals.written_outcomes,
         started.elapsed().as_secs_f64()
     );
