@@ -39,14 +39,17 @@ fn context(flags: u8) -> TraceContext {
     TraceContext { trace_id: [0x3c; 16], span_id: [0x7e; 8], flags }
 }
 
+/// Each decided Xid with the trace context its `Decide` carried.
+type Sent = Vec<(Xid, Option<TraceContext>)>;
+
+/// The log's live records by the Xid of their decision.
+type Records = HashMap<Xid, Vec<u8>>;
+
 /// Decides three transactions on a server with spans on or off, whose resource manager
 /// fails every commit (so that the decisions stay live in the log): the client's context
 /// sampled, unsampled, absent. Stops the server; returns the three Xids with the context
 /// each `Decide` carried, and the log's live records by Xid.
-fn decide_and_read_back(
-    dir: &Path,
-    spans: bool,
-) -> (Vec<(Xid, Option<TraceContext>)>, HashMap<Xid, Vec<u8>>) {
+fn decide_and_read_back(dir: &Path, spans: bool) -> (Sent, Records) {
     let down = DummyFactory::named("a", 0);
     down.set_rules(vec![FaultRule::sometimes(Call::Commit, FaultAction::Fail, 1.0)]);
     let server = decree_server::start(config(dir, spans), vec![down.arc()]).expect("server starts");
