@@ -1037,18 +1037,77 @@ fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
 
 /// A rustls server configuration with the certificate chain `cert` and key `key` (PEM).
 fn tls_server_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+    tls_server_config_with(cert, key, None)
+}
+
+/// [`tls_server_config`], asking for a client certificate that chains to the CA file
+/// `client_ca` (PEM) when given.
+fn tls_server_config_with(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain = CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
     let key = PrivateKeyDer::from_pem_file(key).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
         .unwrap();
-    Arc::new(config)
+    let builder = match client_ca {
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).unwrap() {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(builder.with_single_cert(chain, key).unwrap())
+}
+
+/// Issue 36, mutual TLS: a real `decree serve` whose `[tracing]` names `cert_file` and
+/// `key_file` exports its decide span to a collector (the TLS receiver inside this test)
+/// that asks for a client certificate chaining to the exporters' CA. (A collector refusing
+/// an exporter without a certificate, or with another CA's: decree-otel's `http.rs` tests.)
+///
+/// The bug it guards against: a server told to present a client certificate that does
+/// not, so that a collector requiring one receives nothing.
+#[test]
+fn spans_reach_a_collector_that_asks_for_the_configured_client_certificate() {
+    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
+    use decree_server::testing::{TestCa, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("otel-test-ca");
+    let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+    let collector_files = ca.server(dir.path(), "collector", Validity::Current);
+    let exporters = TestCa::new("otel-exporters-ca");
+    let exporters_ca = exporters.write_ca(&dir.path().join("exporters-ca.pem"));
+    let exporter = exporters.client(dir.path(), "exporter", Validity::Current);
+    let config = tls_server_config_with(&collector_files.cert, &collector_files.key, Some(&exporters_ca));
+    let (collector, spans) = receiver_with(Some(config));
+    let collector = collector.replace("http://127.0.0.1", "https://localhost");
+    let extra = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        ca_file.display(),
+        exporter.cert.display(),
+        exporter.key.display()
+    );
+    let (_server, endpoint) = serve_dummy_with(dir.path(), &collector, &extra);
+    let store = RemoteDecisions::connect(&endpoint).unwrap();
+    let session = store.open_session().unwrap();
+    let xid =
+        Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
+    let branches = vec![
+        BranchRecord { rm: "dummy-0".into(), branch: 0 },
+        BranchRecord { rm: "dummy-1".into(), branch: 1 },
+    ];
+    let context = client_context(8);
+    store.decide_traced(&Decision { xid, branches }, Some(&context)).expect("acknowledged");
+    let trace = trace_with(&spans, &context.trace_id_hex(), &["decree.server.decide"]);
+    assert_eq!(one(&trace, "decree-server", "decree.server.decide").parent, hex::encode(context.span_id));
 }
 
 /// Whether this test's `decree` has the crash points (decree-cli's `crash-points` feature,
