@@ -12,7 +12,11 @@
 //! - a transaction finished by recovery after its client died: a child process decides,
 //!   commits its first branch, stalls in the second's commit and is killed with SIGKILL;
 //!   the server commits that branch in a recovery pass whose branch span links to the dead
-//!   client's decide span (and the rows are in both databases).
+//!   client's decide span (and the rows are in both databases);
+//! - a transaction finished by recovery after the server died (SIGKILL at a crash point,
+//!   once its decision was durable and before any phase two), restarted, or in a pair,
+//!   after the backup's promotion: recovery's branch spans link to the client's span,
+//!   whose context the decision record kept in the log (and the pair shipped).
 //!
 //! The bug it guards against: spans that do not join (a lost or misread trace-context
 //! field, a server span with no parent, a recovery span with no link), which leave an
@@ -212,12 +216,28 @@ impl Drop for Killed {
 }
 
 fn serve(dir: &Path, collector: &str, dsn_a: &str, dsn_b: &str) -> (Killed, String) {
+    serve_pg(dir, collector, [dsn_a, dsn_b], 3, None)
+}
+
+/// Starts `decree serve` as node `node` over the two databases, exporting to `collector`,
+/// with the crash point `crash` armed (`DECREE_CRASH_POINT`) when given; its log lines go
+/// to `serve.log` in `dir`, appended, so that a restart's lines follow the first run's.
+/// A socket left by a killed run is removed first.
+fn serve_pg(
+    dir: &Path,
+    collector: &str,
+    dsns: [&str; 2],
+    node: u32,
+    crash: Option<&str>,
+) -> (Killed, String) {
+    let [dsn_a, dsn_b] = dsns;
     let socket = dir.join("d.sock");
+    let _ = std::fs::remove_file(&socket);
     let config = dir.join("decree.toml");
     std::fs::write(
         &config,
         format!(
-            "node = 3\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
+            "node = {node}\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
              [recovery]\nrecheck_after_close_ms = 100\n\
              [tracing]\nendpoint = \"{collector}\"\nexport_delay_ms = 50\n\
              [[rm]]\nname = \"pg-a\"\nkind = \"postgres\"\ndsn = \"{dsn_a}\"\n\
@@ -228,14 +248,13 @@ fn serve(dir: &Path, collector: &str, dsn_a: &str, dsn_b: &str) -> (Killed, Stri
     )
     .unwrap();
     // Its log lines (`-v`: info and above) go to a file that the test reads.
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decree"))
-        .args(["serve", "-v", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts decree serve");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("serve.log")).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_decree"));
+    command.args(["serve", "-v", "--config"]).arg(&config).stdout(Stdio::null()).stderr(log);
+    if let Some(crash) = crash {
+        command.env("DECREE_CRASH_POINT", crash);
+    }
+    let mut child = command.spawn().expect("starts decree serve");
     let deadline = Instant::now() + WAIT_MAX;
     while !socket.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -301,8 +320,10 @@ fn rows(dsns: [&str; 2], table: &str, id: i64) -> [i64; 2] {
     })
 }
 
-fn create_table(dsns: [&str; 2]) -> String {
-    let table = format!("otel_{}", std::process::id());
+/// A table `otel_<pid>_<test>` in both databases: one per test, since tests run at once
+/// and PostgreSQL's `CREATE TABLE IF NOT EXISTS` of one name in two sessions can collide.
+fn create_table(dsns: [&str; 2], test: &str) -> String {
+    let table = format!("otel_{}_{test}", std::process::id());
     for dsn in dsns {
         let rm = PgRm::connect("observer", dsn).unwrap();
         rm.client()
@@ -407,7 +428,7 @@ fn one_trace_per_transaction_across_client_and_server() {
     let (collector, spans) = receiver();
     let dir = tempfile::tempdir().unwrap();
     let (_server, endpoint) = serve(dir.path(), &collector, dsns[0], dsns[1]);
-    let table = create_table(dsns);
+    let table = create_table(dsns, "one_trace");
     // This process is a client configured by the standard variables (one test sets them).
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &collector);
     std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "50");
@@ -572,25 +593,43 @@ struct PairMember {
     metrics: u16,
 }
 
+/// The `[[rm]]` entries of the two dummy resource managers.
+const DUMMY_RMS: &str =
+    "[[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n";
+
 /// Member `name` (id `id`) of a pair of node 5 over the dummy resource managers, exporting
 /// its spans to `collector`, with its metrics endpoint on a free port.
 fn pair_member(dir: &Path, name: &str, id: u8, links: (u16, u16), peer: &str, collector: &str) -> PairMember {
+    pair_member_with(dir, name, id, links, peer, collector, (5, DUMMY_RMS))
+}
+
+/// [`pair_member`] of a pair of node `node_rms.0` over the `[[rm]]` entries `node_rms.1`.
+fn pair_member_with(
+    dir: &Path,
+    name: &str,
+    id: u8,
+    links: (u16, u16),
+    peer: &str,
+    collector: &str,
+    node_rms: (u32, &str),
+) -> PairMember {
     let (socket, config) = (dir.join(format!("{name}.sock")), dir.join(format!("{name}.toml")));
     let metrics = common::free_port();
     std::fs::write(
         &config,
         format!(
-            "node = 5\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\nmetrics = \"127.0.0.1:{metrics}\"\n\
+            "node = {}\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\nmetrics = \"127.0.0.1:{metrics}\"\n\
              [tracing]\nendpoint = \"{collector}\"\nexport_delay_ms = 50\n\
              [pair]\nmember = {id}\nlink = \"127.0.0.1:{}\"\npeer_link = \"127.0.0.1:{}\"\n\
-             peer_clients = \"unix:{}\"\nsecret_file = \"{}\"\n\
-             [[rm]]\nname = \"dummy-0\"\nkind = \"dummy\"\n[[rm]]\nname = \"dummy-1\"\nkind = \"dummy\"\n",
+             peer_clients = \"unix:{}\"\nsecret_file = \"{}\"\n{}",
+            node_rms.0,
             dir.join(name).display(),
             socket.display(),
             links.0,
             links.1,
             dir.join(format!("{peer}.sock")).display(),
-            decree_server::testing::pair_secret(dir).unwrap().display()
+            decree_server::testing::pair_secret(dir).unwrap().display(),
+            node_rms.1
         ),
     )
     .unwrap();
@@ -599,14 +638,18 @@ fn pair_member(dir: &Path, name: &str, id: u8, links: (u16, u16), peer: &str, co
 
 /// Starts a pair member with `-vv` (its debug lines too), its log to its file.
 fn serve_member(m: &PairMember) -> Killed {
+    serve_member_with(m, None)
+}
+
+/// [`serve_member`] with the crash point `crash` armed (`DECREE_CRASH_POINT`) when given.
+fn serve_member_with(m: &PairMember, crash: Option<&str>) -> Killed {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_decree"))
-        .args(["serve", "-vv", "--config"])
-        .arg(&m.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts decree serve");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_decree"));
+    command.args(["serve", "-vv", "--config"]).arg(&m.config).stdout(Stdio::null()).stderr(log);
+    if let Some(crash) = crash {
+        command.env("DECREE_CRASH_POINT", crash);
+    }
+    let child = command.spawn().expect("starts decree serve");
     let deadline = Instant::now() + WAIT_MAX;
     while !m.socket.exists() {
         assert!(Instant::now() < deadline, "no socket");
@@ -710,15 +753,7 @@ fn a_pairs_decide_spans_show_the_backups_confirmation_and_join_logs_and_exemplar
 
     // The backup joins; once the primary waits for it, its confirmation is on the span.
     let server_b = serve_member(&b);
-    let deadline = Instant::now() + WAIT_MAX;
-    let strict = || {
-        let status = decree_ok(&["status", "--format", "json"], &a);
-        serde_json::from_str::<serde_json::Value>(status.trim()).unwrap()["strict"] == true
-    };
-    while !strict() {
-        assert!(Instant::now() < deadline, "the primary never waited for its backup");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_strict(&a);
     let context = client_context(2);
     let confirmed = decide_traced(&store, session, 2, &context, &spans);
     let mut names = event_names(&confirmed);
@@ -749,6 +784,19 @@ fn a_pairs_decide_spans_show_the_backups_confirmation_and_join_logs_and_exemplar
         ("2", "514")
     );
     drop(server_b);
+}
+
+/// Waits until primary `a` waits for its backup's confirmation of every decision (strict).
+fn wait_until_strict(a: &PairMember) {
+    let deadline = Instant::now() + WAIT_MAX;
+    let strict = || {
+        let status = decree_ok(&["status", "--format", "json"], a);
+        serde_json::from_str::<serde_json::Value>(status.trim()).unwrap()["strict"] == true
+    };
+    while !strict() {
+        assert!(Instant::now() < deadline, "the primary never waited for its backup");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Checks the exemplars of the member's metrics on `port` once `newest` was its latest
@@ -989,16 +1037,242 @@ fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
 
 /// A rustls server configuration with the certificate chain `cert` and key `key` (PEM).
 fn tls_server_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+    tls_server_config_with(cert, key, None)
+}
+
+/// [`tls_server_config`], asking for a client certificate that chains to the CA file
+/// `client_ca` (PEM) when given.
+fn tls_server_config_with(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain = CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
     let key = PrivateKeyDer::from_pem_file(key).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
         .unwrap();
-    Arc::new(config)
+    let builder = match client_ca {
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).unwrap() {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(builder.with_single_cert(chain, key).unwrap())
+}
+
+/// Issue 36, mutual TLS: a real `decree serve` whose `[tracing]` names `cert_file` and
+/// `key_file` exports its decide span to a collector (the TLS receiver inside this test)
+/// that asks for a client certificate chaining to the exporters' CA. (A collector refusing
+/// an exporter without a certificate, or with another CA's: decree-otel's `http.rs` tests.)
+///
+/// The bug it guards against: a server told to present a client certificate that does
+/// not, so that a collector requiring one receives nothing.
+#[test]
+fn spans_reach_a_collector_that_asks_for_the_configured_client_certificate() {
+    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
+    use decree_server::testing::{TestCa, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("otel-test-ca");
+    let ca_file = ca.write_ca(&dir.path().join("ca.pem"));
+    let collector_files = ca.server(dir.path(), "collector", Validity::Current);
+    let exporters = TestCa::new("otel-exporters-ca");
+    let exporters_ca = exporters.write_ca(&dir.path().join("exporters-ca.pem"));
+    let exporter = exporters.client(dir.path(), "exporter", Validity::Current);
+    let config = tls_server_config_with(&collector_files.cert, &collector_files.key, Some(&exporters_ca));
+    let (collector, spans) = receiver_with(Some(config));
+    let collector = collector.replace("http://127.0.0.1", "https://localhost");
+    let extra = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        ca_file.display(),
+        exporter.cert.display(),
+        exporter.key.display()
+    );
+    let (_server, endpoint) = serve_dummy_with(dir.path(), &collector, &extra);
+    let store = RemoteDecisions::connect(&endpoint).unwrap();
+    let session = store.open_session().unwrap();
+    let xid =
+        Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
+    let branches = vec![
+        BranchRecord { rm: "dummy-0".into(), branch: 0 },
+        BranchRecord { rm: "dummy-1".into(), branch: 1 },
+    ];
+    let context = client_context(8);
+    store.decide_traced(&Decision { xid, branches }, Some(&context)).expect("acknowledged");
+    let trace = trace_with(&spans, &context.trace_id_hex(), &["decree.server.decide"]);
+    assert_eq!(one(&trace, "decree-server", "decree.server.decide").parent, hex::encode(context.span_id));
+}
+
+/// Whether this test's `decree` has the crash points (decree-cli's `crash-points` feature,
+/// which scripts/test.sh builds the tests with); without them the test is skipped with a
+/// note, and fails under `CI=true`.
+fn crash_points_built(test: &str) -> bool {
+    if cfg!(feature = "crash-points") {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(!ci, "CI=true but the tests were built without decree-cli's crash-points feature");
+    eprintln!("skipped {test}: build the tests with --features decree-cli/crash-points");
+    false
+}
+
+/// The `[[rm]]` entries of the two PostgreSQL databases.
+fn pg_rms(dsns: [&str; 2]) -> String {
+    format!(
+        "[[rm]]\nname = \"pg-a\"\nkind = \"postgres\"\ndsn = \"{}\"\n\
+         [[rm]]\nname = \"pg-b\"\nkind = \"postgres\"\ndsn = \"{}\"\n",
+        dsns[0], dsns[1]
+    )
+}
+
+/// What a client's coordinator does up to its commit point, by hand: a branch of
+/// transaction `sequence` of a new session on `endpoint` inserts `id` into `table` and is
+/// prepared in each database, then the decision goes out with the sampled `context`, to a
+/// server armed to die once it is durable: the answer is lost. Returns the global Xid.
+fn decide_prepared_then_lose_the_server(
+    endpoint: &str,
+    dsns: [&str; 2],
+    table: &str,
+    id: i64,
+    context: &decree_core::TraceContext,
+) -> Xid {
+    use decree_core::{BranchRecord, Decision, Origin};
+    let store = RemoteDecisions::connect(endpoint).expect("connects");
+    let session = store.open_session().unwrap();
+    let xid =
+        Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
+    let mut branches = Vec::new();
+    for (i, (rm, dsn)) in ["pg-a", "pg-b"].into_iter().zip(dsns).enumerate() {
+        let branch = xid.branch(i as u16);
+        let mut pg = PgRm::connect(rm, dsn).unwrap();
+        pg.start(&branch).unwrap();
+        pg.client().unwrap().execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&id]).unwrap();
+        pg.end(&branch).unwrap();
+        assert_eq!(pg.prepare(&branch).unwrap(), Vote::Commit);
+        branches.push(BranchRecord { rm: rm.into(), branch: i as u16 });
+    }
+    let answer = store.decide_traced(&Decision { xid, branches }, Some(context));
+    assert!(answer.is_err(), "the server died before its DecideOk, yet answered {answer:?}");
+    xid
+}
+
+/// Waits for the process of `server` to end, killed by its crash point (SIGKILL).
+fn died_at_its_crash_point(server: &mut Killed) {
+    use std::os::unix::process::ExitStatusExt;
+    let status = server.0.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the server was to kill itself: {status}");
+}
+
+/// Waits for recovery's `commit` spans of both branches of `xid`, exported by the member
+/// `member` (any server when `None`), and checks that each links to the client's span of
+/// `context` and is a recovery span.
+fn recovery_commits_link_to(
+    spans: &Spans,
+    xid: &Xid,
+    member: Option<&str>,
+    context: &decree_core::TraceContext,
+) {
+    let xid = xid.to_string();
+    let recovered = wait_for(spans, "recovery's commit spans of both branches", |all| {
+        let mut found: Vec<Recorded> = all
+            .iter()
+            .filter(|s| s.service == "decree-server" && s.attributes.get("decree.xid") == Some(&xid))
+            .filter(|s| s.name.starts_with("commit "))
+            .filter(|s| member.is_none_or(|m| s.resource.get("decree.member").map(String::as_str) == Some(m)))
+            .cloned()
+            .collect();
+        found.sort_by(|x, y| x.name.cmp(&y.name));
+        (found.len() >= 2).then_some(found)
+    });
+    assert_eq!(recovered.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["commit pg-a", "commit pg-b"]);
+    let client = (context.trace_id_hex(), context.span_id_hex());
+    for s in &recovered {
+        assert_eq!(s.links, vec![client.clone()], "linked to the client's span through the log: {s:#?}");
+        assert_eq!(s.attributes["decree.recovery"], "true");
+    }
+}
+
+/// Issue 36: "work done later by recovery, after a restart [...], is tied to it by span
+/// links through the global Xid". A client prepares a branch in each of two real
+/// PostgreSQL databases and decides with a sampled trace context; the `decree serve` it
+/// decides on kills itself (crash point `decide-confirmed`) once the decision is durable,
+/// before its `DecideOk` and any phase two. Restarted, the server finds the decision in its
+/// log with the context (`DCD2`): its recovery commits both branches in spans linked to
+/// the client's span, and its log lines about them name the client's trace and span.
+///
+/// The bug it guards against: a context kept in memory only, so that the transactions a
+/// crash leaves to recovery, the ones an operator most wants to follow, lose their link.
+#[test]
+fn a_restarted_servers_recovery_links_to_the_client_span_its_log_kept() {
+    let (Some(dsn_a), Some(dsn_b)) = (dsn("DECREE_TEST_PG_A"), dsn("DECREE_TEST_PG_B")) else { return };
+    if !crash_points_built("a_restarted_servers_recovery_links_to_the_client_span_its_log_kept") {
+        return;
+    }
+    let dsns = [dsn_a.as_str(), dsn_b.as_str()];
+    let (collector, spans) = receiver();
+    let dir = tempfile::tempdir().unwrap();
+    let table = create_table(dsns, "restart");
+    // Node 4: no other test's server presumes abort on this node's branches meanwhile.
+    let (mut server, endpoint) = serve_pg(dir.path(), &collector, dsns, 4, Some("decide-confirmed:1"));
+    let context = client_context(0x41);
+    let xid = decide_prepared_then_lose_the_server(&endpoint, dsns, &table, 41, &context);
+    died_at_its_crash_point(&mut server);
+    assert_eq!(rows(dsns, &table, 41), [0, 0], "nothing committed before the restart");
+
+    let (_server, _) = serve_pg(dir.path(), &collector, dsns, 4, None);
+    recovery_commits_link_to(&spans, &xid, None, &context);
+    assert_eq!(rows(dsns, &table, 41), [1, 1], "recovery committed both branches");
+    let ids = format!("trace_id={} span_id={}", context.trace_id_hex(), context.span_id_hex());
+    let line = log_line(&dir.path().join("serve.log"), "committed branch of a finished session", &ids);
+    assert!(line.contains("rm=pg-"), "{line}");
+}
+
+/// Issue 36, after a failover: a pair's strict primary kills itself (crash point
+/// `decide-confirmed`) once a decision with the client's sampled context is durable on
+/// both members, before its `DecideOk` and any phase two; the backup, promoted, finds the
+/// record the primary shipped (with its context, as the primary's log holds it) in its own
+/// log, and its recovery's `commit` spans of both PostgreSQL branches link to the client's
+/// span, its log lines naming the client's trace.
+///
+/// The bug it guards against: a failover that loses the link (a context the primary kept in
+/// memory, or a record shipped without it).
+#[test]
+fn a_promoted_backups_recovery_links_to_the_client_span_the_primary_shipped() {
+    let (Some(dsn_a), Some(dsn_b)) = (dsn("DECREE_TEST_PG_A"), dsn("DECREE_TEST_PG_B")) else { return };
+    if !crash_points_built("a_promoted_backups_recovery_links_to_the_client_span_the_primary_shipped") {
+        return;
+    }
+    let dsns = [dsn_a.as_str(), dsn_b.as_str()];
+    let (collector, spans) = receiver();
+    let dir = tempfile::tempdir().unwrap();
+    let table = create_table(dsns, "failover");
+    let (link_a, link_b) = (common::free_port(), common::free_port());
+    let rms = pg_rms(dsns);
+    // Node 8: no other test's server presumes abort on this node's branches meanwhile.
+    let a = pair_member_with(dir.path(), "a", 1, (link_a, link_b), "b", &collector, (8, &rms));
+    let b = pair_member_with(dir.path(), "b", 2, (link_b, link_a), "a", &collector, (8, &rms));
+    let mut server_a = serve_member_with(&a, Some("decide-confirmed:1"));
+    assert!(decree_ok(&["promote", "--force"], &a).contains("member 1 leads epoch 1.1"));
+    let _server_b = serve_member(&b);
+    wait_until_strict(&a);
+
+    let context = client_context(0x42);
+    let endpoint = format!("unix:{}", a.socket.display());
+    let xid = decide_prepared_then_lose_the_server(&endpoint, dsns, &table, 42, &context);
+    died_at_its_crash_point(&mut server_a);
+    assert_eq!(rows(dsns, &table, 42), [0, 0], "nothing committed before the failover");
+
+    assert!(decree_ok(&["promote"], &b).contains("member 2 leads epoch 2.2"));
+    recovery_commits_link_to(&spans, &xid, Some("2"), &context);
+    assert_eq!(rows(dsns, &table, 42), [1, 1], "the promoted member committed both branches");
+    let ids = format!("trace_id={} span_id={}", context.trace_id_hex(), context.span_id_hex());
+    let line = log_line(&b.log, "committed branch of a finished session", &ids);
+    assert!(line.contains("rm=pg-"), "{line}");
 }

@@ -65,13 +65,14 @@ pub use embedded::LogDecisions;
 pub use error::{HeuristicReport, TmError};
 pub use keys::KeyAllocator;
 pub use limits::{
-    check_branch_count, check_rm_name, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, RM_NAME_BYTES_MAX,
+    check_branch_count, check_rm_name, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX,
+    DECISION_RECORD_BYTES_MAX, RM_NAME_BYTES_MAX,
 };
 pub use rm::{BranchAnswer, BranchCall, HeuristicOutcome, ResourceManager, RmError, RmFactory, Vote};
 pub use session::{CommitKind, CommitReport, Session, Transaction};
 pub use store::{BranchRecord, Decision, DecisionStore, Outcome, RecoveredDecisions, StoreError};
 pub use tm::{BranchCalls, RecoveryReport, TmConfig, TransactionManager};
-pub use trace::TraceContext;
+pub use trace::{TraceContext, TRACE_CONTEXT_BYTES};
 pub use tx::{TxContext, TxInfo, TxState};
 pub use xid::{Origin, Xid, XidError, DECREE_FORMAT_ID};
 

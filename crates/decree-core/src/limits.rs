@@ -16,6 +16,7 @@
 //! Not here: the Xid's own limits (gtrid and bqual of at most 64 bytes each,
 //! [`crate::xid::PART_BYTES_MAX`]), which the [`crate::Xid`] type keeps by construction.
 
+use crate::trace::TRACE_CONTEXT_BYTES;
 use crate::xid::XID_ENCODED_BYTES_MAX;
 
 /// Longest resource-manager name, in bytes. 64 is the limit decree-rm always applied to
@@ -39,12 +40,18 @@ pub const BRANCH_ENCODED_BYTES_MAX: usize = 2 + 1 + RM_NAME_BYTES_MAX;
 /// [`BRANCHES_MAX`] branches of [`RM_NAME_BYTES_MAX`]-byte names.
 pub const DECISION_BYTES_MAX: usize = 4 + XID_ENCODED_BYTES_MAX + 2 + BRANCHES_MAX * BRANCH_ENCODED_BYTES_MAX;
 
+/// Longest decision record in the log: the longest [`DECISION_BYTES_MAX`] body in its
+/// traced form (`DCD2`, which only the log holds), followed by the client's trace context.
+/// The wire's `Decide` body stays within [`DECISION_BYTES_MAX`]; the context travels in
+/// the frame's trailer there, so a log record never outgrows the frame that brought it.
+pub const DECISION_RECORD_BYTES_MAX: usize = DECISION_BYTES_MAX + TRACE_CONTEXT_BYTES;
+
 const _: () = assert!(RM_NAME_BYTES_MAX > 0 && BRANCHES_MAX > 0);
 const _: () = assert!(RM_NAME_BYTES_MAX <= u8::MAX as usize, "a record stores a name's length in one byte");
 const _: () = assert!(BRANCHES_MAX <= u16::MAX as usize, "a record stores the branch count in two bytes");
 const _: () = assert!(
-    DECISION_BYTES_MAX <= decree_log::config::RECORD_BYTES_MAX_DEFAULT as usize,
-    "a decision at every limit fits in one log record under the default record limit"
+    DECISION_RECORD_BYTES_MAX <= decree_log::config::RECORD_BYTES_MAX_DEFAULT as usize,
+    "a decision at every limit, with its trace context, fits in one log record under the default record limit"
 );
 
 /// A value past one of the limits above; the message names the value and the limit.

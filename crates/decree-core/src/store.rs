@@ -9,10 +9,20 @@
 //! past them before anything is written ([`Decision::check_limits`]), writing one asserts
 //! them, and reading one back refuses a record that breaks them as malformed, so a record
 //! never stores anything other than the decision it was given.
+//!
+//! A record has two forms. `DCD1` is the decision alone: the wire's `Decide` body, and what
+//! the log holds for a decision that came without a sampled trace context (so that a
+//! server with tracing off writes exactly what it always wrote). `DCD2`, in the log only,
+//! is the same body with the client's trace context after it ([`Decision::encode_logged`]),
+//! so that recovery after a restart, or by the other member of a pair after a failover,
+//! links its spans to the client's (issue 36). Every reader of the log decodes both
+//! ([`Decision::decode_logged`]); the wire takes `DCD1` only ([`Decision::decode`]).
 
-use crate::limits::{self, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, RM_NAME_BYTES_MAX};
+use crate::limits::{
+    self, LimitError, BRANCHES_MAX, DECISION_BYTES_MAX, DECISION_RECORD_BYTES_MAX, RM_NAME_BYTES_MAX,
+};
 use crate::rm::HeuristicOutcome;
-use crate::trace::TraceContext;
+use crate::trace::{TraceContext, TRACE_CONTEXT_BYTES};
 use crate::xid::Xid;
 use decree_log::LiveRecord;
 use std::collections::HashMap;
@@ -150,6 +160,12 @@ pub trait DecisionStore: Send + Sync {
     }
 }
 
+/// The magic of a decision record's wire form, and of its log form without a trace context.
+const MAGIC: &[u8; 4] = b"DCD1";
+
+/// The magic of the log-only traced form: the `DCD1` body, then the client's trace context.
+const TRACED_MAGIC: &[u8; 4] = b"DCD2";
+
 /// The decisions a log held at open, with the log keys their records were written under:
 /// what every owner of a log (the embedded coordinator, the state server, `decree
 /// recover`) rebuilds before it finishes or resolves them.
@@ -161,6 +177,9 @@ pub struct RecoveredDecisions {
     pub keys: HashMap<Xid, Vec<u64>>,
     /// Records that are not decisions: their key and why.
     pub undecodable: Vec<(u64, StoreError)>,
+    /// The client's trace context of each decision whose record kept one (`DCD2`; the first
+    /// found when a transaction has several records): what recovery's spans link to.
+    pub traces: HashMap<Xid, TraceContext>,
 }
 
 impl RecoveredDecisions {
@@ -168,8 +187,13 @@ impl RecoveredDecisions {
     pub fn from_records(records: Vec<LiveRecord>) -> Self {
         let mut recovered = RecoveredDecisions::default();
         for record in records {
-            let d = match Decision::decode(&record.payload) {
-                Ok(d) => d,
+            let d = match Decision::decode_logged(&record.payload) {
+                Ok((d, trace)) => {
+                    if let Some(trace) = trace {
+                        recovered.traces.entry(d.xid).or_insert(trace);
+                    }
+                    d
+                }
                 Err(e) => {
                     recovered.undecodable.push((record.txn, e));
                     continue;
@@ -204,8 +228,9 @@ impl Decision {
         Ok(())
     }
 
-    /// The log payload: magic "DCD1", Xid (binary), branch count (u16 BE), then per branch
-    /// the branch number (u16 BE), the name length (u8) and the name (UTF-8).
+    /// The wire's payload, and the log's without a trace context: magic "DCD1", Xid
+    /// (binary), branch count (u16 BE), then per branch the branch number (u16 BE), the name
+    /// length (u8) and the name (UTF-8).
     ///
     /// Panics when the decision is past a limit ([`Decision::check_limits`]): the fields
     /// could only hold it truncated, so the caller must have refused it before.
@@ -224,7 +249,7 @@ impl Decision {
             "a decision of {count} branches exceeds BRANCHES_MAX = {BRANCHES_MAX}: check_limits() was skipped"
         );
         let start = out.len();
-        out.extend_from_slice(b"DCD1");
+        out.extend_from_slice(MAGIC);
         self.xid.encode(out);
         out.extend_from_slice(&(count as u16).to_be_bytes());
         for b in &self.branches {
@@ -245,6 +270,30 @@ impl Decision {
         );
     }
 
+    /// The log payload of this decision with `trace`, the client's sampled trace context
+    /// when its `Decide` carried one: the traced form `DCD2` (the `DCD1` body, then the
+    /// context: trace id 16 bytes, span id 8, flags 1) with one, exactly
+    /// [`Decision::encode`]'s bytes without. Panics like [`Decision::encode`].
+    pub fn encode_logged(&self, trace: Option<&TraceContext>) -> Vec<u8> {
+        let Some(trace) = trace else { return self.encode() };
+        let mut out = Vec::with_capacity(64 + TRACE_CONTEXT_BYTES + self.branches.len() * 24);
+        self.encode_traced_into(trace, &mut out);
+        out
+    }
+
+    /// Appends the traced form `DCD2` of [`Decision::encode_logged`] to `out`.
+    pub fn encode_traced_into(&self, trace: &TraceContext, out: &mut Vec<u8>) {
+        let start = out.len();
+        self.encode_into(out);
+        // The same body under the other magic: one encoder of the fields for both forms.
+        out[start..start + MAGIC.len()].copy_from_slice(TRACED_MAGIC);
+        trace.encode_into(out);
+        assert!(
+            out.len() - start <= DECISION_RECORD_BYTES_MAX,
+            "a traced record within the limits fits DECISION_RECORD_BYTES_MAX"
+        );
+    }
+
     /// Adds the branches of another decision of the same transaction (written again) that
     /// this one does not name yet. The result is what recovery finishes, never written as
     /// one record: each record kept the limits, their union may name more than
@@ -257,48 +306,90 @@ impl Decision {
         }
     }
 
-    /// Decodes a payload written by [`Decision::encode`].
+    /// Decodes the wire's form, `DCD1` ([`Decision::encode`]); the log's traced form is
+    /// refused here, by name ([`Decision::decode_logged`] reads it).
     pub fn decode(buf: &[u8]) -> Result<Self, StoreError> {
-        let bad = |what: &str| StoreError::Malformed(what.to_string());
-        let rest = buf.strip_prefix(b"DCD1").ok_or_else(|| bad("missing DCD1 magic"))?;
-        let (xid, used) = Xid::decode(rest).map_err(|e| StoreError::Malformed(e.to_string()))?;
-        let mut rest = &rest[used..];
+        let Some(rest) = buf.strip_prefix(MAGIC) else {
+            return Err(malformed(if buf.starts_with(TRACED_MAGIC) {
+                "a DCD2 record (the log's traced form) where DCD1 is expected"
+            } else {
+                "missing DCD1 magic"
+            }));
+        };
+        let (decision, rest) = Decision::decode_body(rest)?;
+        if !rest.is_empty() {
+            return Err(malformed("trailing bytes after the last branch"));
+        }
+        assert!(buf.len() <= DECISION_BYTES_MAX, "a record within the limits fits DECISION_BYTES_MAX");
+        Ok(decision)
+    }
+
+    /// Decodes a log payload of either form ([`Decision::encode_logged`]): the decision,
+    /// and the client's trace context when the record is `DCD2`. A record of another form,
+    /// or a `DCD2` whose context is cut short, followed by more bytes or zero, is refused.
+    pub fn decode_logged(buf: &[u8]) -> Result<(Self, Option<TraceContext>), StoreError> {
+        let Some(rest) = buf.strip_prefix(TRACED_MAGIC) else {
+            if !buf.starts_with(MAGIC) {
+                return Err(malformed("missing DCD1 or DCD2 magic"));
+            }
+            return Decision::decode(buf).map(|d| (d, None));
+        };
+        let (decision, rest) = Decision::decode_body(rest)?;
+        let trace = TraceContext::decode(rest).map_err(malformed)?;
+        assert!(
+            buf.len() <= DECISION_RECORD_BYTES_MAX,
+            "a traced record within the limits fits DECISION_RECORD_BYTES_MAX"
+        );
+        Ok((decision, Some(trace)))
+    }
+
+    /// Decodes the body after the magic (Xid, count, branches); returns the decision and
+    /// the bytes after its last branch.
+    fn decode_body(buf: &[u8]) -> Result<(Self, &[u8]), StoreError> {
+        let (xid, used) = Xid::decode(buf).map_err(|e| StoreError::Malformed(e.to_string()))?;
+        let mut rest = &buf[used..];
         if rest.len() < 2 {
-            return Err(bad("branch count missing"));
+            return Err(malformed("branch count missing"));
         }
         let count = u16::from_be_bytes([rest[0], rest[1]]) as usize;
-        limits::check_branch_count(count).map_err(|e| bad(&e.to_string()))?;
+        limits::check_branch_count(count).map_err(|e| StoreError::Malformed(e.to_string()))?;
         rest = &rest[2..];
         let mut branches = Vec::with_capacity(count);
         for _ in 0..count {
-            if rest.len() < 3 {
-                return Err(bad("branch truncated"));
-            }
-            let branch = u16::from_be_bytes([rest[0], rest[1]]);
-            let len = rest[2] as usize;
-            if len > RM_NAME_BYTES_MAX {
-                let why = format!(
-                    "resource manager name of {len} bytes exceeds RM_NAME_BYTES_MAX = {RM_NAME_BYTES_MAX}"
-                );
-                return Err(bad(&why));
-            }
-            rest = &rest[3..];
-            if rest.len() < len {
-                return Err(bad("branch name truncated"));
-            }
-            let rm =
-                std::str::from_utf8(&rest[..len]).map_err(|_| bad("branch name is not UTF-8"))?.to_string();
-            rest = &rest[len..];
-            branches.push(BranchRecord { rm, branch });
-        }
-        if !rest.is_empty() {
-            return Err(bad("trailing bytes after the last branch"));
+            let (branch, after) = decode_branch(rest)?;
+            branches.push(branch);
+            rest = after;
         }
         // What was read holds the limits the writer asserted, as checked above.
         assert!(branches.len() == count && count <= BRANCHES_MAX);
-        assert!(buf.len() <= DECISION_BYTES_MAX, "a record within the limits fits DECISION_BYTES_MAX");
-        Ok(Decision { xid, branches })
+        Ok((Decision { xid, branches }, rest))
     }
+}
+
+/// Decodes one branch (number, name length, name); returns it and the bytes after it.
+fn decode_branch(rest: &[u8]) -> Result<(BranchRecord, &[u8]), StoreError> {
+    if rest.len() < 3 {
+        return Err(malformed("branch truncated"));
+    }
+    let branch = u16::from_be_bytes([rest[0], rest[1]]);
+    let len = rest[2] as usize;
+    if len > RM_NAME_BYTES_MAX {
+        return Err(StoreError::Malformed(format!(
+            "resource manager name of {len} bytes exceeds RM_NAME_BYTES_MAX = {RM_NAME_BYTES_MAX}"
+        )));
+    }
+    let rest = &rest[3..];
+    if rest.len() < len {
+        return Err(malformed("branch name truncated"));
+    }
+    let rm =
+        std::str::from_utf8(&rest[..len]).map_err(|_| malformed("branch name is not UTF-8"))?.to_string();
+    Ok((BranchRecord { rm, branch }, &rest[len..]))
+}
+
+/// A malformed record's error, saying what is wrong with it.
+fn malformed(what: &str) -> StoreError {
+    StoreError::Malformed(what.to_string())
 }
 
 #[cfg(test)]
@@ -319,6 +410,73 @@ mod tests {
         };
         assert_eq!(Decision::decode(&d.encode()).unwrap(), d);
         assert!(Decision::decode(&d.encode()[..10]).is_err());
+    }
+
+    fn two_branches() -> Decision {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence: 4 });
+        let branches = vec![
+            BranchRecord { rm: "pg-a".into(), branch: 0 },
+            BranchRecord { rm: "pg-b".into(), branch: 1 },
+        ];
+        Decision { xid, branches }
+    }
+
+    fn sampled() -> TraceContext {
+        TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 }
+    }
+
+    #[test]
+    fn both_log_forms_round_trip_and_the_untraced_one_is_the_wire_form() {
+        let d = two_branches();
+        let untraced = d.encode_logged(None);
+        assert_eq!(untraced, d.encode(), "no context: the very bytes of DCD1");
+        assert_eq!(&untraced[..4], b"DCD1");
+        assert_eq!(Decision::decode_logged(&untraced).unwrap(), (d.clone(), None));
+        let traced = d.encode_logged(Some(&sampled()));
+        assert_eq!(&traced[..4], b"DCD2");
+        assert_eq!(traced.len(), untraced.len() + TRACE_CONTEXT_BYTES);
+        assert_eq!(&traced[4..untraced.len()], &untraced[4..], "the DCD1 body, then the context");
+        assert_eq!(&traced[untraced.len()..], [[0xab; 16].as_slice(), &[0xcd; 8], &[1]].concat());
+        assert_eq!(Decision::decode_logged(&traced).unwrap(), (d, Some(sampled())));
+    }
+
+    #[test]
+    fn a_malformed_traced_record_is_refused_by_name() {
+        let d = two_branches();
+        let traced = d.encode_logged(Some(&sampled()));
+        let refused = |bytes: &[u8]| match Decision::decode_logged(bytes) {
+            Err(StoreError::Malformed(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        let body_end = traced.len() - TRACE_CONTEXT_BYTES;
+        assert_eq!(refused(&traced[..traced.len() - 1]), "trace context truncated");
+        assert_eq!(refused(&traced[..body_end]), "trace context truncated");
+        assert_eq!(refused(&[&traced[..], &[0]].concat()), "trailing bytes after the trace context");
+        for zeroed in [body_end..body_end + 16, body_end + 16..body_end + 24] {
+            let mut bytes = traced.clone();
+            bytes[zeroed].fill(0);
+            assert_eq!(refused(&bytes), "trace context with a zero trace or span id");
+        }
+        assert_eq!(refused(&b"DCD3rest"[..]), "missing DCD1 or DCD2 magic");
+        assert!(Decision::decode_logged(&traced[..9]).is_err(), "a body cut short");
+        // The wire takes DCD1 only, and says what it was handed.
+        let Err(StoreError::Malformed(why)) = Decision::decode(&traced) else { panic!("DCD2 on the wire") };
+        assert_eq!(why, "a DCD2 record (the log's traced form) where DCD1 is expected");
+    }
+
+    #[test]
+    fn recovery_keeps_the_context_of_a_traced_record() {
+        let d = two_branches();
+        let records = vec![
+            LiveRecord { txn: 7, payload: d.encode_logged(Some(&sampled())) },
+            LiveRecord { txn: 9, payload: d.encode() },
+        ];
+        let r = RecoveredDecisions::from_records(records);
+        assert_eq!(r.traces.get(&d.xid), Some(&sampled()));
+        assert_eq!(r.decisions[&d.xid], d);
+        assert_eq!(r.keys[&d.xid], vec![7, 9]);
+        let untraced = RecoveredDecisions::from_records(vec![LiveRecord { txn: 1, payload: d.encode() }]);
+        assert!(untraced.traces.is_empty());
     }
 
     #[test]
@@ -354,6 +512,8 @@ mod tests {
         #[test]
         fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Decision::decode(&bytes);
+            let _ = Decision::decode_logged(&bytes);
+            let _ = Decision::decode_logged(&[b"DCD2".as_slice(), &bytes].concat());
         }
 
         /// Within the limits a record stores exactly its decision; past them, it is refused
@@ -372,7 +532,11 @@ mod tests {
             if within {
                 let bytes = decision.encode();
                 prop_assert!(bytes.len() <= DECISION_BYTES_MAX);
-                prop_assert_eq!(Decision::decode(&bytes).unwrap(), decision);
+                prop_assert_eq!(Decision::decode(&bytes).unwrap(), decision.clone());
+                let context = TraceContext { trace_id: [7; 16], span_id: [9; 8], flags: 1 };
+                let traced = decision.encode_logged(Some(&context));
+                prop_assert!(traced.len() <= DECISION_RECORD_BYTES_MAX);
+                prop_assert_eq!(Decision::decode_logged(&traced).unwrap(), (decision, Some(context)));
             }
         }
     }

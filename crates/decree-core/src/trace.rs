@@ -81,7 +81,55 @@ impl TraceContext {
     pub fn trace_id_hex(&self) -> String {
         hex::encode(self.trace_id)
     }
+
+    /// The span id in lowercase hex, as log lines and `decree recover list` show it.
+    pub fn span_id_hex(&self) -> String {
+        hex::encode(self.span_id)
+    }
+
+    /// Whether the sender sampled its span (W3C flag bit 0): only such a context is worth
+    /// keeping for later spans to link to, since an unsampled span is never exported.
+    pub fn is_sampled(&self) -> bool {
+        self.flags & 0x01 != 0
+    }
+
+    /// Whether both ids are non-zero, as W3C Trace Context requires of a valid context.
+    pub fn is_valid(&self) -> bool {
+        self.trace_id != [0; 16] && self.span_id != [0; 8]
+    }
+
+    /// Appends the fixed-width form a decision record keeps (`DCD2`, store.rs): trace id
+    /// (16 bytes), span id (8), flags (1), [`TRACE_CONTEXT_BYTES`] in all.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        assert!(self.is_valid(), "a stored trace context has non-zero ids");
+        out.extend_from_slice(&self.trace_id);
+        out.extend_from_slice(&self.span_id);
+        out.push(self.flags);
+    }
+
+    /// Reads the form of [`TraceContext::encode_into`]: exactly [`TRACE_CONTEXT_BYTES`]
+    /// bytes with non-zero ids, or why not.
+    pub fn decode(buf: &[u8]) -> Result<TraceContext, &'static str> {
+        let bytes: &[u8; TRACE_CONTEXT_BYTES] = buf.try_into().map_err(|_| {
+            if buf.len() < TRACE_CONTEXT_BYTES {
+                "trace context truncated"
+            } else {
+                "trailing bytes after the trace context"
+            }
+        })?;
+        let mut context = TraceContext { trace_id: [0; 16], span_id: [0; 8], flags: bytes[24] };
+        context.trace_id.copy_from_slice(&bytes[..16]);
+        context.span_id.copy_from_slice(&bytes[16..24]);
+        if !context.is_valid() {
+            return Err("trace context with a zero trace or span id");
+        }
+        Ok(context)
+    }
 }
+
+/// Bytes of a trace context in a decision record's `DCD2` form: trace id (16), span id
+/// (8), flags (1).
+pub const TRACE_CONTEXT_BYTES: usize = 16 + 8 + 1;
 
 /// The wire form of the caller's current OpenTelemetry context (spans on and a valid
 /// span current), for requests made outside a transaction (`Outcome`).

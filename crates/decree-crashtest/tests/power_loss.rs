@@ -109,8 +109,8 @@ fn decisions_in(storage: &FaultStorage) -> Vec<String> {
     let mut ids: Vec<String> = log
         .take_recovered()
         .iter()
-        .map(|r| match Decision::decode(&r.payload) {
-            Ok(d) => transfer_id(&d.xid).unwrap_or_else(|e| e.to_string()),
+        .map(|r| match Decision::decode_logged(&r.payload) {
+            Ok((d, _)) => transfer_id(&d.xid).unwrap_or_else(|e| e.to_string()),
             Err(e) => format!("(undecodable: {e})"),
         })
         .collect();

@@ -9,12 +9,14 @@
 //! and the pair's link). An `https://` collector's certificate must chain to the CA file
 //! configured (`tracing.ca_file`, `OTEL_EXPORTER_OTLP_CERTIFICATE`) or, without one, to the
 //! system's CA bundle ([`SYSTEM_CA_FILES`], or `SSL_CERT_FILE`), and name the endpoint's
-//! host. Every read and write has the exporter's timeout, and a response is read up to
+//! host. A collector that asks for a client certificate (mutual TLS) gets the one
+//! configured ([`ClientIdentity`]: `tracing.cert_file` and `key_file`,
+//! `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`). Every read and write has the exporter's timeout, and a response is read up to
 //! [`RESPONSE_BYTES_MAX`].
 
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -29,6 +31,50 @@ pub const RESPONSE_BYTES_MAX: usize = 1 << 20;
 pub const SYSTEM_CA_FILES: [&str; 2] =
     ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"];
 
+/// A client certificate chain and its private key (PEM files), which the exporter presents
+/// to a collector that asks for one (mutual TLS): the collector then knows who sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// The certificate chain, the client's own certificate first.
+    pub cert_file: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+impl ClientIdentity {
+    /// The identity of `cert_file` and `key_file`, which go together: one without the
+    /// other is refused, naming `names` (the two keys or variables as the user wrote them).
+    pub fn from_pair(
+        cert_file: Option<&Path>,
+        key_file: Option<&Path>,
+        names: [&str; 2],
+    ) -> Result<Option<ClientIdentity>, String> {
+        match (cert_file, key_file) {
+            (Some(cert), Some(key)) => {
+                Ok(Some(ClientIdentity { cert_file: cert.to_path_buf(), key_file: key.to_path_buf() }))
+            }
+            (None, None) => Ok(None),
+            _ => Err(format!("{} and {} go together: set both or neither", names[0], names[1])),
+        }
+    }
+
+    /// Reads the chain and the key, each error naming its file.
+    fn load(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+        let chain = CertificateDer::pem_file_iter(&self.cert_file)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("client certificate file {}: {e}", self.cert_file.display()))?;
+        if chain.is_empty() {
+            return Err(format!(
+                "client certificate file {} holds no PEM certificate",
+                self.cert_file.display()
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key_file)
+            .map_err(|e| format!("client key file {}: {e}", self.key_file.display()))?;
+        Ok((chain, key))
+    }
+}
+
 /// The exporter's HTTP client: blocking, one connection per request.
 #[derive(Debug, Clone)]
 pub struct BlockingHttp {
@@ -40,14 +86,16 @@ pub struct BlockingHttp {
 
 impl BlockingHttp {
     /// A client for `endpoint` (its scheme decides whether TLS is set up), trusting the CA
-    /// certificates of `ca_file` or, without one, the system's.
+    /// certificates of `ca_file` or, without one, the system's, and presenting `identity`
+    /// to a collector that asks for a client certificate.
     pub fn for_endpoint(
         endpoint: &str,
         ca_file: Option<&Path>,
+        identity: Option<&ClientIdentity>,
         timeout: Duration,
     ) -> Result<BlockingHttp, String> {
         let tls = match endpoint.starts_with("https://") {
-            true => Some(tls_config(ca_file)?),
+            true => Some(tls_config(ca_file, identity)?),
             false => None,
         };
         Ok(BlockingHttp { timeout, tls })
@@ -55,8 +103,11 @@ impl BlockingHttp {
 }
 
 /// A TLS client configuration trusting the CA certificates (PEM) of `ca_file`, or of the
-/// system's bundle without one.
-pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+/// system's bundle without one, with `identity` as its client certificate when given.
+pub fn tls_config(
+    ca_file: Option<&Path>,
+    identity: Option<&ClientIdentity>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     let path = match ca_file {
         Some(path) => path.to_path_buf(),
         None => system_ca_file()?,
@@ -70,11 +121,23 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, S
         return Err(format!("CA file {} holds no usable PEM certificate", path.display()));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(identity) => {
+            let (chain, key) = identity.load()?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!(
+                    "client certificate {} with key {}: {e}",
+                    identity.cert_file.display(),
+                    identity.key_file.display()
+                )
+            })?
+        }
+        None => builder.with_no_client_auth(),
+    };
     Ok(Arc::new(config))
 }
 
@@ -180,41 +243,74 @@ mod tests {
     fn a_ca_file_without_certificates_is_refused_by_name() {
         let dir = std::env::temp_dir().join(format!("decree-otel-ca-{}", std::process::id()));
         std::fs::write(&dir, "not a certificate\n").unwrap();
-        let why = tls_config(Some(&dir)).unwrap_err();
+        let why = tls_config(Some(&dir), None).unwrap_err();
         std::fs::remove_file(&dir).unwrap();
         assert!(why.contains("no usable PEM certificate") && why.contains("decree-otel-ca-"), "{why}");
-        let why = tls_config(Some(Path::new("/nonexistent/ca.pem"))).unwrap_err();
+        let why = tls_config(Some(Path::new("/nonexistent/ca.pem")), None).unwrap_err();
         assert!(why.contains("/nonexistent/ca.pem"), "{why}");
     }
 
-    /// A CA named `name` (its PEM) and a certificate for `localhost` it signed, with the key.
-    fn pki(name: &str) -> (String, CertificateDer<'static>, rustls::pki_types::PrivateKeyDer<'static>) {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(DnType::CommonName, name);
-        let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
-        let key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        let cert = params.signed_by(&key, &Issuer::from_params(&ca_params, &ca_key)).unwrap();
-        let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into();
-        (ca_pem, cert.der().clone(), key_der)
+    /// A throwaway CA: its parameters, its key and its certificate (PEM).
+    struct TestCa {
+        params: rcgen::CertificateParams,
+        key: rcgen::KeyPair,
+        pem: String,
     }
 
-    /// A TLS collector on a loopback port answering every request `200 ok`; each request's
+    /// A CA named `name`.
+    fn ca(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa { params, key, pem }
+    }
+
+    /// A certificate for `dns_name` that `ca` signed, and its key.
+    fn leaf(ca: &TestCa, dns_name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![dns_name.to_string()]).unwrap();
+        let cert = params.signed_by(&key, &rcgen::Issuer::from_params(&ca.params, &ca.key)).unwrap();
+        (cert, key)
+    }
+
+    /// A CA named `name` (its PEM) and a certificate for `localhost` it signed, with the key.
+    fn pki(name: &str) -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
+        let ca = ca(name);
+        let (cert, key) = leaf(&ca, "localhost");
+        let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into();
+        (ca.pem, cert.der().clone(), key_der)
+    }
+
+    /// A TLS collector on a loopback port answering every request `200 ok`, asking for a
+    /// client certificate that chains to `client_ca` (PEM) when given; each request's
     /// bytes go to the receiver returned.
     fn tls_collector(
         cert: CertificateDer<'static>,
-        key: rustls::pki_types::PrivateKeyDer<'static>,
+        key: PrivateKeyDer<'static>,
+        client_ca: Option<&str>,
     ) -> (u16, std::sync::mpsc::Receiver<Vec<u8>>) {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert], key)
             .unwrap();
+        let builder = match client_ca {
+            Some(pem) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                    roots.add(cert.unwrap()).unwrap();
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .unwrap();
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder.with_single_cert(vec![cert], key).unwrap();
         let config = Arc::new(config);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -261,10 +357,11 @@ mod tests {
         let (other_ca_pem, _, _) = pki("another-ca");
         std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
         std::fs::write(dir.join("other-ca.pem"), other_ca_pem).unwrap();
-        let (port, received) = tls_collector(cert, key);
+        let (port, received) = tls_collector(cert, key, None);
         let timeout = Duration::from_secs(10);
         let endpoint = format!("https://localhost:{port}");
-        let trusting = BlockingHttp::for_endpoint(&endpoint, Some(&dir.join("ca.pem")), timeout).unwrap();
+        let trusting =
+            BlockingHttp::for_endpoint(&endpoint, Some(&dir.join("ca.pem")), None, timeout).unwrap();
         let response = post(&trusting, export_request(port)).expect("exported over TLS");
         assert_eq!((response.status().as_u16(), &response.body()[..]), (200, &b"ok"[..]));
         let request = String::from_utf8(received.recv_timeout(timeout).unwrap()).unwrap();
@@ -273,11 +370,62 @@ mod tests {
             "{request}"
         );
         let refusing =
-            BlockingHttp::for_endpoint(&endpoint, Some(&dir.join("other-ca.pem")), timeout).unwrap();
+            BlockingHttp::for_endpoint(&endpoint, Some(&dir.join("other-ca.pem")), None, timeout).unwrap();
         let why = post(&refusing, export_request(port)).unwrap_err().to_string();
         assert!(why.contains("UnknownIssuer"), "{why}");
-        let plain = BlockingHttp::for_endpoint("http://localhost:1", None, timeout).unwrap();
+        let plain = BlockingHttp::for_endpoint("http://localhost:1", None, None, timeout).unwrap();
         assert!(plain.tls.is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 36: mutual TLS. A collector that asks for a client certificate chaining to
+    /// its clients' CA gets the exporter's configured one and takes the export; without a
+    /// client certificate, or with one of another CA, the handshake fails and nothing is
+    /// received. A certificate without its key (or the reverse) and an unreadable key are
+    /// refused by name before any connection.
+    #[test]
+    fn a_collector_that_asks_for_a_client_certificate_gets_the_configured_one() {
+        let dir = std::env::temp_dir().join(format!("decree-otel-mtls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (server_ca_pem, cert, key) = pki("collector-ca");
+        std::fs::write(dir.join("ca.pem"), server_ca_pem).unwrap();
+        let clients = ca("exporters-ca");
+        let identity = |name: &str, ca: &TestCa| {
+            let (cert, key) = leaf(ca, "exporter");
+            std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+            std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+            ClientIdentity {
+                cert_file: dir.join(format!("{name}.pem")),
+                key_file: dir.join(format!("{name}.key")),
+            }
+        };
+        let known = identity("exporter", &clients);
+        let stranger = identity("stranger", &ca("strangers-ca"));
+        let (port, received) = tls_collector(cert, key, Some(&clients.pem));
+        let timeout = Duration::from_secs(10);
+        let endpoint = format!("https://localhost:{port}");
+        let ca_file = dir.join("ca.pem");
+        let client =
+            |identity| BlockingHttp::for_endpoint(&endpoint, Some(&ca_file), identity, timeout).unwrap();
+
+        let response = post(&client(Some(&known)), export_request(port)).expect("exported over mutual TLS");
+        assert_eq!(response.status().as_u16(), 200);
+        let request = received.recv_timeout(timeout).expect("the collector took the export");
+        assert!(request.ends_with(b"\r\n\r\nspans"));
+        for (who, identity) in [("no certificate", None), ("another CA's", Some(&stranger))] {
+            let refused = post(&client(identity), export_request(port));
+            assert!(refused.is_err(), "{who}: the collector answered {refused:?}");
+            let nothing = received.recv_timeout(Duration::from_millis(300));
+            assert!(nothing.is_err(), "{who}: the collector took an export");
+        }
+
+        let names = ["tracing.cert_file", "tracing.key_file"];
+        let why = ClientIdentity::from_pair(Some(&known.cert_file), None, names).unwrap_err();
+        assert_eq!(why, "tracing.cert_file and tracing.key_file go together: set both or neither");
+        assert_eq!(ClientIdentity::from_pair(None, None, names), Ok(None));
+        let unreadable = ClientIdentity { key_file: dir.join("missing.key"), ..known.clone() };
+        let why = tls_config(Some(&ca_file), Some(&unreadable)).unwrap_err();
+        assert!(why.contains("client key file") && why.contains("missing.key"), "{why}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

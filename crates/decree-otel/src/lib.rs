@@ -45,6 +45,13 @@ pub struct TracingConfig {
     /// `OTEL_EXPORTER_OTLP_CERTIFICATE`; absent: the system's CA bundle.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// The client certificate chain (PEM) presented to an `https://` collector that asks
+    /// for one (mutual TLS), as `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`; with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `cert_file`, as `OTEL_EXPORTER_OTLP_CLIENT_KEY`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
     /// Share of the traces the server starts itself (recovery passes) that are sampled,
     /// 0.0 to 1.0; a client's sampled flag decides for its own transactions.
     #[serde(default = "default_sampling")]
@@ -90,6 +97,8 @@ impl TracingConfig {
         TracingConfig {
             endpoint: endpoint.into(),
             ca_file: None,
+            cert_file: None,
+            key_file: None,
             sampling: default_sampling(),
             service_name: default_service_name(),
             export_delay_ms: default_export_delay_ms(),
@@ -113,6 +122,14 @@ impl TracingConfig {
         if rest.is_empty() || rest.starts_with('/') || self.endpoint.parse::<::http::Uri>().is_err() {
             return bad(format!("tracing.endpoint = {:?} names no host", self.endpoint));
         }
+        let identity = self.client_identity().map_err(OtelError::Config)?;
+        if identity.is_some() && !self.endpoint.starts_with("https://") {
+            return bad(format!(
+                "tracing.cert_file and tracing.key_file are presented over TLS only: tracing.endpoint = {:?} \
+                 must be an https:// URL",
+                self.endpoint
+            ));
+        }
         if !(0.0..=1.0).contains(&self.sampling) {
             return bad(format!("tracing.sampling = {} must be between 0.0 and 1.0", self.sampling));
         }
@@ -135,6 +152,16 @@ impl TracingConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The client certificate and key to present (mutual TLS), when both are configured;
+    /// one without the other is refused.
+    pub fn client_identity(&self) -> Result<Option<http::ClientIdentity>, String> {
+        http::ClientIdentity::from_pair(
+            self.cert_file.as_deref(),
+            self.key_file.as_deref(),
+            ["tracing.cert_file", "tracing.key_file"],
+        )
     }
 
     /// The traces URL: the endpoint with `/v1/traces` unless it names a path already.
@@ -163,9 +190,14 @@ impl Exporter {
     /// children, `config.sampling` for new traces.
     pub fn start(config: &TracingConfig, attributes: Vec<KeyValue>) -> Result<Exporter, OtelError> {
         config.validate()?;
-        let client =
-            http::BlockingHttp::for_endpoint(&config.endpoint, config.ca_file.as_deref(), EXPORT_TIMEOUT)
-                .map_err(|e| OtelError::Config(format!("tracing.endpoint = {:?}: {e}", config.endpoint)))?;
+        let identity = config.client_identity().map_err(OtelError::Config)?;
+        let client = http::BlockingHttp::for_endpoint(
+            &config.endpoint,
+            config.ca_file.as_deref(),
+            identity.as_ref(),
+            EXPORT_TIMEOUT,
+        )
+        .map_err(|e| OtelError::Config(format!("tracing.endpoint = {:?}: {e}", config.endpoint)))?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(client)
@@ -236,9 +268,11 @@ pub fn install_from_env(service_name: &str) -> Result<Option<Exporter>, OtelErro
     let endpoint =
         variable(["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]).unwrap_or_default();
     let ca_file = variable(["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"]);
+    let identity = client_identity_from_env(&variable)?;
     let client = http::BlockingHttp::for_endpoint(
         endpoint.trim(),
         ca_file.as_deref().map(std::path::Path::new),
+        identity.as_ref(),
         EXPORT_TIMEOUT,
     )
     .map_err(|e| OtelError::Config(format!("OTEL_EXPORTER_OTLP_*: {e}")))?;
@@ -256,6 +290,22 @@ pub fn install_from_env(service_name: &str) -> Result<Option<Exporter>, OtelErro
     Ok(Some(Exporter { provider }))
 }
 
+/// The client certificate and key of the standard variables (the `TRACES_` ones first),
+/// for a collector that asks for one; one without the other is refused by name.
+fn client_identity_from_env(
+    variable: &dyn Fn([&str; 2]) -> Option<String>,
+) -> Result<Option<http::ClientIdentity>, OtelError> {
+    let cert =
+        variable(["OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"]);
+    let key = variable(["OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY"]);
+    http::ClientIdentity::from_pair(
+        cert.as_deref().map(std::path::Path::new),
+        key.as_deref().map(std::path::Path::new),
+        ["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY"],
+    )
+    .map_err(|e| OtelError::Config(format!("OTEL_EXPORTER_OTLP_*: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +321,22 @@ mod tests {
             (TracingConfig { sampling: 1.5, ..TracingConfig::to("http://a:1") }, "tracing.sampling"),
             (TracingConfig { xid_contexts_max: 0, ..TracingConfig::to("http://a:1") }, "xid_contexts_max"),
             (TracingConfig { export_delay_ms: 0, ..TracingConfig::to("http://a:1") }, "export_delay_ms"),
+            (
+                TracingConfig { cert_file: Some("c.pem".into()), ..TracingConfig::to("https://a:1") },
+                "tracing.cert_file and tracing.key_file go together",
+            ),
+            (
+                TracingConfig { key_file: Some("c.key".into()), ..TracingConfig::to("https://a:1") },
+                "tracing.cert_file and tracing.key_file go together",
+            ),
+            (
+                TracingConfig {
+                    cert_file: Some("c.pem".into()),
+                    key_file: Some("c.key".into()),
+                    ..TracingConfig::to("http://a:1")
+                },
+                "must be an https:// URL",
+            ),
         ] {
             let why = config.validate().unwrap_err().to_string();
             assert!(why.contains(key), "{why}");

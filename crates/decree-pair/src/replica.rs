@@ -227,8 +227,9 @@ fn check_batch(records: &[LinkRecord], keeps_outcomes: bool) -> Result<usize, Re
         let bad = |reason: String| ReplicaError::BadRecord { index, xid: record.xid.to_string(), reason };
         match record.kind {
             RecordKind::Decision => {
-                let decision =
-                    Decision::decode(&record.payload).map_err(|e| bad(format!("undecodable: {e}")))?;
+                // Shipped as the primary's log holds it: either form (a traced one is `DCD2`).
+                let (decision, _) =
+                    Decision::decode_logged(&record.payload).map_err(|e| bad(format!("undecodable: {e}")))?;
                 if decision.xid != record.xid {
                     return Err(bad(format!("the decision inside is of {}", decision.xid)));
                 }

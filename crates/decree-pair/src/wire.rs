@@ -32,6 +32,11 @@ pub const BATCH_RECORDS_MAX: usize = 4096;
 /// The longest record payload (a decision record is at most a client frame).
 pub const PAYLOAD_BYTES_MAX: usize = 64 << 10;
 
+const _: () = assert!(
+    decree_core::DECISION_RECORD_BYTES_MAX <= PAYLOAD_BYTES_MAX,
+    "a decision record at every limit, in its traced log form too, ships in one link record"
+);
+
 /// What a replicated record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordKind {

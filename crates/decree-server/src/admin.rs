@@ -35,7 +35,7 @@ use decree_core::protocol::{self, PhaseTwoStep};
 use decree_core::recovery::Connections;
 use decree_core::{
     BranchRecord, Decision, HeuristicOutcome, KeyAllocator, Origin, RecoveredDecisions, RmError, RmFactory,
-    Xid,
+    TraceContext, Xid,
 };
 use decree_log::outcomes::OutcomeMemory;
 use decree_log::{Log, LogError};
@@ -182,6 +182,9 @@ pub struct InDoubt {
     pub origin: Option<Origin>,
     /// Seconds since the oldest branch was prepared, when an RM says (PostgreSQL).
     pub age_s: Option<u64>,
+    /// The client's trace context its decision record kept (a `Decide` with a sampled
+    /// one, tracing on): where an operator finds the transaction's trace.
+    pub trace: Option<TraceContext>,
     /// Its branches with their state per RM.
     pub branches: Vec<BranchStatus>,
 }
@@ -336,6 +339,9 @@ impl Listing {
                     "decided": t.decided,
                     "state": t.state(),
                     "age_seconds": t.age_s,
+                    // The client's span its decision record names (lowercase hex), if any.
+                    "trace_id": t.trace.map(|c| c.trace_id_hex()),
+                    "span_id": t.trace.map(|c| c.span_id_hex()),
                     // On a pair member's log, the pair's epoch (the Xid's incarnation).
                     "epoch": self.pair.and(t.epoch()).map(|e| e.to_string()),
                     "origin": t.origin.map(|o| serde_json::json!({
@@ -446,6 +452,8 @@ pub struct Inspector {
     log_dir: PathBuf,
     node: u32,
     decisions: HashMap<Xid, Decision>,
+    /// The client's trace context each traced decision record kept.
+    traces: HashMap<Xid, TraceContext>,
     /// The log keys of each decision's records (completing it completes them all).
     keys: HashMap<Xid, Vec<u64>>,
     key_allocator: KeyAllocator,
@@ -482,7 +490,7 @@ impl Inspector {
         warnings.extend(recovered.undecodable.iter().map(|(key, e)| {
             format!("record under log key {key:#x} in {} is not a decision ({e}); ignored", dir.display())
         }));
-        let (decisions, keys) = (recovered.decisions, recovered.keys);
+        let (decisions, keys, traces) = (recovered.decisions, recovered.keys, recovered.traces);
         // Flushed at once: an operator's resolution is synced before the log is changed.
         let capacity = config.limits.outcomes_remembered_max;
         let outcomes = crate::open_outcomes(&log_config, None, capacity, std::time::Duration::ZERO)
@@ -511,6 +519,7 @@ impl Inspector {
             log_dir: dir,
             node: config.node,
             decisions,
+            traces,
             keys,
             key_allocator,
             outcomes,
@@ -556,6 +565,7 @@ impl Inspector {
                 decided: true,
                 origin: decision.xid.origin(),
                 age_s: None,
+                trace: self.traces.get(&decision.xid).copied(),
                 branches,
             };
             in_doubt.insert(decision.xid, entry);
@@ -569,6 +579,7 @@ impl Inspector {
                     decided: false,
                     origin: global.origin(),
                     age_s: None,
+                    trace: None,
                     branches: Vec::new(),
                 });
                 if !entry.branches.iter().any(|b| b.rm == *rm && b.xid == *xid) {

@@ -36,7 +36,9 @@
 //! [tracing]                     # OpenTelemetry spans over OTLP/HTTP; off when absent
 //! endpoint = "http://127.0.0.1:4318"  # the collector's base URL (spans to /v1/traces);
 //!                               # https:// for TLS, checked against ca_file (PEM) or,
-//!                               # without it, the system's CA bundle
+//!                               # without it, the system's CA bundle; cert_file and
+//!                               # key_file (PEM, both or neither): the client
+//!                               # certificate a collector asking for one gets
 //! sampling = 1.0                # share of the server's own traces (recovery passes);
 //!                               # a client's sampled flag decides for its transactions
 //! xid_contexts_max = 65536      # client span contexts kept for recovery's links

@@ -632,7 +632,9 @@ pub(crate) fn check_decide(state: &State, session: u64, decision: &Decision) -> 
 /// `client` is the trace context the `Decide` carried (spans on only): the server's
 /// `decree.server.decide` span is its child, with the log write as a child span and the
 /// backup's confirmation, in a pair, as an event; the log lines of the decision, on every
-/// thread it passes through, carry that span's trace and span ids.
+/// thread it passes through, carry that span's trace and span ids. A sampled `client`
+/// context is written with the decision (its log form `DCD2`), for recovery's links after
+/// a restart or a failover.
 pub(crate) fn commit_decision_traced(
     state: &Arc<State>,
     txns: Arc<SessionTxns>,
@@ -646,8 +648,12 @@ pub(crate) fn commit_decision_traced(
         .as_ref()
         .map(|t| (t.request("decree.server.decide", &decision.xid, client), SystemTime::now()));
     let scope = span.as_ref().map(|(span, _)| trace::span_log_scope(span));
+    // Kept only when sampled: an unsampled client span is never exported, nothing could
+    // show a link to it. With spans off `client` is `None`: the record is DCD1, as ever.
+    let logged = client.filter(|c| c.is_sampled() && c.is_valid()).copied();
+    let payload = decision.encode_logged(logged.as_ref());
     trace::within(scope.as_ref(), || {
-        commit_decision_scoped(state, txns, sequence, decision, send, span, scope.clone())
+        commit_decision_scoped(state, txns, sequence, decision, payload, send, span, scope.clone())
     })
 }
 
@@ -655,17 +661,18 @@ pub(crate) fn commit_decision_traced(
 type DecideSpan = Option<(SdkSpan, SystemTime)>;
 
 /// [`commit_decision_traced`] inside the decision's log scope (`scope`, entered again on
-/// the threads that finish it).
+/// the threads that finish it); `payload` is the decision's log record.
+#[allow(clippy::too_many_arguments)] // the decision, its record and its trace, each owned by the callback
 fn commit_decision_scoped(
     state: &Arc<State>,
     txns: Arc<SessionTxns>,
     sequence: u64,
     decision: Decision,
+    payload: Vec<u8>,
     send: Box<dyn FnOnce(Message) + Send>,
     span: DecideSpan,
     scope: Option<tracing::Span>,
 ) {
-    let payload = decision.encode();
     // A pair's strict primary ships the decision while it writes it locally.
     let early = state.pair().and_then(|link| link.ship_before_write(state, decision.xid, &payload));
     let shipped = state.pair().filter(|_| early.is_none()).map(|_| payload.clone());

@@ -83,6 +83,18 @@ pub enum ServerError {
     /// A listener or the runtime could not be set up; names what and where.
     #[error("{0}")]
     Io(String),
+    /// The log holds a record that is not a decision this server can read (written by a
+    /// newer server, say): it stops rather than leave that transaction to presumed abort.
+    #[error(
+        "the log holds a record this server cannot read (log key {key:#x}: {reason}); it stops rather than \
+         presume abort for a transaction it may have decided: run the server version that wrote it"
+    )]
+    UnreadableRecord {
+        /// The record's key in the log.
+        key: u64,
+        /// Why it is not a decision.
+        reason: String,
+    },
     /// This pair member led, and a member of a newer epoch deposed it (it touched nothing
     /// since; `decree serve` then rejoins the pair as a backup in the same process).
     #[error("deposed by epoch {0}: this member rejoins the pair as a backup")]
@@ -282,25 +294,29 @@ fn open_state(
     };
     let capacity = config.limits.outcomes_remembered_max;
     let outcomes = open_outcomes(log_config, storage, capacity, OUTCOME_FLUSH_DELAY)?;
-    Ok(state_over(config, log, outcomes, factories, incarnation))
+    state_over(config, log, outcomes, factories, incarnation)
 }
 
 /// The state of a run over `log` (just opened: its recovered decisions become orphans)
 /// and `outcomes`, minting Xids of `incarnation` (the log's own when `None`). The pair's
 /// simulator (`decree-sim`) opens a member's state here too.
+/// A record that is not a readable decision stops the start
+/// ([`ServerError::UnreadableRecord`]): it may be a decision of a newer format, and a run
+/// that skipped it would roll that transaction's prepared branches back as presumed
+/// abort while its decision says commit.
 pub(crate) fn state_over(
     config: &ServerConfig,
     log: Arc<dyn decree_log::Log>,
     outcomes: OutcomeMemory,
     factories: Vec<Arc<dyn RmFactory>>,
     incarnation: Option<u64>,
-) -> State {
+) -> Result<State, ServerError> {
     let recovered = RecoveredDecisions::from_records(log.take_recovered());
-    for (key, e) in &recovered.undecodable {
-        tracing::error!(key, error = %e, "undecodable record in the log; left as is");
+    if let Some((key, e)) = recovered.undecodable.first() {
+        return Err(ServerError::UnreadableRecord { key: *key, reason: e.to_string() });
     }
     let incarnation = incarnation.unwrap_or_else(|| log.incarnation());
-    State::new(log, outcomes, config, factories, recovered, incarnation)
+    Ok(State::new(log, outcomes, config, factories, recovered, incarnation))
 }
 
 /// The outcome memory beside the log of `log_config`: in its directory, on `storage` (the

@@ -81,7 +81,9 @@ impl SimPrimary {
     pub fn lead(lead: Lead) -> SimPrimary {
         let Lead { config, log, outcomes, factories, node, limits, storage, pair_state, stop } = lead;
         let epoch = node.leads().expect("a promoted node leads");
-        let state = Arc::new(crate::state_over(&config, log, outcomes, factories, Some(epoch.raw())));
+        let state = crate::state_over(&config, log, outcomes, factories, Some(epoch.raw()))
+            .expect("the simulator writes only records its server reads");
+        let state = Arc::new(state);
         let deposed = Deposed { stop, storage, dir: config.log_dir.clone(), pair_state };
         let stall =
             config.pair.as_ref().map_or(decree_pair::link::stall::LINK_STALL_DEFAULT, |p| p.link_stall());

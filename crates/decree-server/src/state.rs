@@ -221,6 +221,10 @@ impl State {
                 )
                 .ok()
         });
+        // The client contexts the log kept: recovery's spans of these transactions link to them.
+        if let Some(trace) = &trace {
+            trace.remember_logged(&recovered.traces);
+        }
         State {
             log,
             outcomes,

@@ -12,8 +12,11 @@
 //!
 //! The map from Xid to the client's span context ([`XidContexts`]) is bounded by
 //! `tracing.xid_contexts_max` and forgets the oldest first: it never grows with history.
-//! It lives in memory, so recovery after a restart, or by the other member of a pair after
-//! a failover, has no link to give: its spans carry the Xid attribute only.
+//! It lives in memory; what outlives the process is the log: a decision whose `Decide`
+//! carried a sampled context is written with it (`DCD2`, decree-core's `store.rs`), the
+//! pair ships that record as it is, and a server opening the log (after a restart, or the
+//! member promoted after a failover) fills the map from it ([`ServerTrace::remember_logged`]),
+//! so that its recovery links to the client's span too.
 //!
 //! Log lines carry the trace too: while the server works on a traced request (or recovery
 //! on a transaction whose client context it holds), it enters a `tracing` span
@@ -62,6 +65,19 @@ impl ServerTrace {
             contexts: Mutex::new(XidContexts::new(config.xid_contexts_max as usize)),
             _exporter: exporter,
         })
+    }
+
+    /// Remembers the client contexts that the log's decision records kept (`DCD2`), so that
+    /// recovering those transactions, after a restart or on the member promoted after a
+    /// failover, links its spans and log lines to the clients' spans. The map's bound
+    /// holds: past `xid_contexts_max` recovered contexts, some go unlinked.
+    pub(crate) fn remember_logged(&self, logged: &HashMap<Xid, TraceContext>) {
+        let mut contexts = self.contexts.lock();
+        for (xid, context) in logged {
+            if let Some(sc) = context.to_span_context() {
+                contexts.insert(xid.global(), sc);
+            }
+        }
     }
 
     /// A span for a request about `xid`, a child of the client's context when it sent

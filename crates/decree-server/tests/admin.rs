@@ -13,7 +13,7 @@
 mod common;
 
 use common::{count, dsn, prepare_insert};
-use decree_core::{BranchRecord, Decision, Origin, Xid};
+use decree_core::{BranchRecord, Decision, Origin, TraceContext, Xid};
 use decree_log::EngineKind;
 use decree_rm::PgRm;
 use decree_server::admin::{self, AdminError, BranchState, Inspector, STATE_DECIDED, STATE_UNDECIDED};
@@ -102,14 +102,16 @@ fn recover_lists_and_resolves_real_in_doubt_transactions() {
 
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), node, &[("pg-a", &dsn_a), ("pg-b", &dsn_b)]);
+    // The decided one's record kept its client's trace context (the log's DCD2 form).
+    let client = TraceContext { trace_id: [0x1d; 16], span_id: [0x2e; 8], flags: 1 };
     {
         let log = decree_log::open(&config.log_config().unwrap()).expect("open log");
         let rec = |rm: &str, branch| BranchRecord { rm: rm.into(), branch };
-        for d in [
-            Decision { xid: decided, branches: vec![rec("pg-a", 0), rec("pg-b", 1)] },
-            Decision { xid: forced_back, branches: vec![rec("pg-a", 0)] },
+        for (d, trace) in [
+            (Decision { xid: decided, branches: vec![rec("pg-a", 0), rec("pg-b", 1)] }, Some(&client)),
+            (Decision { xid: forced_back, branches: vec![rec("pg-a", 0)] }, None),
         ] {
-            log.append(d.xid.log_key(), &d.encode()).expect("append decision");
+            log.append(d.xid.log_key(), &d.encode_logged(trace)).expect("append decision");
         }
         log.sync().unwrap();
     }
@@ -123,6 +125,7 @@ fn recover_lists_and_resolves_real_in_doubt_transactions() {
     assert!(d.decided && d.state() == STATE_DECIDED);
     assert_eq!(d.branches.len(), 2, "{d:?}");
     assert!(d.branches.iter().all(|b| b.state == BranchState::Prepared), "{d:?}");
+    assert_eq!(d.trace, Some(client), "the client's context its record kept");
     let u = find(&listing, undecided).expect("undecided transaction listed");
     assert!(!u.decided && u.state() == STATE_UNDECIDED);
     assert_eq!(u.branches.len(), 2, "{u:?}");
@@ -136,6 +139,11 @@ fn recover_lists_and_resolves_real_in_doubt_transactions() {
     }
     let parsed: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
     assert_eq!(parsed["in_doubt"].as_array().map(Vec::len), Some(4), "{json}");
+    let shown = parsed["in_doubt"].as_array().unwrap().iter().find(|t| t["xid"] == decided.to_gid()).unwrap();
+    assert_eq!(shown["trace_id"], client.trace_id_hex(), "{json}");
+    assert_eq!(shown["span_id"], client.span_id_hex(), "{json}");
+    let untraced = parsed["in_doubt"].as_array().unwrap().iter().find(|t| t["xid"] == undecided.to_gid());
+    assert!(untraced.unwrap()["trace_id"].is_null(), "{json}");
 
     // Choices that contradict the log are refused and touch nothing.
     let e = inspector.rollback(&decided, false).unwrap_err();

@@ -70,9 +70,9 @@ impl Inner {
     }
 }
 
-/// The Xid of a decision record's payload.
+/// The Xid of a decision record's payload (either log form).
 fn xid_of(payload: &[u8]) -> Option<Xid> {
-    Decision::decode(payload).ok().map(|d| d.xid)
+    Decision::decode_logged(payload).ok().map(|(d, _)| d.xid)
 }
 
 impl SimLog {
