@@ -1011,7 +1011,6 @@ fn each_group_commit_write_links_to_every_decision_it_made_durable() {
 /// that the spans of a server told to send them there silently go nowhere.
 #[test]
 fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
-    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
     use decree_server::testing::{TestCa, Validity};
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("otel-test-ca");
@@ -1021,7 +1020,15 @@ fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
     let collector = collector.replace("http://127.0.0.1", "https://localhost");
     let extra = format!("ca_file = \"{}\"\n", ca_file.display());
     let (_server, endpoint) = serve_dummy_with(dir.path(), &collector, &extra);
-    let store = RemoteDecisions::connect(&endpoint).unwrap();
+    decide_and_see_the_server_span(&endpoint, &spans, 7);
+}
+
+/// Decides one transaction through `endpoint` with a sampled client context (`seed`) and
+/// checks that the server's decide span reached the collector whose `spans` are given, as
+/// a child of the client's span.
+fn decide_and_see_the_server_span(endpoint: &str, spans: &Spans, seed: u8) {
+    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
+    let store = RemoteDecisions::connect(endpoint).unwrap();
     let session = store.open_session().unwrap();
     let xid =
         Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
@@ -1029,9 +1036,9 @@ fn spans_reach_an_https_collector_whose_certificate_the_ca_file_vouches_for() {
         BranchRecord { rm: "dummy-0".into(), branch: 0 },
         BranchRecord { rm: "dummy-1".into(), branch: 1 },
     ];
-    let context = client_context(7);
+    let context = client_context(seed);
     store.decide_traced(&Decision { xid, branches }, Some(&context)).expect("acknowledged");
-    let trace = trace_with(&spans, &context.trace_id_hex(), &["decree.server.decide"]);
+    let trace = trace_with(spans, &context.trace_id_hex(), &["decree.server.decide"]);
     assert_eq!(one(&trace, "decree-server", "decree.server.decide").parent, hex::encode(context.span_id));
 }
 
@@ -1077,7 +1084,6 @@ fn tls_server_config_with(cert: &Path, key: &Path, client_ca: Option<&Path>) -> 
 /// not, so that a collector requiring one receives nothing.
 #[test]
 fn spans_reach_a_collector_that_asks_for_the_configured_client_certificate() {
-    use decree_core::{BranchRecord, Decision, DecisionStore, Origin};
     use decree_server::testing::{TestCa, Validity};
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("otel-test-ca");
@@ -1096,18 +1102,7 @@ fn spans_reach_a_collector_that_asks_for_the_configured_client_certificate() {
         exporter.key.display()
     );
     let (_server, endpoint) = serve_dummy_with(dir.path(), &collector, &extra);
-    let store = RemoteDecisions::connect(&endpoint).unwrap();
-    let session = store.open_session().unwrap();
-    let xid =
-        Xid::decree(Origin { node: store.node(), incarnation: store.incarnation(), session, sequence: 1 });
-    let branches = vec![
-        BranchRecord { rm: "dummy-0".into(), branch: 0 },
-        BranchRecord { rm: "dummy-1".into(), branch: 1 },
-    ];
-    let context = client_context(8);
-    store.decide_traced(&Decision { xid, branches }, Some(&context)).expect("acknowledged");
-    let trace = trace_with(&spans, &context.trace_id_hex(), &["decree.server.decide"]);
-    assert_eq!(one(&trace, "decree-server", "decree.server.decide").parent, hex::encode(context.span_id));
+    decide_and_see_the_server_span(&endpoint, &spans, 8);
 }
 
 /// Whether this test's `decree` has the crash points (decree-cli's `crash-points` feature,
