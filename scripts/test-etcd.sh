@@ -22,12 +22,15 @@
 # and `protobuf-compiler` too: the etcd client crate (crates/decree-etcd) runs protoc when
 # it is built, and `cargo test --workspace` builds it.
 #
-# A port taken (by a listener, or by one end of an open connection: the defaults lie in Linux's
-# ephemeral range) is skipped, and a cluster that still fails to bind is started again on the
-# next ports; a member that does not start gets an error with the end of its log.
+# The default ports lie below Linux's ephemeral range (32768-60999): a member killed and
+# restarted on its ports must find them free, and one end of an open connection may take a port
+# of that range while its member is down (CI saw a restart fail so, "bind: address already in
+# use", when the default was 42379). A port taken is skipped, and a cluster that
+# still fails to bind is started again on the next ports; a member that does not start gets an
+# error with the end of its log.
 #
 # Knobs (environment): DECREE_TEST_ETCD_DIR, DECREE_TEST_ETCD_PORT (the first port tried,
-# default 42379; six are needed: a client and a peer port per member).
+# default 22379; six are needed: a client and a peer port per member).
 set -euo pipefail
 
 if [ -n "${DECREE_TEST_ETCD_DIR:-}" ]; then
@@ -37,7 +40,7 @@ elif [ -d /dev/shm ] && [ -w /dev/shm ]; then
 else
     BASE="${TMPDIR:-/tmp}/decree-test-etcd"
 fi
-PORT_DEFAULT="${DECREE_TEST_ETCD_PORT:-42379}"
+PORT_DEFAULT="${DECREE_TEST_ETCD_PORT:-22379}"
 MEMBERS=(etcd0 etcd1 etcd2)
 CLUSTER_TOKEN=decree-test-etcd
 HEARTBEAT_MS=10

@@ -75,10 +75,43 @@ def mysql_kwargs(url: str) -> dict[str, Any]:
     }
 
 
+_PORTS_LOW = 24000
+_ports_next = [os.getpid() * 7919]
+_ports_given: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free a moment ago, never handed out before in this process, below
+    the kernel's ephemeral range when it leaves room (as decree_server::testing::ports does):
+    a server restarted on its port must not find it taken by one end of an open connection."""
+    high = _ephemeral_low()
+    if high <= _PORTS_LOW + 1000:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
+    span = high - _PORTS_LOW
+    for _ in range(2000):
+        port = _PORTS_LOW + _ports_next[0] % span
+        _ports_next[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free loopback port in {_PORTS_LOW}..{high}")
 
 
 class Server:

@@ -90,10 +90,8 @@ impl PrivatePg {
             let gid = id_of(user, "-g")?;
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| format!("chown: {e}"))?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port: {e}"))?
-            .port();
+        // Restarted on this port: below the ephemeral range, where no connection takes it.
+        let port = decree_server::testing::ports::free_port();
         let pg = PrivatePg { dir, bin, port, user };
         let mut initdb = pg.command(&pg.bin.join("initdb"));
         initdb.arg("-D").arg(pg.data()).args([

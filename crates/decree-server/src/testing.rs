@@ -1,4 +1,5 @@
-//! Throwaway certificate authorities and pair secrets for tests and benchmarks (the `testing` feature).
+//! Throwaway certificate authorities and pair secrets for tests and benchmarks (the `testing` feature),
+//! with the test etcd cluster ([`etcd`]) and loopback ports ([`ports`]).
 //!
 //! A real deployment gets its certificates from its own CA; a test must make its own, with
 //! the faults it needs (another CA, an expired certificate, a name not allowed), without an
@@ -6,6 +7,7 @@
 //! each time. Not for production: the keys are written unencrypted wherever the test says.
 
 pub mod etcd;
+pub mod ports;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

@@ -19,20 +19,7 @@ impl Drop for Reaped {
     }
 }
 
-/// A loopback port free a moment ago, never handed out before in this test process: the
-/// kernel may give the same ephemeral port to two binds in a row once the first is closed
-/// (a pair kill loop got one port for both members' links).
-pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
+pub use decree_server::testing::ports::free_port;
 
 /// A new pair name (etcd's data outlives one test run).
 pub fn pair_name(test: &str) -> String {
