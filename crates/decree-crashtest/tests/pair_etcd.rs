@@ -287,6 +287,54 @@ fn out_of_sync_backup(alone_after_ms: Option<u64>) {
     all_committed(primary, &acknowledged);
 }
 
+/// The link stalls with both servers alive (the backup SIGSTOPped for less than the link's
+/// stall bound): with `alone_after_ms` the primary records the backup out of sync and
+/// acknowledges alone; once the same backup process runs again it catches up on a new link
+/// (the primary ended the old one as it went alone), the pair is strict again with the
+/// backup recorded in sync, and when the primary dies that backup takes over with every
+/// decision acknowledged, those acknowledged alone included. Simulator finding 17: the
+/// primary kept the old link, the backup on it never said hello again, and the pair stayed
+/// alone for good (no failover could follow).
+#[test]
+fn a_backup_paused_past_alone_after_ms_catches_up_again_and_takes_over_with_every_decision() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(endpoints) = etcd_endpoints() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let links = (free_port(), free_port());
+    let extra = "alone_after_ms = 300\n";
+    let (a, b) = members_with(dir.path(), &endpoints, &pair_name("alone-again"), (links, links.1), extra);
+    let mut servers = [Some(serve(&a)), Some(serve(&b))];
+    let (primary, backup) = wait_strict(&a, &b);
+    let (p, q) = if std::ptr::eq(primary, &a) { (0, 1) } else { (1, 0) };
+    let led = epoch(primary);
+    let mut acknowledged = decide(primary, 20);
+
+    let paused = Instant::now();
+    signal(servers[q].as_ref().expect("running"), libc::SIGSTOP);
+    acknowledged.extend(decide(primary, 20));
+    let s = status(primary).expect("the primary answers");
+    assert_eq!(s["strict"], false, "acknowledging alone: {s}");
+    eprintln!("acknowledged alone {:?} after the backup's pause", paused.elapsed());
+    assert!(
+        paused.elapsed() < Duration::from_secs(4),
+        "the pause must stay below the link's stall bound (5 s) for this test to mean anything"
+    );
+    signal(servers[q].as_ref().expect("running"), libc::SIGCONT);
+    let waited =
+        eventually("the pair is strict again with the same backup process", &[primary, backup], || {
+            strict_pair(primary, backup)
+        });
+    eprintln!("strict again {waited:?} after SIGCONT");
+    acknowledged.extend(decide(primary, 20));
+
+    // The primary dies: the backup, recorded in sync again, takes over with everything.
+    drop(servers[p].take());
+    eventually("the backup leads a newer epoch", &[backup], || {
+        status(backup).is_some_and(|s| s["role"] == "primary" && s["epoch_raw"].as_u64() > Some(led))
+    });
+    all_committed(backup, &acknowledged);
+}
+
 #[test]
 fn sigterm_hands_the_lead_to_the_backup_at_once_and_it_holds_every_acknowledged_decision() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

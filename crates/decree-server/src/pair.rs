@@ -321,8 +321,10 @@ impl PrimaryLink {
     }
 }
 
-/// What the election on etcd (`election.rs`) asks of a leading member's link.
-#[cfg(feature = "etcd")]
+/// What the election on etcd (`election.rs`, and the simulator's model of it) asks of a
+/// leading member's link.
+#[cfg(any(feature = "etcd", feature = "sim"))]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the simulator asks only `go_alone`
 impl PrimaryLink {
     /// The election on etcd recorded the backup out of sync (`alone_after_ms`): from now on
     /// decisions are acknowledged on the local write, and those waiting for the backup are

@@ -161,6 +161,12 @@ impl SimPrimary {
         self.link.step_down(newer);
     }
 
+    /// The election recorded the backup out of sync (`alone_after_ms`): acknowledge alone
+    /// (`pair.rs`'s `go_alone`, which answers what waited for the backup).
+    pub fn go_alone(&self) {
+        self.link.go_alone();
+    }
+
     /// Decisions whose answer waits for the backup.
     pub fn waiting(&self) -> usize {
         self.link.waiting()

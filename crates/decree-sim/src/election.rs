@@ -13,7 +13,11 @@
 //! `record_sync`, retried while etcd does not answer, and steps down (`pair.rs`'s
 //! step-down) when that write fails, its lease is gone or the leader key names another.
 //! A member that stepped down (or was deposed on the link) rejoins as a backup in a new
-//! process, as `decree serve` does under an election.
+//! process, as `decree serve` does under an election. With `alone_after_ms`
+//! ([`crate::etcd::Elected::alone_after`]), a strict leader whose decisions have waited that long for the
+//! backup records the backup out of sync (`record_sync` naming itself alone) and, once that
+//! is written, goes alone (`PrimaryLink::go_alone`); the sync record's writes go one at a
+//! time, as `election.rs`'s `lead` awaits each.
 //!
 //! The fence ([`World::may_act`]): a leader acknowledges, answers a known `Outcome` and
 //! runs a recovery pass only while `lease_alive` holds on its own clock, from when its
@@ -26,7 +30,9 @@
 //! exited, sends decree-pair's `hand_over` as it is, revokes its lease and rejoins.
 //!
 //! Not modelled: the watch itself (a poll every [`POLL`] stands for it), a keepalive's
-//! wait for its answer before the next (keepalives go every quarter TTL regardless).
+//! wait for its answer before the next (keepalives go every quarter TTL regardless); the
+//! alone check measures how long decisions have waited without a break (the runtime takes
+//! the oldest unacknowledged record's age), every [`POLL`] (the runtime every 50 ms).
 
 use crate::client::Held;
 use crate::etcd::{Answer, Break, Call, MARGIN, REQUEST_TIMEOUT, TTL};
@@ -67,9 +73,12 @@ pub struct Candidacy {
     pub record: Option<rules::Leader>,
     /// A leader's: the backup processes that catch up.
     pub caught_up: Option<watch::Receiver<Option<BackupRun>>>,
-    /// A leader's: the sync record's write not answered yet, the backup process it names,
-    /// and when it was last sent.
-    pub unrecorded: Option<(Txn, BackupRun, Time)>,
+    /// A leader's: the sync record's write not answered yet, the backup process it names
+    /// (none: the backup out of sync), and when it was last sent.
+    pub unrecorded: Option<(Txn, Option<BackupRun>, Time)>,
+    /// A strict leader's: since when decisions have waited for the backup without a break
+    /// (`alone_after_ms` counts from there).
+    pub waiting_since: Option<Time>,
     /// A leader's: the backup process last recorded in sync (`backup_in_sync` in
     /// `election.rs`: the only one a switchover hands the lead to).
     pub recorded: Option<BackupRun>,
@@ -167,6 +176,7 @@ impl World {
                 self.members[index].candidacy.unrecorded = Some((txn.clone(), backup, now));
                 self.etcd_send(index, Call::RecordSync { txn, backup });
             }
+            self.alone_check(index);
         }
         self.after(POLL, Event::Poll { member: index, life });
     }
@@ -219,8 +229,13 @@ impl World {
             Answer::Recorded { written, backup } if leading => {
                 self.members[index].candidacy.unrecorded = None;
                 if written {
-                    self.members[index].candidacy.recorded = Some(backup);
-                    self.note(|| format!("member {}: the backup is recorded in sync", index + 1));
+                    self.members[index].candidacy.recorded = backup;
+                    match backup {
+                        Some(_) => {
+                            self.note(|| format!("member {}: the backup is recorded in sync", index + 1))
+                        }
+                        None => self.go_alone(index, "the backup is recorded out of sync"),
+                    }
                 } else {
                     self.step_down(
                         index,
@@ -332,6 +347,9 @@ impl World {
     /// turn (`election.rs`'s `record_in_sync`). Returns whether it sent anything.
     pub fn record_caught_up(&mut self, index: usize) -> bool {
         let candidacy = &mut self.members[index].candidacy;
+        if candidacy.unrecorded.is_some() {
+            return false; // One write at a time: the runtime awaits each.
+        }
         let Some(receiver) = candidacy.caught_up.as_mut() else { return false };
         if !receiver.has_changed().unwrap_or(false) {
             return false;
@@ -345,9 +363,55 @@ impl World {
             // The broken write: no compare of the leader key's lease.
             txn.compares.clear();
         }
-        self.members[index].candidacy.unrecorded = Some((txn.clone(), backup, self.now));
-        self.etcd_send(index, Call::RecordSync { txn, backup });
+        self.members[index].candidacy.unrecorded = Some((txn.clone(), Some(backup), self.now));
+        self.etcd_send(index, Call::RecordSync { txn, backup: Some(backup) });
         true
+    }
+
+    /// The alone check of a leader (`election.rs`'s `lead`, with `alone_after_ms`): once its
+    /// decisions have waited that long for the backup while it is strict, it records the
+    /// backup out of sync, and goes alone when that is written ([`World::etcd_answer`]).
+    fn alone_check(&mut self, index: usize) {
+        let Some(after) = self.etcd.as_ref().and_then(|e| e.elected.alone_after) else { return };
+        let now = self.now;
+        let member = &mut self.members[index];
+        let Proc::Primary(p) = &member.proc else { return };
+        let strict = p.leader.node().role == (decree_pair::Role::Primary { alone: false });
+        let candidacy = &mut member.candidacy;
+        if !strict || p.server.waiting() == 0 {
+            candidacy.waiting_since = None;
+            return;
+        }
+        let since = *candidacy.waiting_since.get_or_insert(now);
+        if now - since < after || candidacy.unrecorded.is_some() || candidacy.ended {
+            return;
+        }
+        let (Some(record), Some(lease)) = (candidacy.record.clone(), candidacy.lease) else { return };
+        if self.etcd().broken(Break::AloneUnrecorded) {
+            return self.go_alone(index, "decisions waited: alone without a record (broken rule)");
+        }
+        let keys = self.etcd().keys.clone();
+        let mut txn = rules::record_sync(&keys, &record, lease, None);
+        if self.etcd().broken(Break::LateAloneWrite) {
+            txn.compares.clear();
+        }
+        let line = format!(
+            "member {}: decisions waited {} ms: recording the backup out of sync",
+            index + 1,
+            (now - since) / MS
+        );
+        self.note(|| line);
+        self.members[index].candidacy.unrecorded = Some((txn.clone(), None, now));
+        self.etcd_send(index, Call::RecordSync { txn, backup: None });
+    }
+
+    /// A strict leader acknowledges alone from now on (`PrimaryLink::go_alone`).
+    fn go_alone(&mut self, index: usize, why: &str) {
+        let Proc::Primary(p) = &self.members[index].proc else { return };
+        p.server.go_alone();
+        self.members[index].candidacy.waiting_since = None;
+        let line = format!("member {}: {why}: acknowledging alone", index + 1);
+        self.note(|| line);
     }
 
     /// A leader steps down: its fence ends, its held answers go unanswered, and the server

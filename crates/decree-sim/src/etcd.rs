@@ -38,8 +38,13 @@ const NS: u64 = 1_000;
 /// test can show a seed that finds it (decree-pair's rules are not changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Break {
-    /// `record_sync` without its lease compare: a deposed leader's late write lands.
+    /// `record_sync` naming a backup that caught up, without its lease compare: a deposed
+    /// leader's late write lands.
     LateSyncWrite,
+    /// `record_sync` recording the backup out of sync (`alone_after_ms`), without its lease
+    /// compare: a leader paused past its lease lands it after the backup took over, and
+    /// goes alone.
+    LateAloneWrite,
     /// The in-sync check ignores run ids: a restarted backup is taken for the one that
     /// caught up.
     RunIdIgnored,
@@ -55,6 +60,11 @@ pub enum Break {
     /// any process whatever its log holds, a member whose disk was lost included (the
     /// candidate's view of the record says its leader's log holds nothing).
     SinceIgnored,
+    /// The alone rule without its record: a primary whose decisions waited `alone_after_ms`
+    /// for its backup acknowledges alone at once, without recording the backup out of sync
+    /// first (the backup, still named in sync, may take over without what was acknowledged
+    /// alone).
+    AloneUnrecorded,
 }
 
 /// What an elected seed draws beyond the pair's scenario.
@@ -70,6 +80,10 @@ pub struct Elected {
     /// switchover to a backup that dies before it campaigns locked the pair out) is fixed;
     /// off with `DECREE_SIM_SWITCHOVERS=0`.
     pub switchovers: bool,
+    /// `[pair.etcd] alone_after_ms`: how long decisions wait for the backup before the
+    /// primary records it out of sync and acknowledges alone; `None` waits for ever (the
+    /// default).
+    pub alone_after: Option<Time>,
 }
 
 /// A request to etcd.
@@ -83,8 +97,9 @@ pub enum Call {
     Read,
     /// Take the lead: the campaign's transaction for `epoch`.
     Campaign { txn: Txn, epoch: Epoch },
-    /// Record who is in sync (a leader's `record_sync`): `backup` is the process named.
-    RecordSync { txn: Txn, backup: BackupRun },
+    /// Record who is in sync (a leader's `record_sync`): `backup` is the process named, or
+    /// none (the backup recorded out of sync: the leader goes alone once it is written).
+    RecordSync { txn: Txn, backup: Option<BackupRun> },
     /// A switchover's `hand_over` transaction, then the revocation of `lease` (`decree
     /// serve` revokes its lease once the transaction is answered).
     HandOver { txn: Txn, lease: LeaseId },
@@ -106,7 +121,7 @@ pub enum Answer {
     /// Whether the campaign's transaction succeeded.
     Campaigned { epoch: Epoch, won: bool },
     /// Whether the sync record naming `backup` was written.
-    Recorded { written: bool, backup: BackupRun },
+    Recorded { written: bool, backup: Option<BackupRun> },
     /// Whether a switchover's transaction applied (its sender's process is gone by then).
     HandedOver { written: bool },
     /// The leader key's value.

@@ -769,6 +769,9 @@ impl World {
             }
         }
         if end.is_none() {
+            end = leader.outlived_alone(&link);
+        }
+        if end.is_none() {
             let frames = leader.poll_send(&mut link);
             watch.waits(link.awaits_backup(), micros(self.now));
             progress |= !frames.is_empty();

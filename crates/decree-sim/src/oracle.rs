@@ -444,14 +444,17 @@ impl Oracle {
     }
 
     /// After every step: each acknowledged decision with a branch still prepared is held
-    /// by each running member that says it holds everything of the decision's epoch.
-    pub fn check_holders(&mut self, at: Time, members: &[Member]) {
+    /// by each running member that says it holds everything of the decision's epoch (a
+    /// backup only while `named[index]`: see `World::named_in_sync`).
+    pub fn check_holders(&mut self, at: Time, members: &[Member], named: [bool; 2]) {
         let mut missing = Vec::new();
         for xid in &self.open {
             let ack = self.acks[xid];
             for member in members {
                 let epoch = match &member.proc {
-                    Proc::Backup(b) if b.follower.node().caught_up => b.follower.node().seen,
+                    Proc::Backup(b) if b.follower.node().caught_up && named[member.index] => {
+                        b.follower.node().seen
+                    }
                     Proc::Primary(p) if !p.stopping => p.epoch,
                     _ => continue,
                 };

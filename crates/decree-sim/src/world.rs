@@ -146,7 +146,11 @@ impl Scenario {
         let loss_per_mille = *rng.pick(&[0, 10, 50]);
         // The nemesis asks for switchovers (tests may turn them off).
         let switchovers = true;
-        let elected = crate::etcd::Elected { drift_ppm, loss_per_mille, broken, switchovers };
+        // From a stream of its own, so that the draws above stay as they were: half the
+        // seeds wait for ever (the default), the others go alone after 100 ms to 2 s.
+        let mut alone = Rng::new(seed ^ 0xA10E_0033);
+        let alone_after = alone.chance(500).then(|| alone.range(100, 2_000) * MS);
+        let elected = crate::etcd::Elected { drift_ppm, loss_per_mille, broken, switchovers, alone_after };
         Scenario { mistakes: false, elected: Some(elected), ..Scenario::from_seed(seed) }
     }
 }
@@ -372,10 +376,27 @@ impl World {
         }
     }
 
+    /// Which members may take the lead as holders of everything acknowledged: both without
+    /// an election (a caught-up backup may be promoted); on etcd, those the sync record
+    /// names with their current process (a caught-up backup the leader recorded out of sync
+    /// before going alone may not campaign, and lacks what was acknowledged alone).
+    fn named_in_sync(&mut self) -> [bool; 2] {
+        let now = self.now;
+        let runs = [self.members[0].candidacy.run, self.members[1].candidacy.run];
+        let Some(etcd) = self.etcd.as_mut() else { return [true, true] };
+        let sync = etcd.view(now).sync.value;
+        std::array::from_fn(|i| {
+            let run = crate::election::run_name(runs[i]);
+            sync.as_ref()
+                .is_some_and(|s| s.members.iter().any(|m| usize::from(m.member) == i + 1 && m.run == run))
+        })
+    }
+
     /// The invariants that are checked after every step.
     fn check(&mut self) {
         let now = self.now;
-        self.oracle.check_holders(now, &self.members);
+        let named = self.named_in_sync();
+        self.oracle.check_holders(now, &self.members, named);
         if let Some(why) = self.etcd.as_mut().and_then(|etcd| etcd.inconsistent(now)) {
             self.oracle.violate(now, Invariant::EtcdRecords, None, why);
         }

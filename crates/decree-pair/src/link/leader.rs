@@ -31,6 +31,7 @@ use crate::rules::{Command, Event, Node, Role};
 use crate::wire::{LinkMessage, LinkRecord};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -71,6 +72,10 @@ pub struct Leader {
     caught_up: watch::Sender<Option<BackupRun>>,
     /// How long a link may wait for the backup with nothing heard ([`super::stall`]).
     stall: Duration,
+    /// How many times this member went alone ([`Leader::go_alone`]); changed only under
+    /// the gate and the node's lock. A link whose live set was taken before the last turn
+    /// cannot count its catch-up: decisions acknowledged alone since are not on it.
+    alone_turns: AtomicU64,
 }
 
 /// A backup's process, named by its member id and the run id its `Hello` carried.
@@ -109,6 +114,7 @@ impl Leader {
             run: 0,
             caught_up: watch::channel(None).0,
             stall: super::stall::LINK_STALL_DEFAULT,
+            alone_turns: AtomicU64::new(0),
         }
     }
 
@@ -188,11 +194,36 @@ impl Leader {
     /// with no decision between reading the role and shipping (the gate is held
     /// exclusively), so each decision is either shipped before, with its ticket, or
     /// acknowledged on its own write after. Returns whether this member now leads alone.
+    ///
+    /// The backup process that caught up is forgotten, and the link open now ends at its
+    /// next turn ([`Leader::outlived_alone`]): decisions acknowledged alone are on neither
+    /// its live set nor its stream, so neither a catch-up begun before (it would make the
+    /// primary strict and be recorded in sync without them) nor the same link kept open
+    /// (the primary would stay alone for as long as it lasts, and nobody could take over)
+    /// may stand. The backup says hello again on a new link and catches up from there.
     pub fn go_alone(&self) -> bool {
         let _exclusive = self.gate.write();
         let mut node = self.node.lock();
+        let strict = node.role == Role::Primary { alone: false };
         node.step(Event::GoAlone).expect("not a promotion");
+        if strict {
+            self.alone_turns.fetch_add(1, Ordering::SeqCst);
+            self.caught_up.send_replace(None);
+            self.wake.notify_one();
+        }
         node.role == Role::Primary { alone: true }
+    }
+
+    /// Whether `link` must end because this member went alone after its live set was taken
+    /// (see [`Leader::go_alone`]). The runtime asks before each [`Leader::poll_send`];
+    /// [`Leader::on_frame`] asks too.
+    pub fn outlived_alone(&self, link: &LeaderLink) -> Option<LinkEnd> {
+        (link.started && link.alone_turns != self.alone_turns.load(Ordering::SeqCst)).then(|| {
+            LinkEnd::Closed(
+                "the primary went alone (its backup recorded out of sync): the backup catches up again on a new link"
+                    .into(),
+            )
+        })
     }
 
     /// Queues a record for the backup; `ticket` names a decision whose answer waits for
@@ -307,6 +338,9 @@ impl Leader {
                     }
                 }
             }
+            if let Some(end) = self.outlived_alone(&link) {
+                return end;
+            }
             let frames = self.poll_send(&mut link);
             watch.waits(link.awaits_backup(), opened.elapsed());
             for frame in frames {
@@ -334,6 +368,7 @@ impl Leader {
             acknowledged_up_to: next_sequence - 1,
             caught_up_to_send: None,
             caught_up_at: None,
+            alone_turns: 0,
         };
         (link, hello)
     }
@@ -343,6 +378,9 @@ impl Leader {
     /// [`Leader::poll_send`] returns next, unless the link ended.
     pub fn on_frame(&self, link: &mut LeaderLink, message: LinkMessage) -> LinkStep {
         if let Err(end) = self.check_greeting(link, &message) {
+            return LinkStep::default().ends(end);
+        }
+        if let Some(end) = self.outlived_alone(link) {
             return LinkStep::default().ends(end);
         }
         if let LinkMessage::Hello { member, run, .. } = message {
@@ -453,7 +491,13 @@ impl Leader {
         self.server.confirmed(tickets);
         if link.caught_up_at.is_some_and(|at| sequence >= at) && link.caught_up_to_send.is_none() {
             link.caught_up_at = None;
-            self.node.lock().step(Event::BackupCaughtUp).expect("not a promotion");
+            let mut node = self.node.lock();
+            if link.alone_turns != self.alone_turns.load(Ordering::SeqCst) {
+                // The member went alone since this live set was taken (under the node's
+                // lock, as here): it lacks what was acknowledged alone; the link ends.
+                return;
+            }
+            node.step(Event::BackupCaughtUp).expect("not a promotion");
             tracing::info!("the backup caught up (the live set's last batch is durable there)");
             // A strict primary acknowledges nothing its backup lacks: from now on this
             // backup process holds every decision acknowledged (once the role is strict).
@@ -473,6 +517,7 @@ impl Leader {
         let records = self.server.live_records();
         self.outbox.lock().begin_catch_up(mark, link.sent_up_to + 1, records);
         link.started = true;
+        link.alone_turns = self.alone_turns.load(Ordering::SeqCst);
         link.caught_up_to_send = Some(0);
     }
 
@@ -556,6 +601,8 @@ pub struct LeaderLink {
     caught_up_to_send: Option<u64>,
     /// The live set's last batch, until the backup acknowledges it: then it caught up.
     caught_up_at: Option<u64>,
+    /// The leader's count of turns to alone when the live set was taken.
+    alone_turns: u64,
 }
 
 impl LeaderLink {
@@ -645,6 +692,50 @@ mod tests {
         assert_eq!(*caught_up.borrow(), None, "the backup's next process has not caught up");
     }
 
+    /// Found by the simulator once it played `alone_after_ms` (seeds 10, 83, 128, ...): a
+    /// primary that went alone kept its link, and the backup on it, which had caught up or
+    /// was catching up, never said hello again, so the primary stayed alone for good and no
+    /// failover could follow; and a catch-up whose live set was taken before the turn to
+    /// alone, ending after it, made the primary strict and named the backup in sync without
+    /// the decisions acknowledged alone meanwhile.
+    #[test]
+    fn going_alone_ends_the_link_and_a_catch_up_begun_before_it_does_not_count() {
+        let mut node = Node::start(MemberId::new(1).unwrap(), Epoch::NONE);
+        node.step(Event::Promote { forced: true, log_highest: Epoch::NONE }).unwrap();
+        let leader = Leader::new(node, 7, OutboxLimits::default(), Arc::new(Counting::default()));
+        let hello = LinkMessage::Hello {
+            epoch: node.seen,
+            member: MemberId::new(2).unwrap(),
+            node: 7,
+            next_sequence: 1,
+            run: 0x77,
+        };
+        let caught_up = leader.caught_up_backups();
+        let (mut link, _hello) = leader.open_link();
+        assert!(leader.on_frame(&mut link, hello.clone()).end.is_none());
+        assert_eq!(leader.poll_send(&mut link), vec![LinkMessage::CaughtUp { epoch: node.seen, up_to: 0 }]);
+        assert!(leader.outlived_alone(&link).is_none(), "a strict primary's link lives on");
+        assert!(leader.go_alone(), "strict, then alone");
+        assert!(leader.outlived_alone(&link).is_some(), "the link open when it went alone ends");
+        // The acknowledgement that ends this catch-up, as if it raced the turn to alone
+        // past the link's check: it counts for nothing.
+        leader.confirm_up_to(&mut link, 1);
+        assert_eq!(leader.node().role, Role::Primary { alone: true }, "still alone");
+        assert_eq!(*caught_up.borrow(), None, "no backup process to record in sync");
+        let step = leader.on_frame(&mut link, LinkMessage::Ack { epoch: node.seen, sequence: 1 });
+        assert!(step.end.is_some(), "the next frame on the old link ends it");
+        // The backup says hello on a new link: strict from its live set on, and once it
+        // caught up, the process to record in sync.
+        let (mut next, _hello) = leader.open_link();
+        assert!(leader.on_frame(&mut next, hello).end.is_none());
+        assert_eq!(leader.node().role, Role::Primary { alone: false });
+        assert_eq!(leader.poll_send(&mut next), vec![LinkMessage::CaughtUp { epoch: node.seen, up_to: 0 }]);
+        assert!(leader.on_frame(&mut next, LinkMessage::Ack { epoch: node.seen, sequence: 0 }).end.is_none());
+        let backup = super::BackupRun { member: MemberId::new(2).unwrap(), run: 0x77 };
+        assert_eq!(*caught_up.borrow(), Some(backup));
+        assert!(leader.outlived_alone(&next).is_none());
+    }
+
     /// The link's group commit rests on this count: the bug it guards against is a link
     /// that waits for an acknowledgement that will never come (of a batch cut before the
     /// link opened, which is not resent) and so never sends again.
@@ -658,6 +749,7 @@ mod tests {
             acknowledged_up_to: 7,
             caught_up_to_send: None,
             caught_up_at: None,
+            alone_turns: 0,
         };
         assert_eq!(link.in_flight(), 0, "batches cut before the link opened are not awaited");
         link.sent_up_to = 10;
