@@ -279,6 +279,14 @@ impl World {
                 sync.since = Some(Epoch::NONE.raw());
             }
         }
+        if self.etcd().broken(Break::ReturningLeaderRefused) {
+            // The broken check: named in another process, the record's leader is not named.
+            for sync in view.sync.value.iter_mut() {
+                if Epoch::from_raw(sync.epoch).member() == Some(member) {
+                    sync.members.retain(|named| named.member != member.get() || named.run == run);
+                }
+            }
+        }
         if let Some(epoch) = rules::won(&view, member, &run) {
             self.note(|| {
                 format!("member {}: the leader key names it: its campaign for {epoch} won", index + 1)

@@ -65,6 +65,11 @@ pub enum Break {
     /// first (the backup, still named in sync, may take over without what was acknowledged
     /// alone).
     AloneUnrecorded,
+    /// `led_by` without its exception for the record's leader: the member that minted the
+    /// record's epoch may lead again only in the process the record names, so a primary
+    /// whose backup is out of sync (it ran alone) and whose process ended (it stepped down,
+    /// or died) is locked out of its pair, with the out-of-sync backup.
+    ReturningLeaderRefused,
 }
 
 /// What an elected seed draws beyond the pair's scenario.

@@ -204,6 +204,7 @@ const BREAKS: &[(&str, Break)] = &[
     ("since-ignored", Break::SinceIgnored),
     ("alone-unrecorded", Break::AloneUnrecorded),
     ("late-alone-write", Break::LateAloneWrite),
+    ("returning-leader-refused", Break::ReturningLeaderRefused),
 ];
 
 fn print_report(seed: u64, report: &Report) {
@@ -357,6 +358,7 @@ fn each_broken_rule_of_the_election_is_still_found_by_its_seed() {
         (Break::SinceIgnored, 121),
         (Break::AloneUnrecorded, 3),
         (Break::LateAloneWrite, 339),
+        (Break::ReturningLeaderRefused, 0),
     ];
     for (rule, seed) in known {
         let name = BREAKS.iter().find(|(_, b)| *b == rule).map(|(n, _)| *n).expect("a named rule");
