@@ -564,6 +564,11 @@ async fn write_responses<W: AsyncWrite + Unpin>(
         }
         if let Some(fence) = fence.as_ref().filter(|f| fenced && !f.alive()) {
             if !fence.reopened().await {
+                // Closed now, unanswered, rather than when the client gives up waiting (its
+                // reply timeout, 30 s by default): a stopping server waits for every
+                // connection, and a switchover stalled that long (the 1,000-cycle elected
+                // kill loop, cycle 222: its answer came after the fence had ended).
+                let _ = writer.shutdown().await;
                 open = false;
                 continue;
             }
@@ -747,4 +752,43 @@ fn commit_decision_scoped(
             }
         }),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{write_responses, Response};
+    use decree_proto::Message;
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+    use tokio::sync::{mpsc, Semaphore};
+
+    /// The bug it guards against: an acknowledgement reaching the writer after the member's
+    /// fence had ended (it stepped down, or stopped for a switchover) was dropped, but the
+    /// connection stayed open until its client's reply timeout, and the stopping server,
+    /// which waits for every connection, with it.
+    #[tokio::test]
+    async fn an_acknowledgement_after_the_fence_ended_closes_the_connection_at_once() {
+        let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+        let fence = Arc::new(crate::fence::Fence::closed());
+        fence.end();
+        let (tx, rx) = mpsc::channel(4);
+        let writer = tokio::spawn(write_responses(ours, rx, Some(fence)));
+        let permits = Arc::new(Semaphore::new(1));
+        let permit = permits.clone().acquire_owned().await.unwrap();
+        let answer = Response {
+            request_id: 1,
+            message: Message::DecideOk,
+            close: false,
+            _connection_permit: permit,
+            _total_permit: None,
+        };
+        assert!(tx.send(answer).await.is_ok());
+        // The sender lives on, as the connection's reader holds it while its client waits.
+        let mut buf = [0u8; 64];
+        // A bound for a hang only: the close comes at once.
+        let read = tokio::time::timeout(std::time::Duration::from_secs(20), theirs.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0))), "the client sees the connection close, not an answer: {read:?}");
+        drop(tx);
+        writer.await.unwrap();
+    }
 }
