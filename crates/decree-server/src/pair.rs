@@ -37,7 +37,7 @@ use decree_pair::{Epoch, MemberId, Replica};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -85,6 +85,10 @@ struct LinkShared {
     pending: Mutex<HashMap<Ticket, Pending>>,
     /// Pending decisions the outbox could not take yet (the backup is behind).
     overflow: Mutex<VecDeque<(LinkRecord, Ticket)>>,
+    /// The member is stopping: a decision shipped from now on is answered by nobody. Set
+    /// and read under the `pending` lock, so that no decide slips in after the stop's one
+    /// `abandon_pending` and waits for good.
+    abandoned: AtomicBool,
     deposed: Mutex<Option<Epoch>>,
     on_deposed: Box<dyn Fn(Epoch) + Send + Sync>,
 }
@@ -250,10 +254,22 @@ impl PrimaryLink {
 
     /// Registers a pending decision and ships it with its ticket (kept for later when the
     /// outbox is full).
+    /// Once the member stops, it is shipped (the backup may hold it, as it may hold those
+    /// abandoned) but not kept: a connection's reader can take a decide it read before the
+    /// stop after the stop's `abandon_pending`, and a kept answer would hold its connection,
+    /// and so the stopping server, open for good (the elected kill loop, cycles 222, 798).
     fn ship_pending(&self, gate: &DecisionGate<'_>, record: LinkRecord, accept: Option<Accept>) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending { xid: record.xid, record: record.clone(), accept, settled: None };
-        self.shared.pending.lock().insert(ticket, pending);
+        {
+            let mut pending = self.shared.pending.lock();
+            if self.shared.abandoned.load(Ordering::Relaxed) {
+                drop(pending);
+                let _ = gate.ship(record, Some(ticket));
+                return ticket; // `written` finds no entry: nobody answers it.
+            }
+            let entry = Pending { xid: record.xid, record: record.clone(), accept, settled: None };
+            pending.insert(ticket, entry);
+        }
         if gate.ship(record.clone(), Some(ticket)).is_err() {
             self.shared.overflow.lock().push_back((record, ticket));
         }
@@ -313,10 +329,14 @@ impl PrimaryLink {
         LiveSet::deposed(&*self.shared, seen);
     }
 
-    /// At shutdown: the pending decides are answered by nobody (their clients see the
-    /// connection close and ask `Outcome`), so that their connections can end.
+    /// At shutdown: the pending decides, and those shipped from now on, are answered by
+    /// nobody (their clients see the connection close and ask `Outcome`), so that their
+    /// connections can end.
     pub(crate) fn abandon_pending(&self) {
-        self.shared.pending.lock().clear();
+        let mut pending = self.shared.pending.lock();
+        self.shared.abandoned.store(true, Ordering::Relaxed);
+        pending.clear();
+        drop(pending);
         self.shared.overflow.lock().clear();
     }
 }
@@ -782,6 +802,7 @@ fn start_link(
         leader: std::sync::OnceLock::new(),
         pending: Mutex::new(HashMap::new()),
         overflow: Mutex::new(VecDeque::new()),
+        abandoned: AtomicBool::new(false),
         deposed: Mutex::new(None),
         on_deposed,
     });
@@ -1243,4 +1264,77 @@ pub fn control_request(dir: &Path, request: &str) -> Result<String, ServerError>
     let mut answer = String::new();
     std::io::BufReader::new(stream).read_line(&mut answer).map_err(|e| ServerError::Io(e.to_string()))?;
     Ok(answer.trim_end().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use decree_core::Origin;
+    use decree_log::EngineKind;
+    use decree_pair::link::{LinkReport, Plaintext};
+
+    /// A strict primary's link over a fresh log in `dir`, built as `lead` builds it (no
+    /// backup dials in: nothing confirms).
+    fn strict_primary(dir: &Path) -> (Arc<State>, Arc<PrimaryLink>) {
+        let member = MemberId::new(1).expect("not 0");
+        let epoch = Epoch::mint(member, &[]);
+        let config = ServerConfig::new(dir, EngineKind::Journal);
+        let log_config = config.log_config().expect("a valid log config");
+        let state = crate::open_state(&config, &log_config, Vec::new(), None, Some(epoch.raw()))
+            .expect("the state opens");
+        let state = Arc::new(state);
+        let node = rules::Node {
+            member,
+            seen: epoch,
+            role: Role::Primary { alone: false },
+            caught_up: false,
+            next_sequence: 1,
+        };
+        let setup = LinkSetup {
+            transport: Arc::new(Plaintext),
+            limits: OutboxLimits::default(),
+            stall: decree_pair::link::stall::LINK_STALL_DEFAULT,
+        };
+        let link = start_link(&state, node, 1, setup, Box::new(|_| {}), &LinkReport::default());
+        (state, link)
+    }
+
+    /// The connection a decide's answer holds open, while its `accept` is kept.
+    fn accept_holding(connection: &Arc<()>) -> Accept {
+        let connection = connection.clone();
+        Box::new(move |_| drop(connection))
+    }
+
+    /// Regression (the 1,000-cycle elected kill loop, cycles 222 and 798: a switchover's old
+    /// primary never stopped): a connection's reader can take a decide it read before the
+    /// stop after the stop's one `abandon_pending`. Its answer was kept waiting for a backup
+    /// that was gone, so its connection never ended, and the stopping server waited for
+    /// every connection for good while its lease lapsed.
+    #[test]
+    fn a_decide_taken_after_the_pending_were_abandoned_is_answered_by_nobody_at_once() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (state, link) = strict_primary(dir.path());
+        let xid =
+            |sequence| Xid::decree(Origin { node: 1, incarnation: state.incarnation, session: 1, sequence });
+
+        // Before the stop, a decide waits for the backup (the test can tell).
+        let before = Arc::new(());
+        let ticket = link.ship_before_write(&state, xid(1), b"d1").expect("strict: shipped first");
+        link.written(&state, ticket, accept_holding(&before));
+        assert_eq!(link.waiting(), 1);
+        assert_eq!(Arc::strong_count(&before), 2, "kept until the backup confirms");
+
+        link.abandon_pending();
+        assert_eq!(Arc::strong_count(&before), 1, "abandoned at the stop");
+
+        // After it, both paths of a strict decide let the answer go at once.
+        let shipped_first = Arc::new(());
+        let ticket = link.ship_before_write(&state, xid(2), b"d2").expect("strict: shipped first");
+        link.written(&state, ticket, accept_holding(&shipped_first));
+        let written_first = Arc::new(());
+        link.after_local_write(&state, xid(3), b"d3".to_vec(), accept_holding(&written_first));
+        assert_eq!(Arc::strong_count(&shipped_first), 1, "shipped before its write: not kept");
+        assert_eq!(Arc::strong_count(&written_first), 1, "shipped after its write: not kept");
+        assert_eq!(link.waiting(), 0);
+    }
 }

@@ -20,11 +20,11 @@ use crate::oracle::Ack;
 use crate::rm::{Actor, BranchState};
 use crate::world::{Event, Phase, Time, World, MS, SECOND};
 use decree_core::{BranchRecord, Decision, Origin, Outcome, Xid};
-use decree_pair::link::leader::Leader;
 use decree_pair::Role;
 use decree_proto::Message;
 use decree_server::sim_api::SimSession;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A client's request to a member.
@@ -148,6 +148,27 @@ pub struct Client {
 
 /// `Outcome` questions a client asks about one transaction before it gives up.
 const QUESTIONS_MAX: u32 = 8;
+
+/// How long after a primary's shutdown began a decide its connection read before it may
+/// still reach the server (`decree serve`'s reader acts on what it read, then sees the stop).
+const LATE_READ: Time = 2 * MS;
+
+/// Counts a decide answer the server holds until it is given or dropped (a stopping
+/// primary exits only once none is held: `decree serve` waits for every connection).
+struct AnswerHeld(Arc<AtomicUsize>);
+
+impl AnswerHeld {
+    fn new(out: Arc<AtomicUsize>) -> AnswerHeld {
+        out.fetch_add(1, Ordering::Relaxed);
+        AnswerHeld(out)
+    }
+}
+
+impl Drop for AnswerHeld {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl Client {
     /// Client `index`, not connected.
@@ -309,10 +330,19 @@ impl World {
             self.schedule(until, Event::Request { member: index, client, token, request });
             return;
         }
-        let life = self.members[index].life;
+        let (life, now) = (self.members[index].life, self.now);
         let proc = &mut self.members[index].proc;
         let p = match proc {
             Proc::Primary(p) if !p.stopping => p,
+            // A connection's reader takes a decide it read before the stop after the stop
+            // began (`decree serve` stops reading only between requests).
+            Proc::Primary(p)
+                if matches!(request, Request::Decide(_))
+                    && p.sessions.contains_key(&token)
+                    && now <= p.stopped_at + LATE_READ =>
+            {
+                p
+            }
             Proc::Backup(_) if matches!(request, Request::Hello) => {
                 return self.send_to_client(client, token, Reply::NotPrimary)
             }
@@ -323,6 +353,7 @@ impl World {
                 return;
             }
         };
+        let late = p.stopping;
         if !matches!(request, Request::Hello) && !p.sessions.contains_key(&token) {
             if !matches!(request, Request::Close) {
                 self.send_to_client(client, token, Reply::Lost);
@@ -341,8 +372,13 @@ impl World {
                 let xid = decision.xid;
                 let session = p.sessions.get_mut(&token).expect("checked");
                 session.in_flight += 1;
-                let leader = p.leader.clone();
-                let answer = self.answer_to(index, life, token, client, xid, leader);
+                let answer = self.answer_to(index, life, token, client, xid);
+                if late {
+                    self.late_decides += 1;
+                    self.note(|| {
+                        format!("member {} takes a decide of {xid} read before its stop", index + 1)
+                    });
+                }
                 let Proc::Primary(p) = &self.members[index].proc else { unreachable!("a primary") };
                 let session = &p.sessions[&token].session;
                 let now = self.now;
@@ -379,10 +415,12 @@ impl World {
         token: u64,
         client: usize,
         xid: Xid,
-        leader: Arc<Leader>,
     ) -> Box<dyn FnOnce(Message) + Send> {
-        let queue = self.answers.0.clone();
+        let Proc::Primary(p) = &self.members[member].proc else { unreachable!("a primary answers") };
+        let (leader, queue) = (p.leader.clone(), self.answers.0.clone());
+        let held = AnswerHeld::new(p.answers_out.clone());
         Box::new(move |message| {
+            let _held = held;
             let role = leader.node().role;
             queue.lock().push(ServerAnswer { member, life, token, client, xid, message, role });
         })

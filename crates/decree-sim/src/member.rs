@@ -31,6 +31,7 @@ use decree_server::sim_api::{Lead, SimPrimary};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -149,6 +150,11 @@ pub struct PrimaryProc {
     pub stop: watch::Receiver<bool>,
     /// Shutting down after a deposition.
     pub stopping: bool,
+    /// When its shutdown began.
+    pub stopped_at: Time,
+    /// Decide answers the server still holds (neither given nor dropped): `decree serve`
+    /// waits for every connection, so a stopping primary exits only once none is left.
+    pub answers_out: Arc<AtomicUsize>,
     /// Its exit is scheduled.
     pub exiting: bool,
     /// Promoted with `--force`.
@@ -426,6 +432,8 @@ impl World {
             leader_done: false,
             stop,
             stopping: false,
+            stopped_at: 0,
+            answers_out: Arc::new(AtomicUsize::new(0)),
             exiting: false,
             forced,
             promoted_at: self.now,
@@ -490,15 +498,23 @@ impl World {
         drop(old);
     }
 
-    /// A primary's shutdown begins (deposed, or switching over): it takes no new request,
-    /// nobody answers the decides waiting for the backup, and those whose write is on its
-    /// way finish.
+    /// A primary's shutdown begins (deposed, or switching over): it takes no new request
+    /// (but a decide its connection read just before, `LATE_READ`), its link ends, nobody
+    /// answers the decides waiting for the backup, and those whose write is on its way
+    /// finish.
     pub(crate) fn begin_stop(&mut self, index: usize, why: &str) {
         let Proc::Primary(p) = &mut self.members[index].proc else { return };
         p.stopping = true;
+        p.stopped_at = self.now;
         p.server.abandon_pending();
+        let link = p.link.as_ref().map(|(conn, _)| *conn);
+        p.leader_done = true;
         let line = format!("member {} {why}", index + 1);
         self.note(|| line);
+        // The leader's run ends with the stop (`Leader::run`): nothing confirms any more.
+        if let Some(conn) = link {
+            self.link_ended(index, conn, LinkEnd::Stopped("stopped".into()));
+        }
     }
 
     /// A stopping primary's shutdown ends: its memory and log are synced, it exits.
@@ -737,7 +753,8 @@ impl World {
             progress = true;
         }
         let Proc::Primary(p) = &mut self.members[index].proc else { unreachable!("a primary") };
-        if p.stopping && !p.exiting && !p.log.has_queued() {
+        let answered = p.answers_out.load(Ordering::Relaxed) == 0;
+        if p.stopping && !p.exiting && !p.log.has_queued() && answered {
             p.exiting = true;
             let life = self.members[index].life;
             let delay = self.rng.range(100, 2 * MS);

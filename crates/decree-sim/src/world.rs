@@ -177,6 +177,8 @@ pub struct Report {
     pub switchovers: u64,
     /// Disks lost (elected runs; the operator's runs lose one only by mistake).
     pub disks_lost: u64,
+    /// Decides a stopping primary took, read before its stop (`client.rs`, `LATE_READ`).
+    pub late_decides: u64,
     /// Virtual time at the end.
     pub end: Time,
     /// One line per event and fault, when asked for (`DECREE_SIM_TRACE`).
@@ -231,6 +233,8 @@ pub struct World {
     pub switchovers: u64,
     /// Disks lost so far in elected runs.
     pub disks_lost: u64,
+    /// Decides a stopping primary took so far.
+    pub late_decides: u64,
     /// The member the nemesis spares until it leads, after the other's disk was lost.
     pub spared: Option<usize>,
     trace: Option<Vec<String>>,
@@ -288,6 +292,7 @@ impl World {
             crash_points: 0,
             switchovers: 0,
             disks_lost: 0,
+            late_decides: 0,
             spared: None,
             trace: trace.then(Vec::new),
             steps: 0,
@@ -476,6 +481,7 @@ pub fn run_scenario(scenario: Scenario, trace: bool) -> Report {
         crash_points: world.crash_points,
         switchovers: world.switchovers,
         disks_lost: world.disks_lost,
+        late_decides: world.late_decides,
         end: world.now,
         trace: world.trace.take().unwrap_or_default(),
         scenario: world.scenario.clone(),

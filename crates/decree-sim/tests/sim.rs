@@ -320,7 +320,7 @@ fn the_seeds_that_showed_issue_32s_defects_keep_the_invariants() {
 
 /// The seeds that showed the defect of `alone_after_ms` once the simulator played it (a
 /// primary that went alone kept its link, whose backup never said hello again: the pair
-/// never returned to strict, and no failover could follow; docs/simulation.md, finding 17):
+/// never returned to strict, and no failover could follow; docs/simulation.md, finding 19):
 /// every one keeps the invariants now, in CI.
 #[test]
 fn the_seeds_that_showed_the_alone_primarys_kept_link_keep_the_invariants() {
@@ -342,6 +342,29 @@ fn the_seeds_that_showed_the_alone_primarys_kept_link_keep_the_invariants() {
         "the alone primary's seeds violate an invariant again:\n{}",
         failing.join("\n")
     );
+}
+
+/// The seeds that showed finding 20 once the simulator ended a stopping primary's link
+/// with its stop, as `Leader::run` does (docs/simulation.md): a decide shipped after the
+/// stop's `abandon_pending` waited for a backup that could no longer confirm it, so the
+/// primary never exited (the 1,000-cycle elected kill loop's stalled switchovers). Seed 201
+/// takes a decide read just before a switchover's stop; seed 26 writes decides taken alone
+/// whose write ends after the backup caught up and the primary stepped down. Both keep the
+/// invariants now, in CI.
+#[test]
+fn the_seeds_whose_stopping_primary_shipped_a_decide_keep_the_invariants() {
+    let failing: Vec<String> = [(26, false), (201, true)]
+        .into_iter()
+        .filter_map(|(seed, late)| {
+            let report = run_scenario(elected(seed, None), false);
+            if late {
+                assert!(report.late_decides > 0, "seed {seed} no longer takes a decide after a stop");
+            }
+            elected_fails(&report, false)
+                .then(|| format!("seed {seed}: {:?}\n  {}", report.violations, elected_replay_command(seed)))
+        })
+        .collect();
+    assert!(failing.is_empty(), "finding 20's seeds violate an invariant again:\n{}", failing.join("\n"));
 }
 
 /// The mutation check of issue 33 in CI: each rule of the election broken on purpose is
