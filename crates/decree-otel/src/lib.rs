@@ -65,8 +65,9 @@ pub struct TracingConfig {
     /// Finished spans waiting for export at most; more are dropped, never blocking.
     #[serde(default = "default_export_queue_max")]
     pub export_queue_max: u32,
-    /// Transactions whose client's span context the server keeps, so that recovery's later
-    /// work links to them (oldest forgotten first).
+    /// Transactions whose client's span context, from a request, the server keeps, so that
+    /// recovery's later work links to them (oldest forgotten first). The contexts the log's
+    /// records kept are not counted: each is held until recovery finishes its decision.
     #[serde(default = "default_xid_contexts_max")]
     pub xid_contexts_max: u32,
 }

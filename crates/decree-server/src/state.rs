@@ -618,6 +618,11 @@ impl State {
         let (keys, heuristic) = (live.keys.clone(), live.heuristic);
         if self.finish(&global, keys, heuristic) {
             orphans.remove(&global);
+            drop(orphans);
+            // A recovered decision's client context goes with it: memory follows live decisions.
+            if let Some(t) = &self.trace {
+                t.forget(&global);
+            }
         }
     }
 

@@ -10,13 +10,16 @@
 //! `Option` check, with nothing allocated. On, spans go to this server's own provider
 //! (decree-otel), whose resource names the node, the pair member and the epoch.
 //!
-//! The map from Xid to the client's span context ([`XidContexts`]) is bounded by
-//! `tracing.xid_contexts_max` and forgets the oldest first: it never grows with history.
-//! It lives in memory; what outlives the process is the log: a decision whose `Decide`
-//! carried a sampled context is written with it (`DCD2`, decree-core's `store.rs`), the
-//! pair ships that record as it is, and a server opening the log (after a restart, or the
-//! member promoted after a failover) fills the map from it ([`ServerTrace::remember_logged`]),
-//! so that its recovery links to the client's span too.
+//! The map from Xid to the client's span context of recent requests ([`XidContexts`]) is
+//! bounded by `tracing.xid_contexts_max` and forgets the oldest first: it never grows with
+//! history. It lives in memory; what outlives the process is the log: a decision whose
+//! `Decide` carried a sampled context is written with it (`DCD2`, decree-core's
+//! `store.rs`), the pair ships that record as it is, and a server opening the log (after a
+//! restart, or the member promoted after a failover) keeps those contexts apart
+//! ([`ServerTrace::remember_logged`], [`KnownContexts`]): one per recovered decision, each
+//! gone when recovery finishes its transaction, so that every recovered transaction links
+//! to its client's span however many there are, and memory still follows the live
+//! decisions only.
 //!
 //! Log lines carry the trace too: while the server works on a traced request (or recovery
 //! on a transaction whose client context it holds), it enters a `tracing` span
@@ -36,10 +39,10 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::time::SystemTime;
 
-/// The server's tracer, its exporter and the Xid map.
+/// The server's tracer, its exporter and the Xid maps.
 pub(crate) struct ServerTrace {
     tracer: SdkTracer,
-    contexts: Mutex<XidContexts>,
+    contexts: Mutex<KnownContexts>,
     /// Kept for its drop: exports what is queued when the server stops.
     _exporter: Exporter,
 }
@@ -62,22 +65,18 @@ impl ServerTrace {
         let exporter = Exporter::start(config, attributes)?;
         Ok(ServerTrace {
             tracer: exporter.tracer("decree-server"),
-            contexts: Mutex::new(XidContexts::new(config.xid_contexts_max as usize)),
+            contexts: Mutex::new(KnownContexts::new(config.xid_contexts_max as usize)),
             _exporter: exporter,
         })
     }
 
     /// Remembers the client contexts that the log's decision records kept (`DCD2`), so that
     /// recovering those transactions, after a restart or on the member promoted after a
-    /// failover, links its spans and log lines to the clients' spans. The map's bound
-    /// holds: past `xid_contexts_max` recovered contexts, some go unlinked.
+    /// failover, links its spans and log lines to the clients' spans. Kept apart from the
+    /// recent requests' bounded map, so that none goes unlinked however many there are;
+    /// each leaves when its transaction is finished ([`ServerTrace::forget`]).
     pub(crate) fn remember_logged(&self, logged: &HashMap<Xid, TraceContext>) {
-        let mut contexts = self.contexts.lock();
-        for (xid, context) in logged {
-            if let Some(sc) = context.to_span_context() {
-                contexts.insert(xid.global(), sc);
-            }
-        }
+        self.contexts.lock().remember_recovered(logged);
     }
 
     /// A span for a request about `xid`, a child of the client's context when it sent
@@ -85,7 +84,7 @@ impl ServerTrace {
     pub(crate) fn request(&self, name: &'static str, xid: &Xid, client: Option<&TraceContext>) -> SdkSpan {
         let parent = match client.and_then(TraceContext::to_span_context) {
             Some(sc) => {
-                self.contexts.lock().insert(xid.global(), sc.clone());
+                self.contexts.lock().recent.insert(xid.global(), sc.clone());
                 Context::new().with_remote_span_context(sc)
             }
             None => Context::new(),
@@ -187,7 +186,7 @@ impl ServerTrace {
     pub(crate) fn recovered_branch(&self, pass: &SdkSpan, xid: &Xid, rm: Option<&str>, commit: bool) {
         let global = xid.global();
         let links = match self.contexts.lock().get(&global) {
-            Some(sc) => vec![Link::with_context(sc.clone())],
+            Some(sc) => vec![Link::with_context(sc)],
             None => Vec::new(),
         };
         let operation = if commit { "commit" } else { "rollback" };
@@ -214,12 +213,13 @@ impl ServerTrace {
     /// The log scope of `xid`'s transaction when its client's span context is known
     /// (recovery's lines then name the client's trace).
     pub(crate) fn log_scope_of(&self, xid: &Xid) -> Option<tracing::Span> {
-        self.contexts.lock().get(&xid.global()).map(log_scope)
+        self.contexts.lock().get(&xid.global()).map(|sc| log_scope(&sc))
     }
 
-    /// Forgets `xid`'s client context (its transaction is finished).
+    /// Forgets `xid`'s client contexts, recovered or not: its transaction is finished (by
+    /// its client, or by recovery: a recovered context must leave with its decision).
     pub(crate) fn forget(&self, xid: &Xid) {
-        self.contexts.lock().remove(&xid.global());
+        self.contexts.lock().forget(&xid.global());
     }
 }
 
@@ -274,6 +274,46 @@ pub(crate) fn within<T>(scope: Option<&tracing::Span>, f: impl FnOnce() -> T) ->
 /// The log scope of a server span.
 pub(crate) fn span_log_scope(span: &SdkSpan) -> tracing::Span {
     log_scope(span.span_context())
+}
+
+/// The client span contexts the server knows: those of recent requests, bounded, and
+/// those the log kept for the decisions it recovered, bounded by those decisions.
+pub(crate) struct KnownContexts {
+    recent: XidContexts,
+    /// The recovered decisions' contexts (`DCD2`) whose transaction is not finished yet:
+    /// filled at open only, so it never holds more than `recovered_max`, the decisions the
+    /// log held then, and shrinks as recovery finishes them.
+    recovered: HashMap<Xid, SpanContext>,
+    recovered_max: usize,
+}
+
+impl KnownContexts {
+    pub(crate) fn new(recent_max: usize) -> KnownContexts {
+        KnownContexts { recent: XidContexts::new(recent_max), recovered: HashMap::new(), recovered_max: 0 }
+    }
+
+    /// Keeps the valid contexts of `logged` (by global Xid) until their transactions finish.
+    fn remember_recovered(&mut self, logged: &HashMap<Xid, TraceContext>) {
+        for (xid, context) in logged {
+            if let Some(sc) = context.to_span_context() {
+                self.recovered.insert(xid.global(), sc);
+            }
+        }
+        self.recovered_max = self.recovered.len();
+    }
+
+    /// The client context of `xid`'s transaction: the one its recovered record kept first
+    /// (it names the decision's own client), else the latest request's.
+    fn get(&self, xid: &Xid) -> Option<SpanContext> {
+        self.recovered.get(xid).or_else(|| self.recent.get(xid)).cloned()
+    }
+
+    /// Forgets both contexts of `xid`, whose transaction is finished.
+    fn forget(&mut self, xid: &Xid) {
+        self.recent.remove(xid);
+        self.recovered.remove(xid);
+        assert!(self.recovered.len() <= self.recovered_max);
+    }
 }
 
 /// The client span context of each recent transaction, at most `max`, the oldest
@@ -339,5 +379,46 @@ mod tests {
         }
         assert!(map.get(&xid(999)).is_some() && map.get(&xid(997)).is_some());
         assert!(map.get(&xid(1)).is_none());
+    }
+
+    fn recovered_xid(n: u64) -> Xid {
+        Xid::decree(Origin { node: 1, incarnation: 1, session: 2, sequence: n })
+    }
+
+    /// Five recovered contexts (`DCD2`), as a log read at open hands them over.
+    fn logged_five() -> HashMap<Xid, TraceContext> {
+        (0..5u64)
+            .map(|n| {
+                (recovered_xid(n), TraceContext { trace_id: [n as u8 + 1; 16], span_id: [9; 8], flags: 1 })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_recovered_context_stays_linked_past_the_recent_requests_bound() {
+        let mut known = KnownContexts::new(1);
+        known.remember_recovered(&logged_five());
+        // Requests after the open fill the bounded map past its bound of one.
+        for n in 100..110 {
+            known.recent.insert(recovered_xid(n), context(n));
+        }
+        for n in 0..5u64 {
+            let sc = known.get(&recovered_xid(n)).expect("a recovered context is never pushed out");
+            assert_eq!(sc.trace_id(), TraceId::from_bytes([n as u8 + 1; 16]));
+        }
+        assert!(known.get(&recovered_xid(109)).is_some() && known.get(&recovered_xid(100)).is_none());
+    }
+
+    #[test]
+    fn a_recovered_context_leaves_when_its_transaction_is_finished() {
+        let config = TracingConfig { xid_contexts_max: 1, ..TracingConfig::to("http://127.0.0.1:9") };
+        let trace = ServerTrace::start(&config, 1, None, 1).expect("an exporter (nothing is exported)");
+        trace.remember_logged(&logged_five());
+        assert!((0..5).all(|n| trace.log_scope_of(&recovered_xid(n)).is_some()), "all five linked");
+        trace.forget(&recovered_xid(3));
+        assert!(trace.log_scope_of(&recovered_xid(3)).is_none());
+        let known = trace.contexts.lock();
+        assert_eq!(known.recovered.len(), 4, "memory follows the live recovered decisions");
+        assert!(known.recovered.len() <= known.recovered_max);
     }
 }
