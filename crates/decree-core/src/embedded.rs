@@ -5,6 +5,11 @@
 //! uses), a completion is the log's lazy completion of that key, found again by Xid. The node id comes from the configuration, the
 //! incarnation from the log (a new one at every open), and session ids from a counter,
 //! which is enough since sessions only need to be unique within one incarnation.
+//!
+//! A decision whose coordinator span is sampled is written with that span's context
+//! (`DCD2`, as a state server writes it), so that the log names the transaction's trace
+//! after a crash (`decree recover list`); any other decision is the `DCD1` bytes, from the
+//! same reused buffer.
 
 use crate::keys::KeyAllocator;
 use crate::rm::HeuristicOutcome;
@@ -85,6 +90,14 @@ fn shard(xid: &Xid) -> usize {
     (last ^ session.rotate_left(2)) % KEY_SHARDS
 }
 
+/// Appends [`Decision::encode_logged`]'s bytes to `out`: the reused buffer's path.
+fn encode_logged_into(decision: &Decision, trace: Option<&TraceContext>, out: &mut Vec<u8>) {
+    match trace {
+        Some(trace) => decision.encode_traced_into(trace, out),
+        None => decision.encode_into(out),
+    }
+}
+
 fn log_error(err: LogError) -> StoreError {
     StoreError::Log(err.to_string())
 }
@@ -107,13 +120,21 @@ impl DecisionStore for LogDecisions {
     }
 
     fn decide(&self, decision: &Decision) -> Result<(), StoreError> {
+        self.decide_traced(decision, None)
+    }
+
+    /// Writes a decision whose coordinator span is sampled as `DCD2`, so that recovery
+    /// after a restart links to the transaction's trace; any other as the `DCD1` bytes.
+    fn decide_traced(&self, decision: &Decision, trace: Option<&TraceContext>) -> Result<(), StoreError> {
         // Before the key: a refused decision leaves no trace.
         decision.check_limits()?;
+        // An unsampled span is never exported: a link to it would show nothing.
+        let trace = trace.filter(|t| t.is_sampled() && t.is_valid());
         let key = self.key_for(&decision.xid);
         ENCODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => {
                 buf.clear();
-                decision.encode_into(&mut buf);
+                encode_logged_into(decision, trace, &mut buf);
                 let result = self.log.append(key, &buf);
                 if buf.capacity() > ENCODE_BUFFER_BYTES_MAX {
                     *buf = Vec::with_capacity(1024);
@@ -121,7 +142,7 @@ impl DecisionStore for LogDecisions {
                 result.map_err(log_error)
             }
             // Re-entered from inside an append (a log calling back into us): use a fresh buffer.
-            Err(_) => self.log.append(key, &decision.encode()).map_err(log_error),
+            Err(_) => self.log.append(key, &decision.encode_logged(trace)).map_err(log_error),
         })
     }
 
@@ -147,9 +168,10 @@ impl DecisionStore for LogDecisions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::BranchRecord;
+    use crate::store::{BranchRecord, RecoveredDecisions};
     use crate::xid::Origin;
     use decree_log::engine::volatile::VolatileLog;
+    use decree_log::LiveRecord;
 
     #[test]
     fn decide_appends_the_encoded_decision_and_complete_forgets_it() {
@@ -196,6 +218,73 @@ mod tests {
         assert_eq!(log.live_records(), 0);
         store.complete(&old).unwrap(); // completing twice completes nothing more
         assert_eq!(log.stats().completions, 2);
+    }
+
+    /// A [`VolatileLog`] that also keeps every appended record, as a restart would read it.
+    #[derive(Default)]
+    struct Recording {
+        log: VolatileLog,
+        appended: Mutex<Vec<LiveRecord>>,
+    }
+
+    impl Log for Recording {
+        fn append(&self, txn: u64, payload: &[u8]) -> Result<(), LogError> {
+            self.appended.lock().push(LiveRecord { txn, payload: payload.to_vec() });
+            self.log.append(txn, payload)
+        }
+        fn append_with(&self, txn: u64, payload: &[u8], done: decree_log::DurableCallback) {
+            done(self.append(txn, payload))
+        }
+        fn complete(&self, txn: u64) -> Result<(), LogError> {
+            self.log.complete(txn)
+        }
+        fn take_recovered(&self) -> Vec<LiveRecord> {
+            std::mem::take(&mut *self.appended.lock())
+        }
+        fn incarnation(&self) -> u64 {
+            self.log.incarnation()
+        }
+        fn sync(&self) -> Result<(), LogError> {
+            self.log.sync()
+        }
+        fn stats(&self) -> decree_log::LogStats {
+            self.log.stats()
+        }
+    }
+
+    fn one_branch(sequence: u64) -> Decision {
+        let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence });
+        Decision { xid, branches: vec![BranchRecord { rm: "pg".into(), branch: 0 }] }
+    }
+
+    #[test]
+    fn a_decision_with_a_sampled_context_is_written_with_it_and_read_back_by_recovery() {
+        let log = Arc::new(Recording::default());
+        let store = LogDecisions::new(log.clone(), 1);
+        let sampled = TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 };
+        let unsampled = TraceContext { flags: 0, ..sampled };
+        let (traced, dropped) = (one_branch(1), one_branch(2));
+        store.decide_traced(&traced, Some(&sampled)).unwrap();
+        store.decide_traced(&dropped, Some(&unsampled)).unwrap();
+        let records = log.take_recovered();
+        assert_eq!(&records[0].payload[..4], b"DCD2");
+        assert_eq!(records[1].payload, dropped.encode(), "an unsampled span is not kept");
+        let recovered = RecoveredDecisions::from_records(records);
+        assert_eq!(recovered.traces.get(&traced.xid), Some(&sampled));
+        assert_eq!(recovered.decisions[&traced.xid], traced);
+        assert_eq!(recovered.traces.len(), 1);
+    }
+
+    #[test]
+    fn a_decision_without_a_context_is_the_dcd1_bytes() {
+        let log = Arc::new(Recording::default());
+        let store = LogDecisions::new(log.clone(), 1);
+        let (plain, untraced) = (one_branch(1), one_branch(2));
+        store.decide(&plain).unwrap();
+        store.decide_traced(&untraced, None).unwrap();
+        let records = log.take_recovered();
+        assert_eq!(records[0].payload, plain.encode());
+        assert_eq!(records[1].payload, untraced.encode());
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!
 //! A record has two forms. `DCD1` is the decision alone: the wire's `Decide` body, and what
 //! the log holds for a decision that came without a sampled trace context (so that a
-//! server with tracing off writes exactly what it always wrote). `DCD2`, in the log only,
+//! server, or an embedded coordinator, with tracing off writes exactly what it always
+//! wrote). `DCD2`, in the log only,
 //! is the same body with the client's trace context after it ([`Decision::encode_logged`]),
 //! so that recovery after a restart, or by the other member of a pair after a failover,
 //! links its spans to the client's (issue 36). Every reader of the log decodes both
@@ -134,7 +135,8 @@ pub trait DecisionStore: Send + Sync {
     }
     /// [`DecisionStore::decide`] with the trace context of the coordinator's decide span,
     /// for a store that passes it on (a state server's client puts it on the wire, so the
-    /// server's spans join the trace); the others ignore it.
+    /// server's spans join the trace; the embedded log writes a sampled one in the record,
+    /// `DCD2`); the others ignore it.
     fn decide_traced(&self, decision: &Decision, trace: Option<&TraceContext>) -> Result<(), StoreError> {
         let _ = trace;
         self.decide(decision)
