@@ -14,10 +14,12 @@
 
 pub mod http;
 
-use opentelemetry::KeyValue;
+use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TraceState};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SamplingDecision, SamplingResult, SdkTracer,
+    SdkTracerProvider, ShouldSample,
 };
 use opentelemetry_sdk::Resource;
 use std::path::PathBuf;
@@ -187,8 +189,9 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Exporter {
     /// The state server's exporter: spans to `config.endpoint`, with `attributes` (node,
-    /// member, epoch) on the resource; a remote parent's sampled flag decides for its
-    /// children, `config.sampling` for new traces.
+    /// member, epoch) on the resource; sampled by [`ServerSampler`]: a parent's sampled
+    /// flag decides for its children, the links for a new trace that has some,
+    /// `config.sampling` for the other new traces.
     pub fn start(config: &TracingConfig, attributes: Vec<KeyValue>) -> Result<Exporter, OtelError> {
         config.validate()?;
         let identity = config.client_identity().map_err(OtelError::Config)?;
@@ -216,7 +219,7 @@ impl Exporter {
             .with_service_name(config.service_name.clone())
             .with_attributes(attributes)
             .build();
-        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling)));
+        let sampler = ServerSampler::new(config.sampling);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource)
@@ -240,6 +243,47 @@ impl Exporter {
 impl Drop for Exporter {
     fn drop(&mut self) {
         let _ = self.provider.shutdown();
+    }
+}
+
+/// The state server's sampler. A span with a parent follows the parent's sampled flag; a
+/// new trace that links to other spans (a group-commit write, linked to the decisions it
+/// made durable) is kept exactly when one of them is sampled, since it is there to be
+/// found from them (and the SDK's builder can no longer force a decision: opentelemetry
+/// 0.33 took `with_sampling_result` away); any other new trace (a recovery pass) is kept
+/// at the ratio `tracing.sampling`.
+#[derive(Debug, Clone)]
+pub struct ServerSampler {
+    own: Sampler,
+}
+
+impl ServerSampler {
+    /// Samples new traces without links at `ratio` (0.0 to 1.0).
+    pub fn new(ratio: f64) -> ServerSampler {
+        ServerSampler { own: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))) }
+    }
+}
+
+impl ShouldSample for ServerSampler {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let has_parent = parent.is_some_and(|cx| cx.span().span_context().is_valid());
+        if has_parent || links.is_empty() {
+            return self.own.should_sample(parent, trace_id, name, kind, attributes, links);
+        }
+        let linked_sampled = links.iter().any(|link| link.span_context.is_sampled());
+        SamplingResult {
+            decision: if linked_sampled { SamplingDecision::RecordAndSample } else { SamplingDecision::Drop },
+            attributes: Vec::new(),
+            trace_state: TraceState::NONE,
+        }
     }
 }
 
@@ -342,6 +386,47 @@ mod tests {
             let why = config.validate().unwrap_err().to_string();
             assert!(why.contains(key), "{why}");
         }
+    }
+
+    fn decide(trace: u8, flags: opentelemetry::trace::TraceFlags) -> opentelemetry::trace::SpanContext {
+        use opentelemetry::trace::{SpanContext, SpanId};
+        SpanContext::new(
+            TraceId::from_bytes([trace; 16]),
+            SpanId::from_bytes([1; 8]),
+            flags,
+            false,
+            TraceState::NONE,
+        )
+    }
+
+    fn sampled_by(sampler: &ServerSampler, parent: Option<&Context>, links: &[Link]) -> bool {
+        let trace_id = TraceId::from_bytes([7; 16]);
+        let result = sampler.should_sample(
+            parent,
+            trace_id,
+            "decree.log.group_write",
+            &SpanKind::Internal,
+            &[],
+            links,
+        );
+        result.decision == SamplingDecision::RecordAndSample
+    }
+
+    #[test]
+    fn a_new_trace_with_links_is_kept_exactly_when_one_of_them_is_sampled() {
+        use opentelemetry::trace::TraceFlags;
+        let (sampled, unsampled) = (decide(1, TraceFlags::SAMPLED), decide(2, TraceFlags::default()));
+        for ratio in [0.0, 0.5, 1.0] {
+            let sampler = ServerSampler::new(ratio);
+            let mixed = [Link::with_context(unsampled.clone()), Link::with_context(sampled.clone())];
+            assert!(sampled_by(&sampler, None, &mixed), "ratio {ratio}: a sampled decision keeps its write");
+            assert!(!sampled_by(&sampler, None, &[Link::with_context(unsampled.clone())]), "ratio {ratio}");
+        }
+        // Without links, or with a parent, it is the usual sampler.
+        assert!(!sampled_by(&ServerSampler::new(0.0), None, &[]));
+        assert!(sampled_by(&ServerSampler::new(1.0), None, &[]));
+        let parent = Context::new().with_remote_span_context(unsampled.clone());
+        assert!(!sampled_by(&ServerSampler::new(1.0), Some(&parent), &[Link::with_context(sampled)]));
     }
 
     #[test]

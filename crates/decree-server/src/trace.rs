@@ -2,8 +2,8 @@
 //! decision with its log write (and, in a pair, the backup's confirmation as an event),
 //! completions, one-phase notices and outcome answers, each a child of the client's span
 //! when its request carried the trace-context field; each group-commit write, linked to
-//! every decision it made durable (the log tells a callback its write:
-//! `decree_log::write_batch`); recovery passes and the branches they finish, linked to the
+//! every sampled decision it made durable and kept exactly when it links one (the log
+//! tells a callback its write: `decree_log::write_batch`); recovery passes and the branches they finish, linked to the
 //! client's span through the global Xid.
 //!
 //! Off unless configured: the server then holds `None` and every call site is one
@@ -126,7 +126,8 @@ impl ServerTrace {
 
     /// Counts the decision of `decide` (its append at `started`) in the group-commit write
     /// `batch` whose callback runs now; after the write's last callback, exports the
-    /// write's span `decree.log.group_write`, linked to every decision it made durable.
+    /// write's span `decree.log.group_write`, linked to every sampled decision it made
+    /// durable (a link to a span never exported would show nothing).
     /// The callbacks of one write run one after the other on one thread, so the write is
     /// gathered in a thread-local: no lock, and at most one write held per thread.
     fn group_write(&self, batch: WriteBatch, decide: &SpanContext, started: SystemTime) {
@@ -138,13 +139,17 @@ impl ServerTrace {
                 number: batch.number,
                 records: batch.callbacks,
                 started,
+                decisions: 0,
                 links: Vec::new(),
             });
             write.started = write.started.min(started);
-            if write.links.len() < GROUP_LINKS_MAX {
+            write.decisions += 1;
+            if decide.is_sampled() && write.links.len() < GROUP_LINKS_MAX {
                 write.links.push(Link::with_context(decide.clone()));
             }
-            assert!(write.links.len() <= write.records.min(GROUP_LINKS_MAX));
+            assert!(
+                write.links.len() <= write.decisions.min(GROUP_LINKS_MAX) && write.decisions <= write.records
+            );
             (stale, cell.take_if(|_| batch.position + 1 == batch.callbacks))
         });
         for write in [stale, finished].into_iter().flatten() {
@@ -152,10 +157,22 @@ impl ServerTrace {
         }
     }
 
-    /// Exports the span of a group-commit write, from its first decision's append to now.
+    /// Exports the span of a group-commit write, from its first decision's append (its
+    /// start, whichever decision is sampled) to now: only when it links a sampled decision,
+    /// and then always, whatever `tracing.sampling` (decree-otel's `ServerSampler` samples
+    /// a new trace with links by its links), so that every sampled decision finds its write.
     fn export_group_write(&self, write: GroupWrite) {
-        let decisions = write.links.len() as i64;
-        let mut span = self
+        if let Some(mut span) = self.group_write_span(write) {
+            span.end();
+        }
+    }
+
+    /// The span of a group-commit write, `None` when it links no sampled decision.
+    fn group_write_span(&self, write: GroupWrite) -> Option<SdkSpan> {
+        if write.links.is_empty() {
+            return None;
+        }
+        let span = self
             .tracer
             .span_builder("decree.log.group_write")
             .with_kind(SpanKind::Internal)
@@ -164,10 +181,10 @@ impl ServerTrace {
             .with_attributes([
                 KeyValue::new(WRITE_NUMBER_ATTRIBUTE, write.number as i64),
                 KeyValue::new("decree.log.records", write.records as i64),
-                KeyValue::new("decree.log.decisions", decisions),
+                KeyValue::new("decree.log.decisions", write.decisions as i64),
             ])
             .start(&self.tracer);
-        span.end();
+        Some(span)
     }
 
     /// The span of one recovery pass that started at `started` (a new trace, sampled by
@@ -243,7 +260,9 @@ struct GroupWrite {
     records: usize,
     /// The earliest append of its decisions.
     started: SystemTime,
-    /// One per decision, at most `GROUP_LINKS_MAX`.
+    /// Decisions it made durable (at most `records`).
+    decisions: usize,
+    /// One per sampled decision, at most `GROUP_LINKS_MAX`.
     links: Vec<Link>,
 }
 
@@ -379,6 +398,34 @@ mod tests {
         }
         assert!(map.get(&xid(999)).is_some() && map.get(&xid(997)).is_some());
         assert!(map.get(&xid(1)).is_none());
+    }
+
+    /// The group-commit write gathered on this thread, taken before its last callback.
+    fn gathered() -> GroupWrite {
+        GROUP_WRITE.with(|cell| cell.borrow_mut().take()).expect("a write not finished yet")
+    }
+
+    #[test]
+    fn a_group_write_is_kept_by_its_sampled_decisions_whatever_the_sampling_ratio() {
+        let config = TracingConfig { sampling: 0.0, ..TracingConfig::to("http://127.0.0.1:9") };
+        let trace = ServerTrace::start(&config, 1, None, 1).expect("an exporter");
+        let now = SystemTime::now();
+        let unsampled = SpanContext::new(
+            TraceId::from_bytes([3; 16]),
+            SpanId::from_bytes([2; 8]),
+            TraceFlags::default(),
+            true,
+            TraceState::NONE,
+        );
+        let batch = |number, callbacks, position| WriteBatch { number, callbacks, position };
+        trace.group_write(batch(7, 3, 0), &unsampled, now);
+        trace.group_write(batch(7, 3, 1), &context(1), now);
+        let write = gathered();
+        assert_eq!((write.decisions, write.links.len()), (2, 1), "links only the sampled decision");
+        let span = trace.group_write_span(write).expect("it links a sampled decision");
+        assert!(span.span_context().is_sampled(), "kept although tracing.sampling = 0");
+        trace.group_write(batch(8, 2, 0), &unsampled, now);
+        assert!(trace.group_write_span(gathered()).is_none(), "no sampled decision: nothing to find it from");
     }
 
     fn recovered_xid(n: u64) -> Xid {
