@@ -198,6 +198,13 @@ impl Recorder for Books<'_> {
         crate::rm_calls::count(xid, self.state.node, self.state.incarnation);
     }
 
+    /// A presumed abort has no decision record, but the server may still hold the client's
+    /// context from an earlier traced request about that Xid (an `Outcome` question, say):
+    /// its rollback's lines then carry that trace, as the rollback's span links to it.
+    fn log_scope(&self, xid: &Xid) -> Option<tracing::Span> {
+        self.state.trace.as_ref().and_then(|t| t.log_scope_of(xid))
+    }
+
     fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {
         if let Some(t) = &self.state.trace {
             let mut span = self.span.lock();

@@ -36,6 +36,12 @@ pub trait Recorder {
     /// before every such call, failed ones included, so that a process can count what it
     /// touched (a deposed primary must touch no branch of a newer epoch).
     fn calling(&self, _xid: &Xid, _rm: &str) {}
+    /// The `tracing` span that a presumed-abort rollback of a branch of `xid` (global) logs
+    /// inside, when the process knows the trace of that transaction (the state server may
+    /// hold its client's context from an earlier request): its lines then carry that trace.
+    fn log_scope(&self, _xid: &Xid) -> Option<tracing::Span> {
+        None
+    }
 }
 
 /// The retry delays after a failure: doubling from `min` up to `max`.
@@ -231,6 +237,9 @@ pub fn scan(
         match step {
             FoundStep::Decided | FoundStep::LeaveAlone => counts.left_alone += 1,
             FoundStep::RollBack => {
+                // Its lines name the transaction's trace when the recorder knows it.
+                let scope = recorder.log_scope(&bx.global());
+                let _entered = scope.as_ref().map(tracing::Span::enter);
                 // The same machine as any phase two: one branch, rolled back.
                 let branch = BranchRecord { rm: rm.to_string(), branch: bx.branch_number().unwrap_or(0) };
                 let mut rollback = PhaseTwo::new(bx.global(), false, vec![branch.clone()]);
@@ -278,6 +287,66 @@ pub fn scan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::dummy::DummyFactory;
+    use crate::xid::Origin;
+    use std::sync::Mutex;
+
+    /// A recorder that knows one transaction's trace, as the state server may.
+    struct Traced(Xid);
+
+    impl Recorder for Traced {
+        fn complete(&self, _xid: &Xid, _heuristic: Option<HeuristicOutcome>) {}
+        fn log_scope(&self, xid: &Xid) -> Option<tracing::Span> {
+            (*xid == self.0).then(|| tracing::error_span!("otel", trace_id = "abab"))
+        }
+    }
+
+    /// The log lines written under a plain-text subscriber while `f` runs.
+    fn lines_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("the buffer").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().expect("the buffer").clone();
+        String::from_utf8(bytes).expect("text")
+    }
+
+    #[test]
+    fn a_presumed_abort_logs_inside_the_scope_of_its_known_trace() {
+        let rm = DummyFactory::named("a", 16);
+        let [known, unknown] =
+            [1, 2].map(|sequence| Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence }));
+        for xid in [known, unknown] {
+            rm.connection().prepare(&xid.branch(0)).expect("prepared");
+        }
+        let gone = |_: &Origin| true;
+        let absent = |_: &Xid| DecisionFact::Absent;
+        let rules = ScanRules { node: 1, liveness: &gone, decision: &absent };
+        let mut conns = Connections::new(&[rm.arc()]);
+        let lines = lines_of(|| {
+            let counts = scan("a", &mut conns, &rules, &Traced(known)).expect("listed");
+            assert_eq!(counts.rolled_back, 2);
+        });
+        let rolled: Vec<&str> =
+            lines.lines().filter(|l| l.contains("rolled back a prepared branch")).collect();
+        assert_eq!(rolled.len(), 2, "{lines}");
+        let of =
+            |xid: Xid| rolled.iter().find(|l| l.contains(&xid.branch(0).to_string())).copied().unwrap_or("");
+        assert!(of(known).contains("otel{trace_id=\"abab\"}"), "{lines}");
+        assert!(!of(unknown).contains("otel{"), "no trace known, none named: {lines}");
+    }
 
     #[test]
     fn backoff_doubles_within_its_bounds() {
