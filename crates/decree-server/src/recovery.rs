@@ -218,3 +218,77 @@ impl Recorder for Books<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use decree_core::testing::dummy::DummyFactory;
+    use decree_core::{BranchRecord, Decision, RecoveredDecisions, ResourceManager, TraceContext};
+    use decree_log::engine::volatile::VolatileLog;
+    use decree_log::outcomes::OutcomeMemory;
+    use decree_log::LiveRecord;
+
+    const CONTEXT: TraceContext = TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 };
+
+    /// A server's state of incarnation 2 over `recovered`, spans on (sampling 0: the pass's
+    /// own spans are dropped), with one dummy resource manager.
+    fn traced_state(rm: &DummyFactory, recovered: RecoveredDecisions) -> State {
+        let mut config = crate::ServerConfig::new("/nonexistent", decree_log::EngineKind::Volatile);
+        let tracing = decree_otel::TracingConfig::to("http://127.0.0.1:9");
+        config.tracing = Some(decree_otel::TracingConfig { sampling: 0.0, ..tracing });
+        let outcomes = OutcomeMemory::volatile(config.limits.outcomes_remembered_max);
+        State::new(Arc::new(VolatileLog::new()), outcomes, &config, vec![rm.arc()], recovered, 2)
+    }
+
+    #[test]
+    fn recovery_forgets_a_recovered_context_once_it_finished_that_decision() {
+        let rm = DummyFactory::named("a", 16);
+        let xid = Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: 1 });
+        rm.connection().prepare(&xid.branch(0)).expect("prepared");
+        let decision = Decision { xid, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
+        let record = LiveRecord { txn: 5, payload: decision.encode_logged(Some(&CONTEXT)) };
+        let state = traced_state(&rm, RecoveredDecisions::from_records(vec![record]));
+        let trace = state.trace.as_ref().expect("spans on");
+        assert!(trace.log_scope_of(&xid).is_some(), "the log's context is known at open");
+        assert!(pass(&state, &AtomicBool::new(false)), "a clean pass");
+        assert_eq!(state.orphans().len(), 0, "the recovered decision is finished");
+        assert!(trace.log_scope_of(&xid).is_none(), "its context left with it");
+    }
+
+    #[test]
+    fn a_presumed_abort_logs_in_the_trace_of_an_earlier_request_about_its_xid() {
+        let rm = DummyFactory::named("a", 16);
+        let xid = Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence: 1 });
+        rm.connection().prepare(&xid.branch(0)).expect("prepared");
+        let state = traced_state(&rm, RecoveredDecisions::default());
+        let trace = state.trace.as_ref().expect("spans on");
+        // A client asked about the transaction with its trace (its span goes to a port
+        // where nothing listens).
+        trace::end(trace.request("decree.server.outcome", &xid, Some(&CONTEXT)), None);
+        let lines = lines_of(|| assert!(pass(&state, &AtomicBool::new(false)), "a clean pass"));
+        let rolled = lines.lines().find(|l| l.contains("rolled back a prepared branch")).unwrap_or("");
+        assert!(rolled.contains(&format!("trace_id={}", CONTEXT.trace_id_hex())), "{lines}");
+    }
+
+    /// The log lines written under a plain-text subscriber while `f` runs.
+    fn lines_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("the buffer").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().expect("the buffer").clone();
+        String::from_utf8(bytes).expect("text")
+    }
+}
