@@ -277,9 +277,11 @@ impl PrimaryLink {
     }
 
     /// The primary remembers `outcome` for the finished `xid`: the backup remembers it too.
-    pub(crate) fn ship_outcome(&self, xid: &Xid, outcome: u8) {
+    /// Returns whether it was shipped (a full outbox drops it): the completion of `xid`
+    /// must then stay home too ([`PrimaryLink::ship_completion`]).
+    pub(crate) fn ship_outcome(&self, xid: &Xid, outcome: u8) -> bool {
         let record = LinkRecord { kind: RecordKind::Outcome, xid: *xid, payload: vec![outcome] };
-        let _ = self.leader.ship_lazy(record);
+        self.leader.ship_lazy(record).is_ok()
     }
 
     /// The primary remembers `outcome` for `xid` and must know when the backup holds it too
@@ -299,8 +301,14 @@ impl PrimaryLink {
     }
 
     /// `xid` is finished: the backup may forget it (lost when the backup is far behind:
-    /// the next catch-up forgets it then).
-    pub(crate) fn ship_completion(&self, xid: &Xid) {
+    /// the next catch-up forgets it then), but only once its outcome was shipped
+    /// (`outcome_shipped`): a backup that forgot a decision whose outcome a full outbox
+    /// dropped answered `Unknown` for an acknowledged commit after a failover (the pair
+    /// kill loop, 2026-11-28); kept live there, the decision answers `Committed`.
+    pub(crate) fn ship_completion(&self, xid: &Xid, outcome_shipped: bool) {
+        if !outcome_shipped {
+            return;
+        }
         let record = LinkRecord { kind: RecordKind::Completion, xid: *xid, payload: Vec::new() };
         let _ = self.leader.ship_lazy(record);
     }
@@ -1275,7 +1283,7 @@ mod tests {
 
     /// A strict primary's link over a fresh log in `dir`, built as `lead` builds it (no
     /// backup dials in: nothing confirms).
-    fn strict_primary(dir: &Path) -> (Arc<State>, Arc<PrimaryLink>) {
+    fn strict_primary(dir: &Path, limits: OutboxLimits) -> (Arc<State>, Arc<PrimaryLink>) {
         let member = MemberId::new(1).expect("not 0");
         let epoch = Epoch::mint(member, &[]);
         let config = ServerConfig::new(dir, EngineKind::Journal);
@@ -1292,7 +1300,7 @@ mod tests {
         };
         let setup = LinkSetup {
             transport: Arc::new(Plaintext),
-            limits: OutboxLimits::default(),
+            limits,
             stall: decree_pair::link::stall::LINK_STALL_DEFAULT,
         };
         let link = start_link(&state, node, 1, setup, Box::new(|_| {}), &LinkReport::default());
@@ -1313,7 +1321,7 @@ mod tests {
     #[test]
     fn a_decide_taken_after_the_pending_were_abandoned_is_answered_by_nobody_at_once() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let (state, link) = strict_primary(dir.path());
+        let (state, link) = strict_primary(dir.path(), OutboxLimits::default());
         let xid =
             |sequence| Xid::decree(Origin { node: 1, incarnation: state.incarnation, session: 1, sequence });
 
@@ -1336,5 +1344,27 @@ mod tests {
         assert_eq!(Arc::strong_count(&shipped_first), 1, "shipped before its write: not kept");
         assert_eq!(Arc::strong_count(&written_first), 1, "shipped after its write: not kept");
         assert_eq!(link.waiting(), 0);
+    }
+
+    /// Regression (the operator pair kill loop in CI, 2026-11-28: an acknowledged transfer
+    /// answered `Unknown` by the new primary): a full outbox dropped a finished decision's
+    /// outcome, its completion shipped once there was room, and the backup forgot the
+    /// decision with no outcome to answer from. The completion now follows its outcome.
+    #[test]
+    fn a_completion_ships_only_when_its_outcome_did() {
+        let xid = |sequence| Xid::decree(Origin { node: 1, incarnation: 1, session: 1, sequence });
+        // Nothing acknowledges: one batch in flight and one being filled, then refusals.
+        let full = tempfile::tempdir().expect("a temporary directory");
+        let tiny = OutboxLimits { batch_records_max: 1, batch_bytes_max: 1 << 20, unacked_batches_max: 1 };
+        let (_state, link) = strict_primary(full.path(), tiny);
+        let shipped: Vec<bool> = (1..=3).map(|s| link.ship_outcome(&xid(s), 1)).collect();
+        assert_eq!(shipped, [true, true, false], "a full outbox drops a lazy outcome, and says so");
+
+        let roomy = tempfile::tempdir().expect("a temporary directory");
+        let (_state, link) = strict_primary(roomy.path(), OutboxLimits::default());
+        link.ship_completion(&xid(3), false);
+        assert_eq!(link.leader.lag().records, 0, "the outcome was dropped: the completion stays home");
+        link.ship_completion(&xid(4), true);
+        assert_eq!(link.leader.lag().records, 1, "the outcome was shipped: so is the completion");
     }
 }

@@ -502,7 +502,7 @@ impl State {
             let _ = kept_tx.send(kept);
         })));
         let durable: decree_log::DurableCallback = Box::new(move |result| durable.arrive(result.is_ok()));
-        let remembered = self.remember_shipped(xid, Remembered::Heuristic(combined), durable, held);
+        let remembered = self.remember_shipped(xid, Remembered::Heuristic(combined), durable, held, None);
         let kept = remembered && kept.recv_timeout(HEURISTIC_KEPT_WAIT).unwrap_or(false);
         // Counted once per branch: a report not kept comes again with the next pass.
         if kept {
@@ -579,7 +579,7 @@ impl State {
             self.metrics.heuristics.fetch_add(1, Ordering::Relaxed);
             let (durable, held) = join_kept(kept);
             let durable: decree_log::DurableCallback = Box::new(move |result| durable.arrive(result.is_ok()));
-            if !self.remember_shipped(&global, Remembered::Heuristic(h), durable, held) {
+            if !self.remember_shipped(&global, Remembered::Heuristic(h), durable, held, None) {
                 return false;
             }
             if marked {
@@ -647,6 +647,9 @@ impl State {
         let xid = *global;
         let pair = self.pair().cloned();
         let (durable, held) = join_kept(kept);
+        // Set before the memory can flush (the outcome ships before it is remembered).
+        let shipped = Arc::new(AtomicBool::new(false));
+        let outcome_shipped = shipped.clone();
         let accepted = self.remember_shipped(
             global,
             remembered,
@@ -660,7 +663,7 @@ impl State {
                             }
                         }
                         if let Some(pair) = pair {
-                            pair.ship_completion(&xid);
+                            pair.ship_completion(&xid, outcome_shipped.load(Ordering::Acquire));
                         }
                     }
                     Err(e) => {
@@ -670,6 +673,7 @@ impl State {
                 durable.arrive(ok);
             }),
             held,
+            Some(&shipped),
         );
         if accepted {
             self.metrics.completes.fetch_add(1, Ordering::Relaxed);
@@ -685,29 +689,41 @@ impl State {
         outcome: Remembered,
         durable: decree_log::DurableCallback,
     ) -> bool {
-        self.remember_shipped(xid, outcome, durable, None)
+        self.remember_shipped(xid, outcome, durable, None, None)
     }
 
     /// [`State::remember`], and in a pair `held` runs once the backup holds the outcome too
     /// (at once on a primary alone, whose next live set carries it; never on a deposed one).
+    /// `shipped` is set when the backup will get the outcome (always without a pair or with
+    /// `held`, whose outcome waits for the backup): the completion follows it only then.
     fn remember_shipped(
         &self,
         xid: &Xid,
         outcome: Remembered,
         durable: decree_log::DurableCallback,
         held: Option<Box<dyn FnOnce() + Send>>,
+        shipped: Option<&AtomicBool>,
     ) -> bool {
         let mut id = Vec::with_capacity(40);
         xid.global().encode(&mut id);
+        // Shipped before it is remembered, so that `shipped` is known before the memory's
+        // flush ships the completion (an outcome the memory then refuses is still true:
+        // the backup holds it beside the decision, which stays live on both).
+        let lazy = match (self.pair(), held.is_some()) {
+            (Some(pair), false) => pair.ship_outcome(&xid.global(), outcome.to_byte()),
+            _ => true,
+        };
+        if let Some(shipped) = shipped {
+            shipped.store(lazy, Ordering::Release);
+        }
         let evicted = match self.outcomes.remember(&id, outcome.to_byte(), durable) {
             Ok(evicted) => {
                 match (self.pair(), held) {
                     (Some(pair), Some(held)) => {
                         pair.ship_outcome_held(&xid.global(), outcome.to_byte(), held)
                     }
-                    (Some(pair), None) => pair.ship_outcome(&xid.global(), outcome.to_byte()),
                     (None, Some(held)) => held(),
-                    (None, None) => {}
+                    (_, None) => {}
                 }
                 evicted
             }
