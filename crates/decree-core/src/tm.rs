@@ -11,6 +11,11 @@
 //! finished; recovery commits exactly the branches named by recovered decisions and rolls
 //! back only decree branches of this node from an older incarnation that no decision names.
 //! Heuristic outcomes found in the background are kept (up to `heuristics_max`) and logged.
+//!
+//! With spans on (`trace.rs`), each recovery pass (the start-up one and each background
+//! pass) emits a `decree.recovery.pass` span with one child per branch it finished, as a
+//! state server's recovery does; a branch of a recovered decision whose record kept its
+//! client's span (`DCD2`) links to that span, and its phase two logs inside that trace.
 
 use crate::embedded::LogDecisions;
 use crate::error::{HeuristicReport, TmError};
@@ -18,10 +23,11 @@ use crate::recovery::runtime::{self, Backoff, Connections, Recorder, ScanRules};
 use crate::recovery::{DecisionFact, OlderIncarnation, PhaseTwo};
 use crate::rm::{HeuristicOutcome, RmError, RmFactory};
 use crate::store::{BranchRecord, Decision, DecisionStore, RecoveredDecisions};
+use crate::trace::{self, RecoveryPass, TraceContext};
 use crate::xid::Xid;
 use decree_log::Log;
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -134,6 +140,11 @@ pub(crate) struct Shared {
     pub(crate) config: TmConfig,
     /// Transactions whose decision was recovered from the log at start.
     recovered_decided: HashSet<Xid>,
+    /// The client's span context of each recovered decision whose record kept one (`DCD2`),
+    /// by global Xid, for recovery's spans to link to. Kept with spans on only, filled at
+    /// start and never again, and each entry leaves when its transaction completes: it
+    /// holds the live recovered decisions at most, whatever the history.
+    recovered_traces: Mutex<HashMap<Xid, TraceContext>>,
     jobs: Mutex<Queue>,
     wake: Condvar,
     stop: AtomicBool,
@@ -168,6 +179,7 @@ impl TransactionManager {
             Arc::new(LogDecisions::with_recovered(log, config.node, recovered.keys));
         let decided = decisions.keys().copied().collect();
         let mut tm = Self::build(store, config, factories, decided)?;
+        tm.shared.keep_recovered_traces(recovered.traces);
         let shared = tm.shared.clone();
         tm.recovery = shared.recover(decisions.into_values().collect());
         Ok(Arc::new(tm))
@@ -214,6 +226,7 @@ impl TransactionManager {
             factories,
             config,
             recovered_decided,
+            recovered_traces: Mutex::new(HashMap::new()),
             jobs: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -265,6 +278,13 @@ impl TransactionManager {
     /// connections opened at most once per RM).
     pub fn retry_passes(&self) -> u64 {
         self.shared.retry_passes.load(Ordering::Relaxed)
+    }
+
+    /// The recovered decisions' client span contexts still held for recovery's spans (spans
+    /// on): one per recovered `DCD2` decision not completed yet, so that memory follows the
+    /// live recovered decisions, never the history.
+    pub fn recovered_contexts(&self) -> usize {
+        self.shared.recovered_traces.lock().len()
     }
 
     /// Waits until no background work is pending or `timeout` passes; true when idle.
@@ -381,8 +401,39 @@ impl Shared {
         Job { kind, due: Instant::now() + backoff, backoff, attempts: 0 }
     }
 
+    /// Keeps the recovered decisions' client contexts (`DCD2`) for recovery's spans, when
+    /// spans are on; with spans off nothing would read them.
+    fn keep_recovered_traces(&self, traces: HashMap<Xid, TraceContext>) {
+        if !trace::enabled() {
+            return;
+        }
+        let mut kept = self.recovered_traces.lock();
+        kept.extend(traces.into_iter().map(|(xid, context)| (xid.global(), context)));
+    }
+
+    /// The client's span context of `xid`'s recovered decision, when its record kept one.
+    fn recovered_trace(&self, xid: &Xid) -> Option<TraceContext> {
+        self.recovered_traces.lock().get(&xid.global()).copied()
+    }
+
+    /// Forgets `xid`'s recovered context: its transaction is complete. With spans off the
+    /// map is empty, and its lock is not taken.
+    fn forget_recovered_trace(&self, xid: &Xid) {
+        if trace::enabled() {
+            self.recovered_traces.lock().remove(&xid.global());
+        }
+    }
+
     /// Recovery at start: commit recovered decisions, then scan every RM.
     fn recover(&self, decisions: Vec<Decision>) -> RecoveryReport {
+        let books = Books::new(self);
+        let report = self.recover_with(decisions, &books);
+        books.end(report.deferred == 0);
+        report
+    }
+
+    /// [`Shared::recover`] recording to `books`.
+    fn recover_with(&self, decisions: Vec<Decision>, books: &Books<'_>) -> RecoveryReport {
         let mut report = RecoveryReport { decisions: decisions.len(), ..Default::default() };
         let mut conns = Connections::new(&self.factories);
         for d in decisions {
@@ -394,7 +445,7 @@ impl Shared {
             }
             let total = d.branches.len();
             let mut phase_two = PhaseTwo::new(d.xid, true, d.branches);
-            let finished = runtime::run_phase_two(&mut phase_two, &mut conns, self);
+            let finished = books.run_phase_two(&mut phase_two, &mut conns);
             report.branches_committed += total - phase_two.left().len();
             if !finished {
                 report.deferred += 1;
@@ -404,7 +455,7 @@ impl Shared {
         // A failed commit does not mean that listing fails: give every RM a fresh try.
         conns.forgive();
         for rm in conns.names() {
-            match self.scan(&mut conns, &rm) {
+            match self.scan(&mut conns, &rm, books) {
                 Ok(counts) => {
                     report.branches_rolled_back += counts.rolled_back;
                     report.branches_left_alone += counts.left_alone;
@@ -423,7 +474,12 @@ impl Shared {
     /// Lists `rm`'s prepared branches and rolls back ours from dead incarnations that no
     /// decision names. Branches with a decision are committed by the decision's own job.
     /// A rollback that failed is an error too (the scan is retried).
-    fn scan(&self, conns: &mut Connections, rm: &str) -> Result<runtime::ScanCounts, RmError> {
+    fn scan(
+        &self,
+        conns: &mut Connections,
+        rm: &str,
+        books: &Books<'_>,
+    ) -> Result<runtime::ScanCounts, RmError> {
         let decision = |xid: &Xid| {
             if self.recovered_decided.contains(xid) {
                 DecisionFact::Commit
@@ -433,7 +489,7 @@ impl Shared {
         };
         let liveness = OlderIncarnation { current: self.store.incarnation() };
         let rules = ScanRules { node: self.store.node(), liveness: &liveness, decision: &decision };
-        let counts = runtime::scan(rm, conns, &rules, self)?;
+        let counts = runtime::scan(rm, conns, &rules, books)?;
         if counts.failed > 0 {
             return Err(RmError::Unavailable(format!("{} rollbacks on {rm:?} failed", counts.failed)));
         }
@@ -479,25 +535,34 @@ impl Shared {
                 ready
             };
             self.retry_passes.fetch_add(1, Ordering::Relaxed);
-            let mut conns = Connections::new(&self.factories);
-            for job in due {
-                self.retries.fetch_add(1, Ordering::Relaxed);
-                let again = self.run_job(&mut conns, job);
-                let mut queue = self.jobs.lock();
-                queue.running -= 1;
-                if let Some(again) = again {
-                    queue.waiting.push(again);
-                }
-            }
-            conns.close_all();
+            self.pass(due);
         }
     }
 
+    /// One pass of the background thread over the jobs `due`, over one set of connections.
+    fn pass(&self, due: Vec<Job>) {
+        let books = Books::new(self);
+        let mut clean = true;
+        let mut conns = Connections::new(&self.factories);
+        for job in due {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            let again = self.run_job(&mut conns, job, &books);
+            clean &= again.is_none();
+            let mut queue = self.jobs.lock();
+            queue.running -= 1;
+            if let Some(again) = again {
+                queue.waiting.push(again);
+            }
+        }
+        conns.close_all();
+        books.end(clean);
+    }
+
     /// Runs one job; returns it (with a later due time) when it must be retried.
-    fn run_job(&self, conns: &mut Connections, mut job: Job) -> Option<Job> {
+    fn run_job(&self, conns: &mut Connections, mut job: Job, books: &Books<'_>) -> Option<Job> {
         let done = match &mut job.kind {
-            JobKind::PhaseTwo(phase_two) => runtime::run_phase_two(phase_two, conns, self),
-            JobKind::Scan { rm } => match self.scan(conns, rm) {
+            JobKind::PhaseTwo(phase_two) => books.run_phase_two(phase_two, conns),
+            JobKind::Scan { rm } => match self.scan(conns, rm, books) {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(rm = %rm, error = %e, "recovery scan failed again");
@@ -517,17 +582,73 @@ impl Shared {
     }
 }
 
-/// The embedded coordinator's books: completions go to its decision store, heuristics to
-/// the list [`TransactionManager::take_heuristics`] returns.
-impl Recorder for Shared {
+/// The embedded coordinator's books for one recovery pass (the start-up recovery or one
+/// background pass): completions go to its decision store, heuristics to the list
+/// [`TransactionManager::take_heuristics`] returns, and, with spans on, each finished
+/// branch to the pass's spans.
+struct Books<'a> {
+    shared: &'a Shared,
+    /// `None` with spans off: nothing is allocated for a pass then.
+    trace: Option<RecoveryPass>,
+}
+
+impl<'a> Books<'a> {
+    fn new(shared: &'a Shared) -> Books<'a> {
+        Books { shared, trace: RecoveryPass::begin() }
+    }
+
+    /// Runs one pass of `phase_two`, its log lines inside its client's trace when known.
+    fn run_phase_two(&self, phase_two: &mut PhaseTwo, conns: &mut Connections) -> bool {
+        match self.log_scope(phase_two.xid()) {
+            Some(scope) => scope.in_scope(|| runtime::run_phase_two(phase_two, conns, self)),
+            None => runtime::run_phase_two(phase_two, conns, self),
+        }
+    }
+
+    /// Emits the span of a branch of `xid` that the pass finished (spans on).
+    fn branch_span(&self, xid: &Xid, rm: Option<&str>, commit: bool) {
+        if let Some(pass) = &self.trace {
+            pass.branch(xid, rm, commit, self.shared.recovered_trace(xid).as_ref());
+        }
+    }
+
+    /// Ends the pass's span, if any: `clean` when nothing is left to retry.
+    fn end(self, clean: bool) {
+        if let Some(pass) = self.trace {
+            pass.end(clean);
+        }
+    }
+}
+
+impl Recorder for Books<'_> {
     fn complete(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
-        Shared::complete(self, xid, heuristic);
+        self.shared.complete(xid, heuristic);
+        // Memory follows the live recovered decisions: this one is finished.
+        self.shared.forget_recovered_trace(xid);
     }
 
     /// Kept in memory only: an embedded coordinator's heuristics are for its application
     /// to take ([`TransactionManager::take_heuristics`]), and are not kept across a restart.
     fn heuristic(&self, report: &HeuristicReport) -> bool {
-        self.keep_heuristic(report.clone());
+        self.shared.keep_heuristic(report.clone());
         true
+    }
+
+    fn branch_finished(&self, xid: &Xid, rm: &str, commit: bool) {
+        self.branch_span(xid, Some(rm), commit);
+    }
+
+    /// The engine reports a presumed abort per transaction, without its RM.
+    fn rolled_back(&self, xid: &Xid, _heuristic: Option<HeuristicOutcome>) {
+        self.branch_span(xid, None, false);
+    }
+
+    /// Only a recovered decision's context is known here (its `DCD2` record), so this
+    /// answers for the phase two of recovered decisions: a presumed abort has no decision,
+    /// hence no known trace, in an embedded coordinator.
+    fn log_scope(&self, xid: &Xid) -> Option<tracing::Span> {
+        self.trace.as_ref()?;
+        let context = self.shared.recovered_trace(xid)?.to_span_context()?;
+        Some(trace::log_scope(&context))
     }
 }

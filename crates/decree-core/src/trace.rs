@@ -10,15 +10,21 @@
 //! span lives in an `Option` that stays `None`. On, spans go to OpenTelemetry's global
 //! tracer provider, as children of the application's current context.
 //!
+//! The embedded coordinator's recovery (start-up and background passes) emits its spans
+//! here too ([`RecoveryPass`]): the same `decree.recovery.pass` span and per-branch spans
+//! as a state server's recovery, linked to the client's span that a `DCD2` decision kept.
+//!
 //! It is not for the state server's own spans (decree-server keeps its own tracer, with
 //! its node, member and epoch as resource attributes) nor for exporting (decree-otel).
 
 use crate::xid::Xid;
 use opentelemetry::global::{BoxedSpan, BoxedTracer};
 use opentelemetry::trace::{
-    Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
+    Link, Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer,
 };
 use opentelemetry::{Context, KeyValue};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
@@ -275,4 +281,101 @@ pub(crate) fn end_store_call(mut span: BoxedSpan, error: Option<String>) {
         span.set_status(Status::error(error));
     }
     span.end();
+}
+
+/// A `tracing` span that puts `context`'s `trace_id` and `span_id` (lowercase hex, as the
+/// exported spans show them) on every log line emitted while it is entered. At level
+/// ERROR so that it is enabled whenever any line is printed: a span below the filter's
+/// level would be disabled, and the warnings inside it would lose the ids.
+pub fn log_scope(context: &SpanContext) -> tracing::Span {
+    tracing::error_span!("otel", trace_id = %context.trace_id(), span_id = %context.span_id())
+}
+
+/// The name of the span of a branch that recovery finished: `commit {rm}` or
+/// `rollback {rm}`, or `rollback (presumed abort)` when the engine reports the rollback
+/// per transaction (no `rm`), as a state server names it.
+pub fn recovered_branch_name(rm: Option<&str>, commit: bool) -> String {
+    let operation = if commit { "commit" } else { "rollback" };
+    match rm {
+        Some(rm) => format!("{operation} {rm}"),
+        None => format!("{operation} (presumed abort)"),
+    }
+}
+
+/// The attributes of the span of a branch that recovery finished, the same in every
+/// process that recovers: the global Xid, the operation, the RM (empty for a presumed
+/// abort), the branch number and `decree.recovery`.
+pub fn recovered_branch_attributes(xid: &Xid, rm: Option<&str>, commit: bool) -> [KeyValue; 5] {
+    [
+        xid_attribute(&xid.global()),
+        KeyValue::new("db.operation.name", if commit { "commit" } else { "rollback" }),
+        KeyValue::new("decree.rm", rm.unwrap_or("").to_string()),
+        KeyValue::new("decree.branch", i64::from(xid.branch_number().unwrap_or(0))),
+        KeyValue::new("decree.recovery", true),
+    ]
+}
+
+/// The spans of one recovery pass of the embedded coordinator (its start-up recovery, or
+/// one pass of its background thread): the pass's span `decree.recovery.pass`, a new
+/// trace, and one child per branch the pass finished. The pass's span starts at its first
+/// branch (with the pass's start time), so that the many passes that finish nothing
+/// export nothing.
+pub(crate) struct RecoveryPass {
+    tracer: BoxedTracer,
+    started: SystemTime,
+    /// The context holding the pass's span, once a branch was finished. A `RefCell`: one
+    /// pass runs on one thread.
+    cx: RefCell<Option<Context>>,
+}
+
+impl RecoveryPass {
+    /// A pass starting now; `None` (nothing allocated) when spans are off.
+    #[inline]
+    pub(crate) fn begin() -> Option<RecoveryPass> {
+        if !enabled() {
+            return None;
+        }
+        let tracer = opentelemetry::global::tracer(TRACER_NAME);
+        Some(RecoveryPass { tracer, started: SystemTime::now(), cx: RefCell::new(None) })
+    }
+
+    /// Emits the span of a branch of `xid` that this pass finished (see
+    /// [`recovered_branch_name`]), a child of the pass's span, linked to the client's span
+    /// of its transaction when known (`client`, from its `DCD2` decision record).
+    pub(crate) fn branch(&self, xid: &Xid, rm: Option<&str>, commit: bool, client: Option<&TraceContext>) {
+        let links: Vec<Link> =
+            client.and_then(TraceContext::to_span_context).map(Link::with_context).into_iter().collect();
+        let mut cx = self.cx.borrow_mut();
+        let parent = cx.get_or_insert_with(|| self.pass_context());
+        let mut span = self
+            .tracer
+            .span_builder(recovered_branch_name(rm, commit))
+            .with_kind(SpanKind::Client)
+            .with_links(links)
+            .with_attributes(recovered_branch_attributes(xid, rm, commit))
+            .start_with_context(&self.tracer, parent);
+        span.end();
+    }
+
+    /// A context holding the pass's span, a new trace (not the caller's current context:
+    /// the start-up recovery runs on the application's thread, but belongs to no request).
+    fn pass_context(&self) -> Context {
+        let span = self
+            .tracer
+            .span_builder("decree.recovery.pass")
+            .with_kind(SpanKind::Internal)
+            .with_start_time(self.started)
+            .start_with_context(&self.tracer, &Context::new());
+        Context::new().with_span(span)
+    }
+
+    /// Ends the pass's span, if a branch started it, noting whether the pass was clean
+    /// (nothing left to retry).
+    pub(crate) fn end(self, clean: bool) {
+        if let Some(cx) = self.cx.into_inner() {
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("decree.recovery.clean", clean));
+            span.end();
+        }
+    }
 }

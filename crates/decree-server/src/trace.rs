@@ -27,7 +27,7 @@
 //! line emitted inside it, on whichever thread the work goes on (the log's callback, the
 //! pair link's confirmation).
 
-use decree_core::trace::{xid_attribute, TraceContext};
+use decree_core::trace::{recovered_branch_attributes, recovered_branch_name, xid_attribute, TraceContext};
 use decree_core::Xid;
 use decree_log::write_batch::WriteBatch;
 use decree_otel::{Exporter, OtelError, TracingConfig};
@@ -206,23 +206,14 @@ impl ServerTrace {
             Some(sc) => vec![Link::with_context(sc)],
             None => Vec::new(),
         };
-        let operation = if commit { "commit" } else { "rollback" };
         let parent = Context::new().with_remote_span_context(pass.span_context().clone());
+        // Named and attributed by decree-core, as an embedded coordinator's recovery is.
         let mut span = self
             .tracer
-            .span_builder(match rm {
-                Some(rm) => format!("{operation} {rm}"),
-                None => format!("{operation} (presumed abort)"),
-            })
+            .span_builder(recovered_branch_name(rm, commit))
             .with_kind(SpanKind::Client)
             .with_links(links)
-            .with_attributes([
-                xid_attribute(&global),
-                KeyValue::new("db.operation.name", operation),
-                KeyValue::new("decree.rm", rm.unwrap_or("").to_string()),
-                KeyValue::new("decree.branch", i64::from(xid.branch_number().unwrap_or(0))),
-                KeyValue::new("decree.recovery", true),
-            ])
+            .with_attributes(recovered_branch_attributes(xid, rm, commit))
             .start_with_context(&self.tracer, &parent);
         span.end();
     }
@@ -277,7 +268,9 @@ pub(crate) fn end(mut span: SdkSpan, error: Option<String>) {
 /// A `tracing` span that puts `context`'s `trace_id` and `span_id` (lowercase hex, as the
 /// exported spans show them) on every log line emitted while it is entered. At level
 /// ERROR so that it is enabled whenever any line is printed: a span below the filter's
-/// level would be disabled, and the warnings inside it would lose the ids.
+/// level would be disabled, and the warnings inside it would lose the ids. Built here, not
+/// by decree-core's twin, so that its target is this crate's, which a log filter naming
+/// `decree_server` enables.
 pub(crate) fn log_scope(context: &SpanContext) -> tracing::Span {
     tracing::error_span!("otel", trace_id = %context.trace_id(), span_id = %context.span_id())
 }

@@ -1,0 +1,244 @@
+//! The embedded coordinator's recovery emits the spans a state server's does: a
+//! `decree.recovery.pass` span per pass that finished something, with a child per branch
+//! (`commit {rm}`, `rollback (presumed abort)`) carrying the Xid, linked to the client's
+//! span that a `DCD2` decision record kept, and the phase two of such a decision logs
+//! inside that client's trace.
+//!
+//! The bug guarded against: an embedded coordinator read the recovered contexts and
+//! dropped them, so that its recovery, unlike a state server's, was invisible in traces.
+//!
+//! Spans go to OpenTelemetry's global provider, which is process-wide: this file is its
+//! own test binary, installs an SDK provider over an exporter that keeps what it is given,
+//! and runs its tests one at a time.
+
+mod common;
+
+use common::*;
+use decree_core::testing::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
+use decree_core::trace::{self, XID_ATTRIBUTE};
+use decree_core::{
+    BranchRecord, Decision, DecisionStore, LogDecisions, Origin, ResourceManager, RmFactory, TraceContext,
+    TransactionManager, Xid,
+};
+use decree_log::engine::volatile::VolatileLog;
+use decree_log::{LiveRecord, Log, LogError};
+use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::Value;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor, SpanData, SpanExporter};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(10);
+const NODE: u32 = 7;
+
+/// The client's span that the decision records keep (sampled).
+const CLIENT: TraceContext = TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 };
+
+/// Every span ended in this process, as the global provider exported it.
+#[derive(Debug, Clone, Default)]
+struct Collected(Arc<Mutex<Vec<SpanData>>>);
+
+impl SpanExporter for Collected {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        self.0.lock().expect("the span list").extend(batch);
+        std::future::ready(Ok(()))
+    }
+}
+
+/// The spans exported so far, with spans on and the collecting provider installed (once).
+fn collected() -> &'static Collected {
+    static COLLECTED: OnceLock<Collected> = OnceLock::new();
+    COLLECTED.get_or_init(|| {
+        let collected = Collected::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(collected.clone()))
+            .build();
+        opentelemetry::global::set_tracer_provider(provider);
+        trace::enable();
+        collected
+    })
+}
+
+/// Holds the other tests of this file off while one runs (they share the provider).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The exported spans whose Xid attribute names `xid`'s transaction.
+fn spans_of(xid: &Xid) -> Vec<SpanData> {
+    let wanted = Value::from(xid.global().to_string());
+    let spans = collected().0.lock().expect("the span list");
+    spans
+        .iter()
+        .filter(|s| s.attributes.iter().any(|kv| kv.key.as_str() == XID_ATTRIBUTE && kv.value == wanted))
+        .cloned()
+        .collect()
+}
+
+/// The exported recovery pass span that is `span`'s parent.
+fn pass_of(span: &SpanData) -> Option<SpanData> {
+    let spans = collected().0.lock().expect("the span list");
+    spans
+        .iter()
+        .find(|s| {
+            s.name == "decree.recovery.pass"
+                && s.span_context.span_id() == span.parent_span_id
+                && s.span_context.trace_id() == span.span_context.trace_id()
+        })
+        .cloned()
+}
+
+/// [`pass_of`], waiting for it: a background pass ends its span after its last job, a
+/// little after the coordinator says it is idle.
+fn pass_of_within(span: &SpanData, wait: Duration) -> Option<SpanData> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let pass = pass_of(span);
+        if pass.is_some() || Instant::now() >= deadline {
+            return pass;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A volatile log that also keeps every appended record, handed back at the next open as
+/// a file log would (a restart: a new log over the records of the last one).
+#[derive(Default)]
+struct Restartable {
+    log: VolatileLog,
+    records: Mutex<Vec<LiveRecord>>,
+}
+
+impl Restartable {
+    /// The log of the next life, holding the records this one appended (a new incarnation).
+    fn restart(&self) -> Arc<Restartable> {
+        let records = std::mem::take(&mut *self.records.lock().expect("the records"));
+        Arc::new(Restartable { log: VolatileLog::new(), records: Mutex::new(records) })
+    }
+}
+
+impl Log for Restartable {
+    fn append(&self, txn: u64, payload: &[u8]) -> Result<(), LogError> {
+        self.records.lock().expect("the records").push(LiveRecord { txn, payload: payload.to_vec() });
+        self.log.append(txn, payload)
+    }
+    fn append_with(&self, txn: u64, payload: &[u8], done: decree_log::DurableCallback) {
+        done(self.append(txn, payload))
+    }
+    fn complete(&self, txn: u64) -> Result<(), LogError> {
+        self.log.complete(txn)
+    }
+    fn take_recovered(&self) -> Vec<LiveRecord> {
+        std::mem::take(&mut *self.records.lock().expect("the records"))
+    }
+    fn incarnation(&self) -> u64 {
+        self.log.incarnation()
+    }
+    fn sync(&self) -> Result<(), LogError> {
+        self.log.sync()
+    }
+    fn stats(&self) -> decree_log::LogStats {
+        self.log.stats()
+    }
+}
+
+/// First life: a transaction on `rm` prepared and decided with the client's sampled span
+/// (`DCD2`), then the process dies before phase two. Returns its Xid and the next life's log.
+fn decided_before_a_crash(rm: &DummyFactory, sequence: u64) -> (Xid, Arc<Restartable>) {
+    let first = Arc::new(Restartable::default());
+    let store = LogDecisions::new(first.clone(), NODE);
+    let xid = Xid::decree(Origin { node: NODE, incarnation: store.incarnation(), session: 1, sequence });
+    rm.connection().prepare(&xid.branch(0)).expect("prepared");
+    let decision = Decision { xid, branches: vec![BranchRecord { rm: rm.name().to_string(), branch: 0 }] };
+    store.decide_traced(&decision, Some(&CLIENT)).expect("decided");
+    (xid, first.restart())
+}
+
+/// Asserts that `span` is a recovery span of branch 0 linked to the client's span, the
+/// child of a recovery pass.
+fn assert_linked_recovery_branch(span: &SpanData) {
+    let links: Vec<TraceId> = span.links.iter().map(|l| l.span_context.trace_id()).collect();
+    assert_eq!(links, vec![TraceId::from_bytes(CLIENT.trace_id)], "linked to the client's span");
+    assert_eq!(span.links[0].span_context.span_id(), SpanId::from_bytes(CLIENT.span_id));
+    let pass = pass_of_within(span, WAIT);
+    assert!(pass.is_some(), "{:?} is the child of a decree.recovery.pass span", span.name);
+}
+
+#[test]
+fn start_up_recovery_commits_a_dcd2_decision_in_a_span_linked_to_its_client() {
+    let _serial = one_at_a_time();
+    collected();
+    let rm = dummy("a");
+    let (xid, log) = decided_before_a_crash(&rm, 1);
+    let tm = TransactionManager::embedded(log, quick_config(), vec![rm.arc()]).expect("started");
+    assert_eq!(tm.recovery_report().branches_committed, 1);
+    assert_eq!(rm.outcome(&xid.branch(0)), Some(BranchOutcome::Committed));
+    let spans = spans_of(&xid);
+    let commit = spans.iter().find(|s| s.name == "commit a").expect("a commit span for the branch");
+    assert_linked_recovery_branch(commit);
+    assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
+}
+
+#[test]
+fn a_presumed_abort_rollback_gets_its_span() {
+    let _serial = one_at_a_time();
+    collected();
+    let rm = dummy("a");
+    let log = Arc::new(VolatileLog::new());
+    let dead =
+        Xid::decree(Origin { node: NODE, incarnation: log.incarnation() - 1, session: 3, sequence: 9 });
+    rm.connection().prepare(&dead.branch(0)).expect("prepared");
+    let tm = TransactionManager::embedded(log, quick_config(), vec![rm.arc()]).expect("started");
+    assert_eq!(tm.recovery_report().branches_rolled_back, 1);
+    let spans = spans_of(&dead);
+    let rollback =
+        spans.iter().find(|s| s.name == "rollback (presumed abort)").expect("a span for the presumed abort");
+    assert!(rollback.links.is_empty(), "no decision, so no client's span known: {:?}", rollback.links);
+    let pass = pass_of(rollback).expect("the child of a decree.recovery.pass span");
+    assert_ne!(pass.span_context.trace_id(), TraceId::from_bytes(CLIENT.trace_id), "a trace of its own");
+}
+
+#[test]
+fn a_background_pass_commits_in_a_linked_span_and_its_retries_log_in_the_clients_trace() {
+    let _serial = one_at_a_time();
+    collected();
+    let rm = dummy("b");
+    let (xid, log) = decided_before_a_crash(&rm, 2);
+    rm.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::Fail, 1)]);
+    let (tm, lines) = lines_of(|| TransactionManager::embedded(log, quick_config(), vec![rm.arc()]));
+    let tm = tm.expect("started");
+    assert_eq!(tm.recovery_report().deferred, 1, "the first commit failed: retried in the background");
+    let failed = lines.lines().find(|l| l.contains("phase two failed")).unwrap_or("");
+    assert!(failed.contains(&format!("trace_id={}", CLIENT.trace_id_hex())), "{lines}");
+    assert!(tm.wait_idle(WAIT));
+    assert_eq!(rm.outcome(&xid.branch(0)), Some(BranchOutcome::Committed));
+    let spans = spans_of(&xid);
+    let commit = spans.iter().find(|s| s.name == "commit b").expect("a commit span from the background");
+    // Linked: the context was kept past the start-up pass, until the decision completed.
+    assert_linked_recovery_branch(commit);
+    assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
+}
+
+/// What `f` returns, and the log lines written under a plain-text subscriber while it ran.
+fn lines_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("the buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let bytes = buffer.0.lock().expect("the buffer").clone();
+    (result, String::from_utf8(bytes).expect("text"))
+}
