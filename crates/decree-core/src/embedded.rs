@@ -169,9 +169,9 @@ impl DecisionStore for LogDecisions {
 mod tests {
     use super::*;
     use crate::store::{BranchRecord, RecoveredDecisions};
+    use crate::testing::restartable::RestartableLog;
     use crate::xid::Origin;
     use decree_log::engine::volatile::VolatileLog;
-    use decree_log::LiveRecord;
 
     #[test]
     fn decide_appends_the_encoded_decision_and_complete_forgets_it() {
@@ -220,38 +220,6 @@ mod tests {
         assert_eq!(log.stats().completions, 2);
     }
 
-    /// A [`VolatileLog`] that also keeps every appended record, as a restart would read it.
-    #[derive(Default)]
-    struct Recording {
-        log: VolatileLog,
-        appended: Mutex<Vec<LiveRecord>>,
-    }
-
-    impl Log for Recording {
-        fn append(&self, txn: u64, payload: &[u8]) -> Result<(), LogError> {
-            self.appended.lock().push(LiveRecord { txn, payload: payload.to_vec() });
-            self.log.append(txn, payload)
-        }
-        fn append_with(&self, txn: u64, payload: &[u8], done: decree_log::DurableCallback) {
-            done(self.append(txn, payload))
-        }
-        fn complete(&self, txn: u64) -> Result<(), LogError> {
-            self.log.complete(txn)
-        }
-        fn take_recovered(&self) -> Vec<LiveRecord> {
-            std::mem::take(&mut *self.appended.lock())
-        }
-        fn incarnation(&self) -> u64 {
-            self.log.incarnation()
-        }
-        fn sync(&self) -> Result<(), LogError> {
-            self.log.sync()
-        }
-        fn stats(&self) -> decree_log::LogStats {
-            self.log.stats()
-        }
-    }
-
     fn one_branch(sequence: u64) -> Decision {
         let xid = Xid::decree(Origin { node: 1, incarnation: 2, session: 3, sequence });
         Decision { xid, branches: vec![BranchRecord { rm: "pg".into(), branch: 0 }] }
@@ -259,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_decision_with_a_sampled_context_is_written_with_it_and_read_back_by_recovery() {
-        let log = Arc::new(Recording::default());
+        let log = Arc::new(RestartableLog::default());
         let store = LogDecisions::new(log.clone(), 1);
         let sampled = TraceContext { trace_id: [0xab; 16], span_id: [0xcd; 8], flags: 1 };
         let unsampled = TraceContext { flags: 0, ..sampled };
@@ -277,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_decision_without_a_context_is_the_dcd1_bytes() {
-        let log = Arc::new(Recording::default());
+        let log = Arc::new(RestartableLog::default());
         let store = LogDecisions::new(log.clone(), 1);
         let (plain, untraced) = (one_branch(1), one_branch(2));
         store.decide(&plain).unwrap();

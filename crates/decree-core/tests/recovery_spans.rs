@@ -15,13 +15,15 @@ mod common;
 
 use common::*;
 use decree_core::testing::dummy::{BranchOutcome, Call, DummyFactory, FaultAction, FaultRule};
+use decree_core::testing::log_lines::lines_of;
+use decree_core::testing::restartable::RestartableLog;
 use decree_core::trace::{self, XID_ATTRIBUTE};
 use decree_core::{
     BranchRecord, Decision, DecisionStore, LogDecisions, Origin, ResourceManager, RmFactory, TraceContext,
     TransactionManager, Xid,
 };
 use decree_log::engine::volatile::VolatileLog;
-use decree_log::{LiveRecord, Log, LogError};
+use decree_log::Log;
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry::Value;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -104,51 +106,10 @@ fn pass_of_within(span: &SpanData, wait: Duration) -> Option<SpanData> {
     }
 }
 
-/// A volatile log that also keeps every appended record, handed back at the next open as
-/// a file log would (a restart: a new log over the records of the last one).
-#[derive(Default)]
-struct Restartable {
-    log: VolatileLog,
-    records: Mutex<Vec<LiveRecord>>,
-}
-
-impl Restartable {
-    /// The log of the next life, holding the records this one appended (a new incarnation).
-    fn restart(&self) -> Arc<Restartable> {
-        let records = std::mem::take(&mut *self.records.lock().expect("the records"));
-        Arc::new(Restartable { log: VolatileLog::new(), records: Mutex::new(records) })
-    }
-}
-
-impl Log for Restartable {
-    fn append(&self, txn: u64, payload: &[u8]) -> Result<(), LogError> {
-        self.records.lock().expect("the records").push(LiveRecord { txn, payload: payload.to_vec() });
-        self.log.append(txn, payload)
-    }
-    fn append_with(&self, txn: u64, payload: &[u8], done: decree_log::DurableCallback) {
-        done(self.append(txn, payload))
-    }
-    fn complete(&self, txn: u64) -> Result<(), LogError> {
-        self.log.complete(txn)
-    }
-    fn take_recovered(&self) -> Vec<LiveRecord> {
-        std::mem::take(&mut *self.records.lock().expect("the records"))
-    }
-    fn incarnation(&self) -> u64 {
-        self.log.incarnation()
-    }
-    fn sync(&self) -> Result<(), LogError> {
-        self.log.sync()
-    }
-    fn stats(&self) -> decree_log::LogStats {
-        self.log.stats()
-    }
-}
-
 /// First life: a transaction on `rm` prepared and decided with the client's sampled span
 /// (`DCD2`), then the process dies before phase two. Returns its Xid and the next life's log.
-fn decided_before_a_crash(rm: &DummyFactory, sequence: u64) -> (Xid, Arc<Restartable>) {
-    let first = Arc::new(Restartable::default());
+fn decided_before_a_crash(rm: &DummyFactory, sequence: u64) -> (Xid, Arc<RestartableLog>) {
+    let first = Arc::new(RestartableLog::default());
     let store = LogDecisions::new(first.clone(), NODE);
     let xid = Xid::decree(Origin { node: NODE, incarnation: store.incarnation(), session: 1, sequence });
     rm.connection().prepare(&xid.branch(0)).expect("prepared");
@@ -220,25 +181,4 @@ fn a_background_pass_commits_in_a_linked_span_and_its_retries_log_in_the_clients
     // Linked: the context was kept past the start-up pass, until the decision completed.
     assert_linked_recovery_branch(commit);
     assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
-}
-
-/// What `f` returns, and the log lines written under a plain-text subscriber while it ran.
-fn lines_of<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("the buffer").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-    let result = tracing::subscriber::with_default(subscriber, f);
-    let bytes = buffer.0.lock().expect("the buffer").clone();
-    (result, String::from_utf8(bytes).expect("text"))
 }

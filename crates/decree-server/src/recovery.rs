@@ -265,30 +265,10 @@ mod tests {
         // A client asked about the transaction with its trace (its span goes to a port
         // where nothing listens).
         trace::end(trace.request("decree.server.outcome", &xid, Some(&CONTEXT)), None);
-        let lines = lines_of(|| assert!(pass(&state, &AtomicBool::new(false)), "a clean pass"));
+        let (_, lines) = decree_core::testing::log_lines::lines_of(|| {
+            assert!(pass(&state, &AtomicBool::new(false)), "a clean pass")
+        });
         let rolled = lines.lines().find(|l| l.contains("rolled back a prepared branch")).unwrap_or("");
         assert!(rolled.contains(&format!("trace_id={}", CONTEXT.trace_id_hex())), "{lines}");
-    }
-
-    /// The log lines written under a plain-text subscriber while `f` runs.
-    fn lines_of(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buffer {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("the buffer").extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = buffer.0.lock().expect("the buffer").clone();
-        String::from_utf8(bytes).expect("text")
     }
 }

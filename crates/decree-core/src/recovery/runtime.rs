@@ -289,7 +289,6 @@ mod tests {
     use super::*;
     use crate::testing::dummy::DummyFactory;
     use crate::xid::Origin;
-    use std::sync::Mutex;
 
     /// A recorder that knows one transaction's trace, as the state server may.
     struct Traced(Xid);
@@ -299,28 +298,6 @@ mod tests {
         fn log_scope(&self, xid: &Xid) -> Option<tracing::Span> {
             (*xid == self.0).then(|| tracing::error_span!("otel", trace_id = "abab"))
         }
-    }
-
-    /// The log lines written under a plain-text subscriber while `f` runs.
-    fn lines_of(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buffer {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("the buffer").extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = buffer.0.lock().expect("the buffer").clone();
-        String::from_utf8(bytes).expect("text")
     }
 
     #[test]
@@ -335,7 +312,7 @@ mod tests {
         let absent = |_: &Xid| DecisionFact::Absent;
         let rules = ScanRules { node: 1, liveness: &gone, decision: &absent };
         let mut conns = Connections::new(&[rm.arc()]);
-        let lines = lines_of(|| {
+        let (_, lines) = crate::testing::log_lines::lines_of(|| {
             let counts = scan("a", &mut conns, &rules, &Traced(known)).expect("listed");
             assert_eq!(counts.rolled_back, 2);
         });

@@ -8,7 +8,11 @@
 //!
 //! - [`dummy`]: an in-memory resource manager that answers at once or after a delay and
 //!   injects faults on chosen calls; its factory and connection are re-exported here.
+//! - [`restartable`]: a volatile log whose records a restart reads.
+//! - [`log_lines`]: the log lines a call writes, as text.
 
 pub mod dummy;
+pub mod log_lines;
+pub mod restartable;
 
 pub use dummy::{DummyConfig, DummyFactory, DummyRm};
