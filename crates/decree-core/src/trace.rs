@@ -315,6 +315,26 @@ pub fn recovered_branch_attributes(xid: &Xid, rm: Option<&str>, commit: bool) ->
     ]
 }
 
+/// Emits the span of a branch that recovery finished, a child of `parent` (the pass),
+/// linked to `links` (the client's span, when known): one builder for every process that
+/// recovers (the embedded coordinator's global tracer, the state server's own).
+pub fn end_recovered_branch<T: Tracer>(
+    tracer: &T,
+    parent: &Context,
+    links: Vec<Link>,
+    xid: &Xid,
+    rm: Option<&str>,
+    commit: bool,
+) {
+    let mut span = tracer
+        .span_builder(recovered_branch_name(rm, commit))
+        .with_kind(SpanKind::Client)
+        .with_links(links)
+        .with_attributes(recovered_branch_attributes(xid, rm, commit))
+        .start_with_context(tracer, parent);
+    span.end();
+}
+
 /// The spans of one recovery pass of the embedded coordinator (its start-up recovery, or
 /// one pass of its background thread): the pass's span `decree.recovery.pass`, a new
 /// trace, and one child per branch the pass finished. The pass's span starts at its first
@@ -347,14 +367,7 @@ impl RecoveryPass {
             client.and_then(TraceContext::to_span_context).map(Link::with_context).into_iter().collect();
         let mut cx = self.cx.borrow_mut();
         let parent = cx.get_or_insert_with(|| self.pass_context());
-        let mut span = self
-            .tracer
-            .span_builder(recovered_branch_name(rm, commit))
-            .with_kind(SpanKind::Client)
-            .with_links(links)
-            .with_attributes(recovered_branch_attributes(xid, rm, commit))
-            .start_with_context(&self.tracer, parent);
-        span.end();
+        end_recovered_branch(&self.tracer, parent, links, xid, rm, commit);
     }
 
     /// A context holding the pass's span, a new trace (not the caller's current context:

@@ -27,7 +27,7 @@
 //! line emitted inside it, on whichever thread the work goes on (the log's callback, the
 //! pair link's confirmation).
 
-use decree_core::trace::{recovered_branch_attributes, recovered_branch_name, xid_attribute, TraceContext};
+use decree_core::trace::{end_recovered_branch, xid_attribute, TraceContext};
 use decree_core::Xid;
 use decree_log::write_batch::WriteBatch;
 use decree_otel::{Exporter, OtelError, TracingConfig};
@@ -207,15 +207,8 @@ impl ServerTrace {
             None => Vec::new(),
         };
         let parent = Context::new().with_remote_span_context(pass.span_context().clone());
-        // Named and attributed by decree-core, as an embedded coordinator's recovery is.
-        let mut span = self
-            .tracer
-            .span_builder(recovered_branch_name(rm, commit))
-            .with_kind(SpanKind::Client)
-            .with_links(links)
-            .with_attributes(recovered_branch_attributes(xid, rm, commit))
-            .start_with_context(&self.tracer, &parent);
-        span.end();
+        // Built by decree-core, as an embedded coordinator's recovery builds it.
+        end_recovered_branch(&self.tracer, &parent, links, xid, rm, commit);
     }
 
     /// The log scope of `xid`'s transaction when its client's span context is known
