@@ -627,7 +627,7 @@ impl Session {
         }
         self.clear();
         if !retry.is_empty() {
-            self.tm.defer(xid, true, retry, heuristic);
+            self.tm.defer(xid, true, retry, heuristic, self.client_trace());
         }
         if heuristics.iter().any(|h| protocol::heuristic_is_damage(h.outcome, true)) {
             return Err(TmError::Heuristic { xid: Box::new(xid), reports: heuristics });
@@ -733,7 +733,7 @@ impl Session {
         if !retry.is_empty() {
             // The RM will also drop a branch that was never prepared when its connection
             // dies; the background rollback covers branches that may be prepared.
-            self.tm.defer(xid, false, retry, heuristic);
+            self.tm.defer(xid, false, retry, heuristic, self.client_trace());
         } else if let Some(h) = heuristic {
             // Without this the state server, which saw no decision, would answer "rolled
             // back" for a transaction a branch committed on its own.
@@ -821,6 +821,12 @@ impl Session {
                 error.map(ToString::to_string),
             );
         }
+    }
+
+    /// The wire context of the transaction's span (spans on), for the background thread's
+    /// spans to link to when phase two is handed over.
+    fn client_trace(&self) -> Option<trace::TraceContext> {
+        self.trace.as_ref().and_then(|t| t.wire())
     }
 
     fn clear(&mut self) {

@@ -140,11 +140,13 @@ pub(crate) struct Shared {
     pub(crate) config: TmConfig,
     /// Transactions whose decision was recovered from the log at start.
     recovered_decided: HashSet<Xid>,
-    /// The client's span context of each recovered decision whose record kept one (`DCD2`),
-    /// by global Xid, for recovery's spans to link to. Kept with spans on only, filled at
-    /// start and never again, and each entry leaves when its transaction completes: it
-    /// holds the live recovered decisions at most, whatever the history.
-    recovered_traces: Mutex<HashMap<Xid, TraceContext>>,
+    /// The client's span context of each transaction that recovery or the background
+    /// thread finishes, by global Xid, for their spans to link to: a recovered decision
+    /// whose record kept one (`DCD2`, filled at start), and a live session's sampled
+    /// transaction whose phase two was handed over ([`TransactionManager::defer`]). Each
+    /// entry leaves when its phase two ends: it holds the live decisions at most (the
+    /// recovered ones and the retry queue, bounded by `retry_jobs_max`), never the history.
+    client_traces: Mutex<HashMap<Xid, TraceContext>>,
     jobs: Mutex<Queue>,
     wake: Condvar,
     stop: AtomicBool,
@@ -226,7 +228,7 @@ impl TransactionManager {
             factories,
             config,
             recovered_decided,
-            recovered_traces: Mutex::new(HashMap::new()),
+            client_traces: Mutex::new(HashMap::new()),
             jobs: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -280,11 +282,11 @@ impl TransactionManager {
         self.shared.retry_passes.load(Ordering::Relaxed)
     }
 
-    /// The recovered decisions' client span contexts still held for recovery's spans (spans
-    /// on): one per recovered `DCD2` decision not completed yet, so that memory follows the
-    /// live recovered decisions, never the history.
+    /// The client span contexts still held for the spans of recovery and the background
+    /// thread: one per recovered `DCD2` decision or handed-over sampled phase two not
+    /// finished yet, so that memory follows the live decisions, never the history.
     pub fn recovered_contexts(&self) -> usize {
-        self.shared.recovered_traces.lock().len()
+        self.shared.client_traces.lock().len()
     }
 
     /// Waits until no background work is pending or `timeout` passes; true when idle.
@@ -318,23 +320,34 @@ impl TransactionManager {
     /// completed in the store once every branch is committed. False when the retry queue
     /// is full (the decision then waits for the next recovery).
     pub fn finish_later(&self, decision: &Decision) -> bool {
-        self.defer(decision.xid.global(), true, decision.branches.clone(), None)
+        self.defer(decision.xid.global(), true, decision.branches.clone(), None, None)
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
-    /// Hands unfinished phase-two work to the background thread.
+    /// Hands unfinished phase-two work to the background thread; the spans of its passes
+    /// link to `client` (the session's sampled transaction span), kept until the work ends.
     pub(crate) fn defer(
         &self,
         xid: Xid,
         commit: bool,
         branches: Vec<BranchRecord>,
         heuristic: Option<HeuristicOutcome>,
+        client: Option<TraceContext>,
     ) -> bool {
         let phase_two = PhaseTwo::new(xid, commit, branches).with_heuristic(heuristic);
-        self.shared.push(self.shared.job(JobKind::PhaseTwo(phase_two)))
+        // Kept before the push, so that the first pass finds it; taken back when refused.
+        let client = client.filter(TraceContext::is_sampled);
+        if let Some(context) = client {
+            self.shared.client_traces.lock().insert(xid.global(), context);
+        }
+        let queued = self.shared.push(self.shared.job(JobKind::PhaseTwo(phase_two)));
+        if !queued && client.is_some() {
+            self.shared.forget_client_trace(&xid);
+        }
+        queued
     }
 }
 
@@ -401,27 +414,28 @@ impl Shared {
         Job { kind, due: Instant::now() + backoff, backoff, attempts: 0 }
     }
 
-    /// Keeps the recovered decisions' client contexts (`DCD2`) for recovery's spans, when
-    /// spans are on; with spans off nothing would read them.
+    /// Keeps the recovered decisions' client contexts (`DCD2`) for the spans of recovery's
+    /// passes. Kept whether spans are on yet or not: an application may turn them on after
+    /// start-up, and the background passes then link to them; the map holds live recovered
+    /// decisions only.
     fn keep_recovered_traces(&self, traces: HashMap<Xid, TraceContext>) {
-        if !trace::enabled() {
+        if traces.is_empty() {
             return;
         }
-        let mut kept = self.recovered_traces.lock();
+        let mut kept = self.client_traces.lock();
         kept.extend(traces.into_iter().map(|(xid, context)| (xid.global(), context)));
     }
 
-    /// The client's span context of `xid`'s recovered decision, when its record kept one.
-    fn recovered_trace(&self, xid: &Xid) -> Option<TraceContext> {
-        self.recovered_traces.lock().get(&xid.global()).copied()
+    /// The client's span context of `xid`, when a recovered record or a handed-over
+    /// session left one.
+    fn client_trace(&self, xid: &Xid) -> Option<TraceContext> {
+        self.client_traces.lock().get(&xid.global()).copied()
     }
 
-    /// Forgets `xid`'s recovered context: its transaction is complete. With spans off the
-    /// map is empty, and its lock is not taken.
-    fn forget_recovered_trace(&self, xid: &Xid) {
-        if trace::enabled() {
-            self.recovered_traces.lock().remove(&xid.global());
-        }
+    /// Forgets `xid`'s client context: its phase two has ended. Only recovery and the
+    /// background thread call it, never the commit path.
+    fn forget_client_trace(&self, xid: &Xid) {
+        self.client_traces.lock().remove(&xid.global());
     }
 
     /// Recovery at start: commit recovered decisions, then scan every RM.
@@ -597,18 +611,25 @@ impl<'a> Books<'a> {
         Books { shared, trace: RecoveryPass::begin() }
     }
 
-    /// Runs one pass of `phase_two`, its log lines inside its client's trace when known.
+    /// Runs one pass of `phase_two`, its log lines inside its client's trace when known;
+    /// once it has ended (a commit completed, or a rollback's branches all finished), its
+    /// client's context is forgotten.
     fn run_phase_two(&self, phase_two: &mut PhaseTwo, conns: &mut Connections) -> bool {
-        match self.log_scope(phase_two.xid()) {
+        let ended = match self.log_scope(phase_two.xid()) {
             Some(scope) => scope.in_scope(|| runtime::run_phase_two(phase_two, conns, self)),
             None => runtime::run_phase_two(phase_two, conns, self),
+        };
+        if ended {
+            // Memory follows the live decisions: this one is finished.
+            self.shared.forget_client_trace(phase_two.xid());
         }
+        ended
     }
 
     /// Emits the span of a branch of `xid` that the pass finished (spans on).
     fn branch_span(&self, xid: &Xid, rm: Option<&str>, commit: bool) {
         if let Some(pass) = &self.trace {
-            pass.branch(xid, rm, commit, self.shared.recovered_trace(xid).as_ref());
+            pass.branch(xid, rm, commit, self.shared.client_trace(xid).as_ref());
         }
     }
 
@@ -623,8 +644,6 @@ impl<'a> Books<'a> {
 impl Recorder for Books<'_> {
     fn complete(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) {
         self.shared.complete(xid, heuristic);
-        // Memory follows the live recovered decisions: this one is finished.
-        self.shared.forget_recovered_trace(xid);
     }
 
     /// Kept in memory only: an embedded coordinator's heuristics are for its application
@@ -643,12 +662,12 @@ impl Recorder for Books<'_> {
         self.branch_span(xid, None, false);
     }
 
-    /// Only a recovered decision's context is known here (its `DCD2` record), so this
-    /// answers for the phase two of recovered decisions: a presumed abort has no decision,
-    /// hence no known trace, in an embedded coordinator.
+    /// Only the context of a recovered decision (its `DCD2` record) or of a handed-over
+    /// session's transaction is known here, so this answers for their phase two: a presumed
+    /// abort has no decision, hence no known trace, in an embedded coordinator.
     fn log_scope(&self, xid: &Xid) -> Option<tracing::Span> {
         self.trace.as_ref()?;
-        let context = self.shared.recovered_trace(xid)?.to_span_context()?;
+        let context = self.shared.client_trace(xid)?.to_span_context()?;
         Some(trace::log_scope(&context))
     }
 }

@@ -192,3 +192,30 @@ fn a_decision_naming_an_unconfigured_rm_is_kept_and_reported() {
     assert_eq!(tm.pending(), 1, "b's branch waits for b to be configured");
     assert_eq!(log.stats().completions, 0, "the decision is kept");
 }
+
+/// A recovered decision's client context (`DCD2`) is kept with spans still off, so that an
+/// application that turns spans on after start-up sees the background passes linked to it;
+/// it leaves once the decision completes. (This binary never turns spans on.)
+#[test]
+fn a_recovered_client_context_is_kept_with_spans_off_until_its_decision_completes() {
+    use decree_core::testing::restartable::RestartableLog;
+    use decree_core::{BranchRecord, Decision, DecisionStore, LogDecisions, TraceContext};
+    assert!(!decree_core::trace::enabled(), "spans stay off in this test binary");
+    let a = dummy("a");
+    let first = Arc::new(RestartableLog::default());
+    let store = LogDecisions::new(first.clone(), NODE);
+    let xid = Xid::decree(Origin { node: NODE, incarnation: store.incarnation(), session: 1, sequence: 1 });
+    a.connection().prepare(&xid.branch(0)).unwrap();
+    let decision = Decision { xid, branches: vec![BranchRecord { rm: "a".into(), branch: 0 }] };
+    let client = TraceContext { trace_id: [0x12; 16], span_id: [0x34; 8], flags: 1 };
+    store.decide_traced(&decision, Some(&client)).unwrap();
+    // Every commit fails until the rules are lifted: the decision waits in the background.
+    a.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::Fail, u64::MAX)]);
+    let tm = TransactionManager::embedded(first.restart(), quick_config(), vec![a.arc()]).unwrap();
+    assert_eq!(tm.recovery_report().deferred, 1);
+    assert_eq!(tm.recovered_contexts(), 1, "kept for the background's spans");
+    a.set_rules(Vec::new());
+    assert!(tm.wait_idle(WAIT));
+    assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::Committed));
+    assert_eq!(tm.recovered_contexts(), 0, "it left with its completed decision");
+}

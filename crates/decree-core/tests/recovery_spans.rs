@@ -2,10 +2,13 @@
 //! `decree.recovery.pass` span per pass that finished something, with a child per branch
 //! (`commit {rm}`, `rollback (presumed abort)`) carrying the Xid, linked to the client's
 //! span that a `DCD2` decision record kept, and the phase two of such a decision logs
-//! inside that client's trace.
+//! inside that client's trace. A live session's phase two handed to the background thread
+//! (a branch's commit or rollback failed) is linked to that session's transaction span the
+//! same way.
 //!
-//! The bug guarded against: an embedded coordinator read the recovered contexts and
-//! dropped them, so that its recovery, unlike a state server's, was invisible in traces.
+//! The bugs guarded against: an embedded coordinator read the recovered contexts and
+//! dropped them, so that its recovery, unlike a state server's, was invisible in traces;
+//! and a session's failed phase two, finished in the background, was cut from its trace.
 //!
 //! Spans go to OpenTelemetry's global provider, which is process-wide: this file is its
 //! own test binary, installs an SDK provider over an exporter that keeps what it is given,
@@ -19,8 +22,8 @@ use decree_core::testing::log_lines::lines_of;
 use decree_core::testing::restartable::RestartableLog;
 use decree_core::trace::{self, XID_ATTRIBUTE};
 use decree_core::{
-    BranchRecord, Decision, DecisionStore, LogDecisions, Origin, ResourceManager, RmFactory, TraceContext,
-    TransactionManager, Xid,
+    BranchRecord, CommitKind, Decision, DecisionStore, LogDecisions, Origin, ResourceManager, RmFactory,
+    TraceContext, TransactionManager, TxContext, Xid,
 };
 use decree_log::engine::volatile::VolatileLog;
 use decree_log::Log;
@@ -121,11 +124,37 @@ fn decided_before_a_crash(rm: &DummyFactory, sequence: u64) -> (Xid, Arc<Restart
 /// Asserts that `span` is a recovery span of branch 0 linked to the client's span, the
 /// child of a recovery pass.
 fn assert_linked_recovery_branch(span: &SpanData) {
+    assert_linked_to(span, &CLIENT);
+}
+
+/// Asserts that `span` is linked to `client`'s span only, and the child of a recovery pass.
+fn assert_linked_to(span: &SpanData, client: &TraceContext) {
     let links: Vec<TraceId> = span.links.iter().map(|l| l.span_context.trace_id()).collect();
-    assert_eq!(links, vec![TraceId::from_bytes(CLIENT.trace_id)], "linked to the client's span");
-    assert_eq!(span.links[0].span_context.span_id(), SpanId::from_bytes(CLIENT.span_id));
+    assert_eq!(links, vec![TraceId::from_bytes(client.trace_id)], "linked to the client's span");
+    assert_eq!(span.links[0].span_context.span_id(), SpanId::from_bytes(client.span_id));
     let pass = pass_of_within(span, WAIT);
     assert!(pass.is_some(), "{:?} is the child of a decree.recovery.pass span", span.name);
+}
+
+/// The wire context of `xid`'s `decree.transaction` span, as the session exported it.
+fn transaction_span(xid: &Xid) -> TraceContext {
+    let spans = spans_of(xid);
+    let span = spans.iter().find(|s| s.name == "decree.transaction").expect("the transaction's span");
+    TraceContext::from_span_context(&span.span_context).expect("a valid context")
+}
+
+/// The span named `name` of `xid` that a recovery pass emitted (waiting for it: the
+/// pass exports its spans a little after the coordinator says it is idle).
+fn background_span(xid: &Xid, name: &str) -> SpanData {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = spans_of(xid).into_iter().find(|s| s.name == name && pass_of(s).is_some());
+        match found {
+            Some(span) => return span,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            None => panic!("no {name:?} span from a recovery pass for {xid}: {:?}", spans_of(xid)),
+        }
+    }
 }
 
 #[test]
@@ -181,4 +210,55 @@ fn a_background_pass_commits_in_a_linked_span_and_its_retries_log_in_the_clients
     // Linked: the context was kept past the start-up pass, until the decision completed.
     assert_linked_recovery_branch(commit);
     assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
+}
+
+#[test]
+fn a_live_commit_finished_in_the_background_is_linked_to_its_transaction() {
+    let _serial = one_at_a_time();
+    collected();
+    let (a, b) = (dummy("la"), dummy("lb"));
+    // The session's commit of b fails, and so does the background's first try.
+    b.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::Fail, 2)]);
+    let tm =
+        TransactionManager::embedded(Arc::new(VolatileLog::new()), quick_config(), vec![a.arc(), b.arc()])
+            .expect("started");
+    let conns: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut tx = TxContext::open(&tm, conns).expect("opened");
+    let xid = tx.begin().expect("begun");
+    let report = tx.commit().expect("committed");
+    assert_eq!(
+        (report.kind, report.phase_two_pending),
+        (CommitKind::TwoPhase, 1),
+        "b's commit was handed over"
+    );
+    assert!(tm.wait_idle(WAIT), "the background commit ended");
+    assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::Committed));
+    // Linked though the background's first try failed too: kept until the commit ended.
+    let commit = background_span(&xid, "commit lb");
+    assert_linked_to(&commit, &transaction_span(&xid));
+    assert_eq!(tm.recovered_contexts(), 0, "the context left once the background commit completed");
+    tx.close().expect("closed");
+}
+
+#[test]
+fn a_live_rollback_finished_in_the_background_is_linked_to_its_transaction() {
+    let _serial = one_at_a_time();
+    collected();
+    let (a, b) = (dummy("ra"), dummy("rb"));
+    // a votes no, so the transaction rolls back; b's first rollback fails.
+    a.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
+    b.set_rules(vec![FaultRule::first(Call::Rollback, FaultAction::Fail, 1)]);
+    let tm =
+        TransactionManager::embedded(Arc::new(VolatileLog::new()), quick_config(), vec![a.arc(), b.arc()])
+            .expect("started");
+    let conns: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut tx = TxContext::open(&tm, conns).expect("opened");
+    let xid = tx.begin().expect("begun");
+    assert!(tx.commit().is_err(), "a voted no: rolled back");
+    assert!(tm.wait_idle(WAIT), "the background rollback ended");
+    assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));
+    let rollback = background_span(&xid, "rollback rb");
+    assert_linked_to(&rollback, &transaction_span(&xid));
+    assert_eq!(tm.recovered_contexts(), 0, "the context left once the background rollback ended");
+    tx.close().expect("closed");
 }
