@@ -3,7 +3,8 @@
 # threads, decree-jta's ratio decree / independent commits (clients/java/decree-jta-bench,
 # DbBench: a transfer between the two PostgreSQL test databases, through `decree serve` on
 # its Unix socket, journal, rpo 0) against `decree bench --rm postgres`'s 2pc / independent,
-# in alternated rounds (ROUNDS, default 3; each mode BENCH_SECONDS, default 10). Needs the
+# in alternated rounds (ROUNDS, default 3; each mode BENCH_SECONDS, default 10, after a
+# warm-up of WARMUP seconds, default 2). Needs the
 # databases of scripts/test-dbs.sh (eval "$(scripts/test-dbs.sh env)"). Results in
 # target/jbench-db/results.jsonl.
 set -euo pipefail
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 THREADS="${THREADS:-16}"
 RUN="${BENCH_SECONDS:-10}"
 ROUNDS="${ROUNDS:-3}"
+WARMUP="${WARMUP:-2}"
 OUT=target/jbench-db
 rm -rf "$OUT" && mkdir -p "$OUT"
 
@@ -29,7 +31,7 @@ rust() {
         | grep '"mode"' | sed "s/^{/{\"who\":\"rust\",\"round\":$1,/" | tee -a "$OUT/results.jsonl"
 }
 java_() {
-    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$CP" dev.decree.bench.DbBench "$THREADS" "$RUN" 2 \
+    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$CP" dev.decree.bench.DbBench "$THREADS" "$RUN" "$WARMUP" \
         "$(jdbc "$DECREE_TEST_PG_A")" "$(jdbc "$DECREE_TEST_PG_B")" "$(user "$DECREE_TEST_PG_A")" "unix:$PWD/$OUT/decree.sock" \
         2>>"$OUT/stderr.log" | grep '"mode"' | sed "s/^{/{\"who\":\"java\",\"round\":$1,/" | tee -a "$OUT/results.jsonl"
 }

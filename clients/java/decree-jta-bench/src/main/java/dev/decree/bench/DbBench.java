@@ -25,7 +25,9 @@ import java.util.concurrent.ThreadLocalRandom;
  * <pre>
  * java -cp 'lib/*' dev.decree.bench.DbBench THREADS SECONDS WARMUP JDBC_URL_A JDBC_URL_B USER ENDPOINT
  * </pre>
- * The server's {@code [[rm]]} entries are {@code pg-a} and {@code pg-b}.
+ * The server's {@code [[rm]]} entries are {@code pg-a} and {@code pg-b}. The system property
+ * {@code decree.bench.modes} (for example {@code -Ddecree.bench.modes=decree}) runs only the
+ * modes it lists, to profile one of them.
  */
 public final class DbBench {
     private DbBench() {}
@@ -147,7 +149,16 @@ public final class DbBench {
         Transfer make(int thread);
     }
 
+    /** The modes to run: all, or those the system property {@code decree.bench.modes} lists (comma-separated). */
+    static boolean wanted(String mode) {
+        String only = System.getProperty("decree.bench.modes", "");
+        return only.isEmpty() || java.util.Arrays.asList(only.split(",")).contains(mode);
+    }
+
     static void measure(String mode, int threads, int seconds, int warmup, Factory factory) throws Exception {
+        if (!wanted(mode)) {
+            return;
+        }
         Load.Result r = Load.run(threads, seconds, warmup, t -> {
             Transfer transfer = factory.make(t);
             return () -> {
