@@ -392,20 +392,20 @@ impl Session {
                     heuristics: Vec::new(),
                 })
             }
-            CommitPath::OnePhase => self.commit_one_phase(xid),
-            CommitPath::TwoPhase => self.commit_two_phase(xid),
+            CommitPath::OnePhase => self.commit_one_phase(&xid),
+            CommitPath::TwoPhase => self.commit_two_phase(&xid),
         }
     }
 
-    fn commit_one_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+    fn commit_one_phase(&mut self, xid: &Xid) -> Result<CommitReport, TmError> {
         let i = self.branch_of.iter().position(|&b| b != NOT_ENLISTED).unwrap_or(0);
         let bx = self.branch_xids[i];
         // The notice goes out whole before the branch commits: a notice not sent leaves
         // the transaction undecided, so it rolls back.
         let wire = self.trace.as_ref().and_then(|t| t.wire());
-        let told = match self.tm.store().one_phase_traced(&xid, wire.as_ref()) {
+        let told = match self.tm.store().one_phase_traced(xid, wire.as_ref()) {
             Ok(told) => told,
-            Err(e) => return Err(self.not_sent(xid, e)),
+            Err(e) => return Err(self.not_sent(*xid, e)),
         };
         self.trace_started(i);
         let result = self.rms[i].commit(&bx, true);
@@ -423,11 +423,11 @@ impl Session {
                 }
                 false
             }
-            Err(RmError::Heuristic(h)) => self.complete_heuristic_in_store(xid, *h),
+            Err(RmError::Heuristic(h)) => self.complete_heuristic_in_store(*xid, *h),
             _ => false,
         };
         let rolled_back = |call, cause| TmError::RolledBack {
-            xid: Box::new(xid),
+            xid: Box::new(*xid),
             rm: name.clone(),
             branch: bx.branch_number().unwrap_or(0),
             call,
@@ -435,23 +435,23 @@ impl Session {
         };
         match result {
             Ok(()) => Ok(CommitReport {
-                xid,
+                xid: *xid,
                 kind: CommitKind::OnePhase,
                 phase_two_pending: 0,
                 heuristics: Vec::new(),
             }),
             Err(RmError::Heuristic(outcome)) => {
                 let branch = bx.branch_number().unwrap_or(0);
-                let report = HeuristicReport { xid, rm: name.clone(), branch, outcome };
+                let report = HeuristicReport { xid: *xid, rm: name.clone(), branch, outcome };
                 self.tm.shared().report_heuristic(report.clone());
                 if forget {
                     let _ = self.rms[i].forget(&bx);
                 }
                 if protocol::heuristic_is_damage(outcome, true) {
-                    Err(TmError::Heuristic { xid: Box::new(xid), reports: vec![report] })
+                    Err(TmError::Heuristic { xid: Box::new(*xid), reports: vec![report] })
                 } else {
                     Ok(CommitReport {
-                        xid,
+                        xid: *xid,
                         kind: CommitKind::OnePhase,
                         phase_two_pending: 0,
                         heuristics: vec![report],
@@ -459,7 +459,7 @@ impl Session {
                 }
             }
             Err(RmError::Unavailable(cause)) => Err(TmError::OutcomeUnknown {
-                xid: Box::new(xid),
+                xid: Box::new(*xid),
                 cause: if told {
                     format!("one-phase commit on {name:?} lost its reply: {cause}; one-phase: only the database knows")
                 } else {
@@ -553,7 +553,7 @@ impl Session {
         }
     }
 
-    fn commit_two_phase(&mut self, xid: Xid) -> Result<CommitReport, TmError> {
+    fn commit_two_phase(&mut self, xid: &Xid) -> Result<CommitReport, TmError> {
         // Phase one.
         let spread = self.spread_enlisted();
         self.prepare_enlisted(spread);
@@ -565,12 +565,12 @@ impl Session {
                     Some(Err(e)) => e.clone(),
                     _ => RmError::Protocol("no answer to prepare".into()),
                 };
-                return Err(self.abort(xid, i, "prepare", cause));
+                return Err(self.abort(*xid, i, "prepare", cause));
             }
             Verdict::AllReadOnly => {
                 self.clear();
                 return Ok(CommitReport {
-                    xid,
+                    xid: *xid,
                     kind: CommitKind::ReadOnly,
                     phase_two_pending: 0,
                     heuristics: Vec::new(),
@@ -604,7 +604,8 @@ impl Session {
                     retry.push(BranchRecord { rm: self.rms[i].name().to_string(), branch });
                 }
                 PhaseTwoStep::Heuristic(outcome) => {
-                    let report = HeuristicReport { xid, rm: self.rms[i].name().to_string(), branch, outcome };
+                    let report =
+                        HeuristicReport { xid: *xid, rm: self.rms[i].name().to_string(), branch, outcome };
                     self.tm.shared().report_heuristic(report.clone());
                     heuristics.push(report);
                     forget.push(i);
@@ -615,7 +616,7 @@ impl Session {
         let heuristic = heuristics.iter().fold(None, |h, r| Some(protocol::combine_heuristic(h, r.outcome)));
         if retry.is_empty() {
             let kept = match heuristic {
-                Some(h) => self.complete_heuristic_in_store(xid, h),
+                Some(h) => self.complete_heuristic_in_store(*xid, h),
                 None => {
                     if let Err(e) = self.complete_in_store(xid, None) {
                         tracing::warn!(%xid, error = %e, "completion not written; recovery will redo phase two");
@@ -627,12 +628,12 @@ impl Session {
         }
         self.clear();
         if !retry.is_empty() {
-            self.tm.defer(xid, true, retry, heuristic, self.client_trace());
+            self.tm.defer(*xid, true, retry, heuristic, self.client_trace());
         }
         if heuristics.iter().any(|h| protocol::heuristic_is_damage(h.outcome, true)) {
-            return Err(TmError::Heuristic { xid: Box::new(xid), reports: heuristics });
+            return Err(TmError::Heuristic { xid: Box::new(*xid), reports: heuristics });
         }
-        Ok(CommitReport { xid, kind: CommitKind::TwoPhase, phase_two_pending, heuristics })
+        Ok(CommitReport { xid: *xid, kind: CommitKind::TwoPhase, phase_two_pending, heuristics })
     }
 
     /// Rolls back the current transaction; nothing durable is written.
@@ -662,7 +663,7 @@ impl Session {
     /// Stores the filled decision: the commit point. A decision that was not sent rolls
     /// back; one whose store failed otherwise may or may not be durable, so its branches
     /// are left prepared for recovery (or the state server) to settle, never rolled back.
-    fn decide(&mut self, xid: Xid) -> Result<(), TmError> {
+    fn decide(&mut self, xid: &Xid) -> Result<(), TmError> {
         let span = self.trace.as_ref().map(|t| t.store_call("decree.decide"));
         let wire = span.as_ref().and_then(trace::wire_of);
         let result = self.tm.store().decide_traced(&self.decision, wire.as_ref());
@@ -671,10 +672,10 @@ impl Session {
         }
         match result {
             Ok(()) => Ok(()),
-            Err(e @ StoreError::NotSent(_)) => Err(self.not_sent(xid, e)),
+            Err(e @ StoreError::NotSent(_)) => Err(self.not_sent(*xid, e)),
             Err(e) => {
                 self.clear();
-                Err(TmError::OutcomeUnknown { xid: Box::new(xid), cause: e.to_string() })
+                Err(TmError::OutcomeUnknown { xid: Box::new(*xid), cause: e.to_string() })
             }
         }
     }
@@ -779,10 +780,10 @@ impl Session {
 
     /// Tells the store that `xid` is finished (with its heuristic outcome), inside a
     /// `decree.complete` span when spans are on.
-    fn complete_in_store(&self, xid: Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
+    fn complete_in_store(&self, xid: &Xid, heuristic: Option<HeuristicOutcome>) -> Result<(), StoreError> {
         let span = self.trace.as_ref().map(|t| t.store_call("decree.complete"));
         let wire = span.as_ref().and_then(trace::wire_of);
-        let result = self.tm.store().complete_traced(&xid, heuristic, wire.as_ref());
+        let result = self.tm.store().complete_traced(xid, heuristic, wire.as_ref());
         if let Some(span) = span {
             trace::end_store_call(span, result.as_ref().err().map(ToString::to_string));
         }
@@ -872,8 +873,8 @@ impl Session {
     }
 
     /// Writes the voters into the session's decision, reusing its strings.
-    fn fill_decision(&mut self, xid: Xid, voters: usize) {
-        self.decision.xid = xid;
+    fn fill_decision(&mut self, xid: &Xid, voters: usize) {
+        self.decision.xid = *xid;
         let mut k = 0;
         for i in 0..self.rms.len() {
             if !matches!(self.votes[i], Some(Ok(Vote::Commit))) || self.branch_of[i] == NOT_ENLISTED {
