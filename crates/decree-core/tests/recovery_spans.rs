@@ -212,6 +212,17 @@ fn a_background_pass_commits_in_a_linked_span_and_its_retries_log_in_the_clients
     assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
 }
 
+/// A fresh embedded coordinator over `a` and `b`, and a transaction begun on both.
+fn begun_on(a: &DummyFactory, b: &DummyFactory) -> (Arc<TransactionManager>, TxContext, Xid) {
+    let tm =
+        TransactionManager::embedded(Arc::new(VolatileLog::new()), quick_config(), vec![a.arc(), b.arc()])
+            .expect("started");
+    let conns: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
+    let mut tx = TxContext::open(&tm, conns).expect("opened");
+    let xid = tx.begin().expect("begun");
+    (tm, tx, xid)
+}
+
 #[test]
 fn a_live_commit_finished_in_the_background_is_linked_to_its_transaction() {
     let _serial = one_at_a_time();
@@ -219,12 +230,7 @@ fn a_live_commit_finished_in_the_background_is_linked_to_its_transaction() {
     let (a, b) = (dummy("la"), dummy("lb"));
     // The session's commit of b fails, and so does the background's first try.
     b.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::Fail, 2)]);
-    let tm =
-        TransactionManager::embedded(Arc::new(VolatileLog::new()), quick_config(), vec![a.arc(), b.arc()])
-            .expect("started");
-    let conns: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
-    let mut tx = TxContext::open(&tm, conns).expect("opened");
-    let xid = tx.begin().expect("begun");
+    let (tm, mut tx, xid) = begun_on(&a, &b);
     let report = tx.commit().expect("committed");
     assert_eq!(
         (report.kind, report.phase_two_pending),
@@ -248,12 +254,7 @@ fn a_live_rollback_finished_in_the_background_is_linked_to_its_transaction() {
     // a votes no, so the transaction rolls back; b's first rollback fails.
     a.set_rules(vec![FaultRule::first(Call::Prepare, FaultAction::VoteNo, 1)]);
     b.set_rules(vec![FaultRule::first(Call::Rollback, FaultAction::Fail, 1)]);
-    let tm =
-        TransactionManager::embedded(Arc::new(VolatileLog::new()), quick_config(), vec![a.arc(), b.arc()])
-            .expect("started");
-    let conns: Vec<Box<dyn ResourceManager>> = vec![Box::new(a.connection()), Box::new(b.connection())];
-    let mut tx = TxContext::open(&tm, conns).expect("opened");
-    let xid = tx.begin().expect("begun");
+    let (tm, mut tx, xid) = begun_on(&a, &b);
     assert!(tx.commit().is_err(), "a voted no: rolled back");
     assert!(tm.wait_idle(WAIT), "the background rollback ended");
     assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));
