@@ -49,14 +49,16 @@ impl TxContext {
 
     /// Begins a global transaction on every resource manager (tx_begin).
     pub fn begin(&mut self) -> Result<Xid, TmError> {
-        let xid = self.session.begin_xid()?;
+        self.session.begin_xid()?;
+        let begun = |s: &Session| s.current_xid().expect("a transaction was just begun");
         if let Err(e) = self.session.enlist_all() {
+            let xid = begun(&self.session);
             if let Err(rollback_error) = self.session.rollback_current() {
                 tracing::warn!(%xid, error = %rollback_error, "rollback after a failed begin");
             }
             return Err(e);
         }
-        Ok(xid)
+        Ok(begun(&self.session))
     }
 
     /// Commits the current transaction (tx_commit).
