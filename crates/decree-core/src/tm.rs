@@ -285,7 +285,7 @@ impl TransactionManager {
     /// The client span contexts still held for the spans of recovery and the background
     /// thread: one per recovered `DCD2` decision or handed-over sampled phase two not
     /// finished yet, so that memory follows the live decisions, never the history.
-    pub fn recovered_contexts(&self) -> usize {
+    pub fn client_contexts(&self) -> usize {
         self.shared.client_traces.lock().len()
     }
 

@@ -213,9 +213,9 @@ fn a_recovered_client_context_is_kept_with_spans_off_until_its_decision_complete
     a.set_rules(vec![FaultRule::first(Call::Commit, FaultAction::Fail, u64::MAX)]);
     let tm = TransactionManager::embedded(first.restart(), quick_config(), vec![a.arc()]).unwrap();
     assert_eq!(tm.recovery_report().deferred, 1);
-    assert_eq!(tm.recovered_contexts(), 1, "kept for the background's spans");
+    assert_eq!(tm.client_contexts(), 1, "kept for the background's spans");
     a.set_rules(Vec::new());
     assert!(tm.wait_idle(WAIT));
     assert_eq!(a.outcome(&xid.branch(0)), Some(BranchOutcome::Committed));
-    assert_eq!(tm.recovered_contexts(), 0, "it left with its completed decision");
+    assert_eq!(tm.client_contexts(), 0, "it left with its completed decision");
 }

@@ -169,7 +169,7 @@ fn start_up_recovery_commits_a_dcd2_decision_in_a_span_linked_to_its_client() {
     let spans = spans_of(&xid);
     let commit = spans.iter().find(|s| s.name == "commit a").expect("a commit span for the branch");
     assert_linked_recovery_branch(commit);
-    assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
+    assert_eq!(tm.client_contexts(), 0, "the context left with its completed decision");
 }
 
 #[test]
@@ -209,7 +209,7 @@ fn a_background_pass_commits_in_a_linked_span_and_its_retries_log_in_the_clients
     let commit = spans.iter().find(|s| s.name == "commit b").expect("a commit span from the background");
     // Linked: the context was kept past the start-up pass, until the decision completed.
     assert_linked_recovery_branch(commit);
-    assert_eq!(tm.recovered_contexts(), 0, "the context left with its completed decision");
+    assert_eq!(tm.client_contexts(), 0, "the context left with its completed decision");
 }
 
 /// A fresh embedded coordinator over `a` and `b`, and a transaction begun on both.
@@ -242,7 +242,7 @@ fn a_live_commit_finished_in_the_background_is_linked_to_its_transaction() {
     // Linked though the background's first try failed too: kept until the commit ended.
     let commit = background_span(&xid, "commit lb");
     assert_linked_to(&commit, &transaction_span(&xid));
-    assert_eq!(tm.recovered_contexts(), 0, "the context left once the background commit completed");
+    assert_eq!(tm.client_contexts(), 0, "the context left once the background commit completed");
     tx.close().expect("closed");
 }
 
@@ -260,6 +260,6 @@ fn a_live_rollback_finished_in_the_background_is_linked_to_its_transaction() {
     assert_eq!(b.outcome(&xid.branch(1)), Some(BranchOutcome::RolledBack));
     let rollback = background_span(&xid, "rollback rb");
     assert_linked_to(&rollback, &transaction_span(&xid));
-    assert_eq!(tm.recovered_contexts(), 0, "the context left once the background rollback ended");
+    assert_eq!(tm.client_contexts(), 0, "the context left once the background rollback ended");
     tx.close().expect("closed");
 }
