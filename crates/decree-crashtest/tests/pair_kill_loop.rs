@@ -49,7 +49,9 @@
 //! scripts/test-etcd.sh's cluster runs), nobody promotes: the killed member is restarted at
 //! once and the election alone picks who leads next; the cycles add five faults in turn:
 //! etcd's Raft leader killed before the primary, every etcd member killed for up to twice
-//! the lease (the primary holds its answers meanwhile) then the primary, both members
+//! the lease (the primary holds its answers meanwhile; its lease may lapse, once or
+//! again while etcd comes back, and the workload then fails over to each epoch in turn,
+//! every one newer than the last) then the primary, both members
 //! killed at once, and the link cut through its proxies with both members alive for up to
 //! twice the lease (the primary waits), healed, then the primary killed during the catch-up;
 //! a planned switchover (`decree switchover`) with nobody killed; and the backup alone
@@ -760,6 +762,9 @@ struct Totals {
     /// `EtcdGone` cycles whose workload failed over to an epoch the primary won again when
     /// etcd returned (its lease had lapsed meanwhile), before the kill.
     relead_after_etcd_gone: u64,
+    /// Killed workloads that failed over more than once: the primary they failed over to
+    /// was lost in turn before it answered every doubt.
+    failed_over_again: u64,
     /// Cycles by mode (see [`Mode::index`]).
     modes: [u64; 15],
     /// The transfers whose primary died at `decide-written`, answered by the new primary:
@@ -792,16 +797,30 @@ fn finish_killed_workload(
         seen.iter().any(|l| l.starts_with("STORE-LOST")),
         "{context}: the workload never lost its primary: {seen:?}"
     );
-    let failed_over: Option<u64> =
-        seen.iter().find_map(|l| l.strip_prefix("FAILED-OVER incarnation=")?.split(' ').next()?.parse().ok());
+    // Every epoch it failed over to, in order: more than one when the primary it failed
+    // over to was lost in turn before it answered every doubt (an elected primary whose
+    // lease lapsed again while etcd came back); each newer than the last, and none past the
+    // epoch that leads now.
+    let failed_over: Vec<u64> = seen
+        .iter()
+        .filter_map(|l| l.strip_prefix("FAILED-OVER incarnation=")?.split(' ').next()?.parse().ok())
+        .collect();
+    let in_order = failed_over.windows(2).all(|w| w[0] < w[1]);
+    assert!(
+        in_order && failed_over.iter().all(|&e| e > before && e <= epoch),
+        "{context}: the workload failed over to epochs {failed_over:?}, not newer each time within \
+         ({before}, {epoch}]: {seen:?}"
+    );
+    let last = failed_over.last().copied();
     // With every etcd member gone longer than the lease, the primary may lose its lease and
     // win the lead again in a newer epoch when etcd returns (it is the record's leader):
     // the workload then fails over to that epoch, before the kill this cycle plays.
-    let relead = matches!(mode, Mode::EtcdGone) && failed_over.is_some_and(|e| e > before && e < epoch);
+    let relead = matches!(mode, Mode::EtcdGone) && last.is_some_and(|e| e > before && e < epoch);
     assert!(
-        failed_over == Some(epoch) || relead,
+        last == Some(epoch) || relead,
         "{context}: the workload did not fail over to epoch {epoch}: {seen:?}"
     );
+    totals.failed_over_again += u64::from(failed_over.len() > 1);
     totals.relead_after_etcd_gone += u64::from(relead);
     let mut doubts = 0;
     for line in &seen {
@@ -1356,7 +1375,7 @@ fn run_pair_kill_loop(
          points decided, phase-two / at the server's crash points decide-written, decide-confirmed, \
          phase-two / during a catch-up / during a deposition / etcd leader killed, every etcd member killed, both members killed, link cut, switchover, backup alone then primary: {:?}), {} transfers acknowledged, {} decided at a crash point, decides without \
          an answer resolved by the new primary: {} committed, {} rolled back, {} unknown ({} \
-         failovers had none); acknowledged transfers answered unknown after a forced promotion: {}; workloads failed over to the primary led again after etcd returned: {}; the transfers of decide-written crashes ended committed / rolled \
+         failovers had none); acknowledged transfers answered unknown after a forced promotion: {}; workloads failed over to the primary led again after etcd returned: {}, failed over more than once: {}; the transfers of decide-written crashes ended committed / rolled \
          back / other: {:?}; {:.1} s",
         kind.name(),
         ack,
@@ -1369,6 +1388,7 @@ fn run_pair_kill_loop(
         totals.no_doubt,
         totals.forgotten_after_force,
         totals.relead_after_etcd_gone,
+        totals.failed_over_again,
         totals.written_outcomes,
         started.elapsed().as_secs_f64()
     );

@@ -29,7 +29,9 @@
 //! client (the new primary's epoch is a new incarnation) and prints `FAILED-OVER
 //! incarnation=I endpoint=E`, then asks the new primary the outcome of every transfer
 //! whose decide got no answer and prints `RESOLVED <transfer id> <outcome>` (committed,
-//! rolled-back, heuristic or unknown; in progress is asked again) before it exits.
+//! rolled-back, heuristic or unknown; in progress is asked again) before it exits. When
+//! that primary is lost in turn before it answered, it fails over again (another
+//! `FAILED-OVER` line) and asks the next one, until `--failover-wait-s` has passed.
 //! DSNs come from `--dsn-a`/`--dsn-b` or DECREE_TEST_PG_A and DECREE_TEST_PG_B (pg-pg) or
 //! DECREE_TEST_MARIADB (pg-mariadb).
 
@@ -375,12 +377,19 @@ const UNKNOWN_LAST_PAUSE: Duration = Duration::from_secs(4);
 /// What an application does after its state server's primary died: connect again (a new
 /// client: the new primary's epoch is a new incarnation) and ask the new primary what
 /// became of every transaction whose decide got no answer, never guessing.
+/// The new primary can be lost in turn before it answered them all (an elected primary
+/// whose lease lapsed again while etcd came back): then it fails over again, each time
+/// printing `FAILED-OVER`, until `--failover-wait-s` has passed.
 fn fail_over(args: &Args, doubts: &[Xid]) -> Result<(), String> {
     say(&format!("STORE-LOST doubtful={}", doubts.len()));
     let wait = failover_wait(args)?;
-    let store = connect_serving(args.get("state")?, wait)?;
-    say(&format!("FAILED-OVER incarnation={} endpoint={}", store.incarnation(), store.endpoint()));
     let deadline = Instant::now() + wait;
+    let connect = || -> Result<RemoteDecisions, String> {
+        let store = connect_serving(args.get("state")?, deadline.saturating_duration_since(Instant::now()))?;
+        say(&format!("FAILED-OVER incarnation={} endpoint={}", store.incarnation(), store.endpoint()));
+        Ok(store)
+    };
+    let mut store = connect()?;
     for xid in doubts {
         let mut unknown_pause = UNKNOWN_FIRST_PAUSE;
         let outcome = loop {
@@ -395,6 +404,10 @@ fn fail_over(args: &Args, doubts: &[Xid]) -> Result<(), String> {
                     unknown_pause *= 2;
                 }
                 Ok(outcome) => break outcome,
+                Err(StoreError::Unreachable(e)) if Instant::now() < deadline => {
+                    eprintln!("decree-bank: outcome of {xid}: the new primary was lost too ({e}): failing over again");
+                    store = connect()?;
+                }
                 Err(e) => return Err(format!("outcome of {xid} not answered by the new primary: {e}")),
             }
         };
