@@ -629,14 +629,28 @@ public final class DecreeTransaction implements Transaction {
 
     /**
      * Runs {@code call} on every branch of {@code list}: one after the other, or, when the
-     * manager's parallel branch calls are on, the first on this thread and the others at the
-     * same time on the manager's branch threads (each branch is its own connection). Every
+     * manager's parallel branch calls are on and few enough transactions call theirs now,
+     * the first on this thread and the others at the same time on the manager's branch
+     * threads (each branch is its own connection). Every
      * call has ended when this returns; one after the other, the calls stop at the first
      * error when {@code stopAtFirstError} says so (fewer results than branches).
      */
     private List<CallResult> callEach(List<Enlisted> list, BranchCall call, boolean stopAtFirstError) {
+        if (list.size() < 2) {
+            return callEach(list, call, stopAtFirstError, null);
+        }
+        java.util.concurrent.ExecutorService pool = tm.beginBranchCalls();
+        try {
+            return callEach(list, call, stopAtFirstError, pool);
+        } finally {
+            tm.endBranchCalls();
+        }
+    }
+
+    /** {@link #callEach} on {@code pool}'s threads, or one after the other when it is null. */
+    private List<CallResult> callEach(List<Enlisted> list, BranchCall call, boolean stopAtFirstError,
+            java.util.concurrent.ExecutorService pool) {
         List<CallResult> out = new ArrayList<>();
-        java.util.concurrent.ExecutorService pool = list.size() > 1 ? tm.branchExecutor() : null;
         if (pool == null) {
             for (Enlisted b : list) {
                 CallResult r = callOne(b, call);

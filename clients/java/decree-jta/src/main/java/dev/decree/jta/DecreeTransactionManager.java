@@ -61,6 +61,9 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
     private volatile long outcomeTimeoutMs = 30_000;
     private volatile boolean keepAliveStarted;
     private volatile java.util.concurrent.ExecutorService branchExecutor;
+    private volatile int parallelCallsMax = Runtime.getRuntime().availableProcessors();
+    /** Transactions of this manager calling their branches (prepare or commit) now. */
+    private final java.util.concurrent.atomic.AtomicInteger callingBranches = new java.util.concurrent.atomic.AtomicInteger();
     private volatile boolean closed;
 
     public DecreeTransactionManager(List<Endpoint> endpoints, SessionOptions options) {
@@ -111,11 +114,12 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
     }
 
     /**
-     * Whether the branches of a transaction are prepared, and committed, at the same time
+     * Whether the branches of a transaction may be prepared, and committed, at the same time
      * (each branch is its own connection): one database round trip per phase instead of one
-     * per branch, for a thread handoff per extra branch. On by default (the Rust coordinator
-     * does the same); off, the calls of a transaction all run on its own thread, one branch
-     * after the other, and a prepare that fails leaves the later branches unprepared.
+     * per branch, for a thread handoff per extra branch. On by default, while no more
+     * transactions call their branches at once than {@link #setParallelBranchCallsMax}
+     * allows; off, the calls of a transaction all run on its own thread, one branch after
+     * the other, and a prepare that fails leaves the later branches unprepared.
      */
     public synchronized void setParallelBranchCalls(boolean on) {
         if (on && branchExecutor == null) {
@@ -130,9 +134,40 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
         }
     }
 
+    /**
+     * The most transactions calling their branches at once for which those calls still run
+     * in parallel (default: the number of processors; 0: never); past it, each calls its
+     * branches one after the other on its own thread. The handoff to a branch thread costs
+     * CPU: it pays while cores are free (one thread committing: about twice the throughput),
+     * not when every core is busy (16 threads on 2 cores: a third less; docs/measurements.md).
+     */
+    public void setParallelBranchCallsMax(int transactions) {
+        if (transactions < 0) {
+            throw new IllegalArgumentException("parallelBranchCallsMax is 0 or more transactions");
+        }
+        this.parallelCallsMax = transactions;
+    }
+
     /** The threads of parallel branch calls, or null when they are off. */
     java.util.concurrent.ExecutorService branchExecutor() {
         return branchExecutor;
+    }
+
+    /**
+     * Counts a transaction in while it calls its branches; the branch threads to call them
+     * on, or null to call them one after the other (off, or too many transactions calling).
+     * Every call is matched by one of {@link #endBranchCalls}.
+     */
+    java.util.concurrent.ExecutorService beginBranchCalls() {
+        int calling = callingBranches.incrementAndGet();
+        java.util.concurrent.ExecutorService pool = branchExecutor;
+        return calling <= parallelCallsMax ? pool : null;
+    }
+
+    void endBranchCalls() {
+        if (callingBranches.decrementAndGet() < 0) {
+            throw new IllegalStateException("branch calls ended more often than begun");
+        }
     }
 
     public TransactionSynchronizationRegistry getSynchronizationRegistry() {

@@ -304,6 +304,73 @@ class JtaContractTest {
         assertEquals(commits, server.metric("decree_commits_total"));
     }
 
+    @Test
+    void branchCallsGoOneAfterTheOtherWhileMoreTransactionsCallTheirsThanTheMaxAllows() throws Exception {
+        tm.setParallelBranchCalls(true);
+        String me = Thread.currentThread().getName();
+        // One other transaction is preparing: within a max of 2, this one's calls are parallel.
+        List<String> within = prepareThreadsBesideAnother(2);
+        assertEquals(1, within.stream().filter(me::equals).count(), within.toString());
+        assertEquals(2, within.stream().filter(t -> t.startsWith("decree-jta-branch")).count(), within.toString());
+        // Past a max of 1, every call runs on the committing thread, one after the other.
+        assertEquals(List.of(me, me, me), prepareThreadsBesideAnother(1));
+        // And the count went back to zero: alone, a transaction calls in parallel again.
+        tm.setParallelBranchCallsMax(1);
+        List<String> alone = Collections.synchronizedList(new ArrayList<>());
+        tm.begin();
+        enlist(recordingPrepare(alone, "d1"), recordingPrepare(alone, "d2"));
+        tm.commit();
+        assertEquals(1, alone.stream().filter(t -> t.startsWith("decree-jta-branch")).count(), alone.toString());
+        assertThrows(IllegalArgumentException.class, () -> tm.setParallelBranchCallsMax(-1));
+    }
+
+    /**
+     * With {@code max} set, commits a three-branch transaction on this thread while another
+     * transaction is held in the prepare of its first branch; the threads this one's
+     * prepares ran on. Both commit.
+     */
+    private List<String> prepareThreadsBesideAnother(int max) throws Exception {
+        tm.setParallelBranchCallsMax(max);
+        java.util.concurrent.CountDownLatch held = new java.util.concurrent.CountDownLatch(1);
+        java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+        CompletableFuture<Void> other = CompletableFuture.runAsync(() -> {
+            try {
+                tm.begin();
+                FakeResource first = res("d1");
+                first.onPrepare = () -> {
+                    held.countDown();
+                    try {
+                        assertTrue(release.await(10, TimeUnit.SECONDS), "never released");
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                    }
+                };
+                enlist(first, res("d2"));
+                tm.commit();
+            } catch (Exception e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        assertTrue(held.await(10, TimeUnit.SECONDS), "the other transaction never prepared");
+        List<String> threads = Collections.synchronizedList(new ArrayList<>());
+        try {
+            tm.begin();
+            enlist(recordingPrepare(threads, "d1"), recordingPrepare(threads, "d2"), recordingPrepare(threads, "d3"));
+            tm.commit();
+        } finally {
+            release.countDown();
+        }
+        other.get(10, TimeUnit.SECONDS);
+        return threads;
+    }
+
+    /** A resource on {@code rm} whose prepare adds the name of the thread it ran on to {@code threads}. */
+    private FakeResource recordingPrepare(List<String> threads, String rm) {
+        FakeResource r = res(rm);
+        r.onPrepare = () -> threads.add(Thread.currentThread().getName());
+        return r;
+    }
+
     // --- rollback-only, rollback ---------------------------------------------------------------
 
     @Test
