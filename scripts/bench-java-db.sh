@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # decree-jta with real databases against the Rust coordinator (issue 35): at THREADS (16)
-# threads, decree-jta's ratio decree / independent commits (clients/java/decree-jta-bench,
+# threads, decree-jta's ratio decree / independent commits (decree: its default branch
+# calls, in parallel while no more transactions call theirs than there are processors;
+# decree-sequential and decree-parallel are printed beside it; clients/java/decree-jta-bench,
 # DbBench: a transfer between the two PostgreSQL test databases, through `decree serve` on
 # its Unix socket, journal, rpo 0) against `decree bench --rm postgres`'s 2pc / independent,
-# in alternated rounds (ROUNDS, default 3; each mode BENCH_SECONDS, default 10, after a
-# warm-up of WARMUP seconds, default 2). Needs the
+# in alternated rounds (ROUNDS, default 3; each mode BENCH_SECONDS, default 10; JAVA_MODES
+# the DbBench modes, all five by default). Each
+# DbBench mode runs in a JVM of its own after a warm-up of WARMUP seconds (default 15): on
+# two busy cores the JIT compiler is still compiling decree-jta's commit path 8-9 s into a
+# run (-XX:+PrintCompilation), and a JVM that ran another mode first recompiles it when
+# its profile changes; with 15 s it has settled by the time the measurement starts
+# (docs/measurements.md). Needs the
 # databases of scripts/test-dbs.sh (eval "$(scripts/test-dbs.sh env)"). Results in
 # target/jbench-db/results.jsonl.
 set -euo pipefail
@@ -13,7 +20,9 @@ cd "$(dirname "$0")/.."
 THREADS="${THREADS:-16}"
 RUN="${BENCH_SECONDS:-10}"
 ROUNDS="${ROUNDS:-3}"
-WARMUP="${WARMUP:-2}"
+WARMUP="${WARMUP:-15}"
+# The DbBench modes run (the ratio needs independent and decree; the others are printed beside).
+JAVA_MODES="${JAVA_MODES:-independent native-2pc decree-sequential decree-parallel decree}"
 OUT=target/jbench-db
 rm -rf "$OUT" && mkdir -p "$OUT"
 
@@ -31,9 +40,13 @@ rust() {
         | grep '"mode"' | sed "s/^{/{\"who\":\"rust\",\"round\":$1,/" | tee -a "$OUT/results.jsonl"
 }
 java_() {
-    java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$CP" dev.decree.bench.DbBench "$THREADS" "$RUN" "$WARMUP" \
-        "$(jdbc "$DECREE_TEST_PG_A")" "$(jdbc "$DECREE_TEST_PG_B")" "$(user "$DECREE_TEST_PG_A")" "unix:$PWD/$OUT/decree.sock" \
-        2>>"$OUT/stderr.log" | grep '"mode"' | sed "s/^{/{\"who\":\"java\",\"round\":$1,/" | tee -a "$OUT/results.jsonl"
+    local mode
+    for mode in $JAVA_MODES; do
+        java -Ddecree.bench.modes="$mode" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$CP" dev.decree.bench.DbBench \
+            "$THREADS" "$RUN" "$WARMUP" "$(jdbc "$DECREE_TEST_PG_A")" "$(jdbc "$DECREE_TEST_PG_B")" "$(user "$DECREE_TEST_PG_A")" \
+            "unix:$PWD/$OUT/decree.sock" \
+            2>>"$OUT/stderr.log" | grep '"mode"' | sed "s/^{/{\"who\":\"java\",\"round\":$1,/" | tee -a "$OUT/results.jsonl"
+    done
 }
 for round in $(seq "$ROUNDS"); do
     if [ $((round % 2)) = 1 ]; then rust "$round"; java_ "$round"; else java_ "$round"; rust "$round"; fi
@@ -44,12 +57,15 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ratios = []
 for rnd in sorted({r["round"] for r in rows}):
-    get = lambda who, mode: next(r["tps"] for r in rows if r["round"] == rnd and r["who"] == who and r["mode"] == mode)
+    get = lambda who, mode: next((r["tps"] for r in rows if r["round"] == rnd and r["who"] == who and r["mode"] == mode), float("nan"))
     j = get("java", "decree") / get("java", "independent")
     r = get("rust", "2pc") / get("rust", "independent")
     ratios.append(j / r)
-    print(f"round {rnd}: decree-jta decree/independent {j:.3f} ({get('java','decree'):.0f}/{get('java','independent'):.0f} tps, "
-          f"native-2pc {get('java','native-2pc'):.0f}, sequential branch calls {get('java','decree-sequential'):.0f}), Rust 2pc/independent {r:.3f} ({get('rust','2pc'):.0f}/"
+    beside = "".join(f", {name} {get('java', mode):.0f}" for mode, name in
+                     (("native-2pc", "native-2pc"), ("decree-sequential", "branch calls one after the other"),
+                      ("decree-parallel", "always parallel")) if get("java", mode) == get("java", mode))
+    print(f"round {rnd}: decree-jta decree/independent {j:.3f} ({get('java','decree'):.0f}/{get('java','independent'):.0f} tps"
+          f"{beside}), Rust 2pc/independent {r:.3f} ({get('rust','2pc'):.0f}/"
           f"{get('rust','independent'):.0f} tps, native-2pc {get('rust','native-2pc'):.0f}): {j / r:.2f}x")
 print(f"median of {len(ratios)} rounds: {statistics.median(ratios):.2f}x (target: at least 0.9x)")
 PY

@@ -18,9 +18,11 @@ import java.util.concurrent.ThreadLocalRandom;
  * credits one in B: as two independent local transactions ({@code independent}: BEGIN,
  * UPDATE, COMMIT on each, BEGIN waited for as decree bench does), as the databases' own
  * two-phase statements without a coordinator ({@code native-2pc}), or as one decree-jta
- * transaction over two {@link DecreeDataSource}s ({@code decree}, with its default parallel
- * branch calls, and {@code decree-sequential}, without them); the modes run in the
- * same JVM one after the other, each after a warm-up. Prints one JSON line per mode.
+ * transaction over two {@link DecreeDataSource}s ({@code decree}, its default: branches
+ * called in parallel while no more transactions call theirs than there are processors;
+ * {@code decree-sequential}, one after the other; {@code decree-parallel}, always in
+ * parallel); the modes run in the same JVM one after the other, each after a warm-up
+ * (scripts/bench-java-db.sh runs each in a JVM of its own). Prints one JSON line per mode.
  *
  * <pre>
  * java -cp 'lib/*' dev.decree.bench.DbBench THREADS SECONDS WARMUP JDBC_URL_A JDBC_URL_B USER ENDPOINT
@@ -104,8 +106,12 @@ public final class DbBench {
                 DecreeDataSource dsA = new DecreeDataSource(tm, "pg-a", urlA, props, threads);
                 DecreeDataSource dsB = new DecreeDataSource(tm, "pg-b", urlB, props, threads)) {
             dev.decree.jta.DecideTimer.install();
-            for (String mode : new String[] {"decree-sequential", "decree"}) {
-                tm.setParallelBranchCalls(mode.equals("decree")); // the default: parallel branch calls
+            for (String mode : new String[] {"decree-sequential", "decree-parallel", "decree"}) {
+                // The default (decree): parallel branch calls while no more transactions call
+                // their branches at once than the machine has processors.
+                tm.setParallelBranchCalls(!mode.equals("decree-sequential"));
+                tm.setParallelBranchCallsMax(mode.equals("decree-parallel") ? Integer.MAX_VALUE
+                        : Runtime.getRuntime().availableProcessors());
                 measure(mode, threads, seconds, warmup, index -> (a, b) -> {
                     tm.begin();
                     try {
