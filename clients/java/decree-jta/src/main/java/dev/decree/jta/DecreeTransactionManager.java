@@ -148,11 +148,6 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
         this.parallelCallsMax = transactions;
     }
 
-    /** The threads of parallel branch calls, or null when they are off. */
-    java.util.concurrent.ExecutorService branchExecutor() {
-        return branchExecutor;
-    }
-
     /**
      * Counts a transaction in while it calls its branches; the branch threads to call them
      * on, or null to call them one after the other (off, or too many transactions calling).
