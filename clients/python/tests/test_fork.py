@@ -7,6 +7,7 @@ fork. Under load, every Xid is unique and every transfer lands once."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSI
 class Child:
     """A forked child that runs ``fn`` and reports its JSON result (or its exception)."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], timeout: float = 120.0) -> None:
+        self.timeout = timeout
         self._r, w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
@@ -42,6 +44,10 @@ class Child:
 
     @staticmethod
     def _run(fn: Callable[[], Any], w: int) -> None:
+        # A child that hangs prints where it is, every thread, when the parent gives up on it.
+        # (Not dump_traceback_later: its watchdog's lock may be held by the parent's
+        # watchdog thread at the fork, and the child would hang on it.)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             out = {"ok": fn()}
         except BaseException as e:
@@ -51,12 +57,15 @@ class Child:
         finally:
             os._exit(0)
 
-    def result(self, timeout: float = 120.0) -> Any:
+    def result(self) -> Any:
+        timeout = self.timeout
         deadline = time.monotonic() + timeout
         data = b""
         while True:
             ready, _, _ = select.select([self._r], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
+                os.kill(self.pid, signal.SIGUSR1)
+                time.sleep(1.0)
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
                 pytest.fail(f"child {self.pid} did not finish within {timeout} s")
@@ -101,7 +110,7 @@ def test_the_child_writes_nothing_into_the_parents_session() -> None:
             return str(e)
         return "pinged"
 
-    assert "cannot connect" in Child(child).result(timeout=20)
+    assert "cannot connect" in Child(child, timeout=20).result()
     theirs.settimeout(0.3)
     with pytest.raises(socket.timeout):
         data = theirs.recv(100)
@@ -254,3 +263,20 @@ def test_a_tls_child_sends_no_close_notify_on_the_parents_session(tls_server: Se
         time.sleep(0.2)  # a close_notify, had one been sent, would have ended the session by now.
         assert session_of(tm) == parent_session, "the parent's TLS session survived the child"
         assert tls_server.metrics()["decree_sessions_opened_total"] == opened + 1
+
+
+def test_a_lock_of_a_manager_of_several_pairs_held_at_the_fork_is_free_in_the_child(server: Server) -> None:
+    """A thread of the parent inside the manager's lock when another forks: the child has
+    no such thread, so the lock would stay held in it forever."""
+    with decree.connect_pairs(server.endpoint) as pm:
+        with pm._lock:  # as another thread of the parent would hold it at the fork.
+
+            def child() -> int:
+                with pm.transaction() as tx:
+                    pass
+                return tx.xid.origin.session if tx.xid.origin else -1
+
+            session = Child(child, timeout=20).result()
+        assert session > 0, "the child began a transaction of its own"
+        with pm.transaction():
+            pass

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
+import weakref
 from typing import Callable, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
@@ -64,6 +66,19 @@ def connect_pairs(
     return tm
 
 
+_PAIRS_MANAGERS: weakref.WeakSet[PairsManager] = weakref.WeakSet()
+"""The live managers of several pairs, for the child of ``os.fork()``; weakly held."""
+
+
+def _after_fork_in_child() -> None:
+    for pm in list(_PAIRS_MANAGERS):
+        pm._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class PairsManager:
     """Transactions spread over several pairs, one :class:`decree.TransactionManager` per
     pair; threads may share it."""
@@ -77,6 +92,13 @@ class PairsManager:
         self._state = PairsState(pairs)
         self.managers = [TransactionManager(members, options, outcome_timeout=outcome_timeout) for members in pairs]
         """Each pair's manager, in the order given."""
+        self._lock = threading.Lock()
+        _PAIRS_MANAGERS.add(self)
+
+    def _after_fork(self) -> None:
+        """In the child of ``os.fork()``: a lock another thread of the parent held at the fork
+        would stay held forever, so it is made anew (each pair's manager drops its own
+        sessions)."""
         self._lock = threading.Lock()
 
     @property

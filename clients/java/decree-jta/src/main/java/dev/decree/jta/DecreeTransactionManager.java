@@ -22,7 +22,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.WeakHashMap;
 import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 import org.slf4j.Logger;
@@ -55,7 +55,7 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
     private final Map<ServerSession, Boolean> sessions = Collections.synchronizedMap(new WeakHashMap<>());
     private final ThreadLocal<DecreeTransaction> current = new ThreadLocal<>();
     private final ThreadLocal<Integer> timeoutSeconds = new ThreadLocal<>();
-    private final ScheduledExecutorService timer;
+    private final ScheduledThreadPoolExecutor timer;
     private final SynchronizationRegistry registry = new SynchronizationRegistry(this);
     private volatile int defaultTimeoutSeconds = 60;
     private volatile long outcomeTimeoutMs = 30_000;
@@ -72,11 +72,15 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
         }
         this.endpoints = List.copyOf(endpoints);
         this.options = options;
-        this.timer = Executors.newSingleThreadScheduledExecutor(r -> {
+        this.timer = new ScheduledThreadPoolExecutor(1, r -> {
             Thread t = new Thread(r, "decree-jta-timer");
             t.setDaemon(true);
             return t;
         });
+        // Every transaction schedules its timeout and cancels it when it ends: without this, a
+        // cancelled timeout would stay queued (holding its transaction) until it was due, and
+        // the queue would grow with the transactions of the last timeout, not the live ones.
+        this.timer.setRemoveOnCancelPolicy(true);
         setParallelBranchCalls(true);
     }
 
@@ -352,7 +356,7 @@ public final class DecreeTransactionManager implements TransactionManager, UserT
         }
     }
 
-    ScheduledExecutorService timer() {
+    ScheduledThreadPoolExecutor timer() {
         return timer;
     }
 

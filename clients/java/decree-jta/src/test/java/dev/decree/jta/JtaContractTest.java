@@ -623,6 +623,27 @@ class JtaContractTest {
         assertEquals(FakeResource.TWO_PHASE_COMMIT, journal);
     }
 
+    /**
+     * Every transaction schedules its timeout; one that ends first must take it off the
+     * timer's queue, or the queue (and every transaction its timeouts hold) grows with the
+     * transactions of the last timeout period instead of the live ones.
+     */
+    @Test
+    void theTimeoutOfAnEndedTransactionLeavesTheTimersQueue() throws Exception {
+        int before = tm.timer().getQueue().size(); // the keep-alive's task, if it runs.
+        for (int i = 0; i < 50; i++) {
+            tm.begin();
+            assertEquals(before + 1, tm.timer().getQueue().size(), "the live transaction's timeout is queued");
+            enlist(res("d1"), res("d2"));
+            if (i % 2 == 0) {
+                tm.commit();
+            } else {
+                tm.rollback();
+            }
+        }
+        assertEquals(before, tm.timer().getQueue().size(), "no timeout of an ended transaction is left queued");
+    }
+
     static void sleep(long ms) {
         try {
             Thread.sleep(ms);
