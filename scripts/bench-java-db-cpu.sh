@@ -2,7 +2,7 @@
 # The CPU one transfer costs in each process, for one DbBench mode (issue 35): runs
 # `scripts/bench-java-db.sh`'s set-up (decree serve, journal, rpo 0, on its Unix socket), then
 # DbBench with only MODE (independent, native-2pc, decree-sequential, decree-parallel,
-# decree) in a fresh JVM at THREADS (16) threads, warm-up WARMUP (15) s, BENCH_SECONDS (10)
+# decree) in a fresh JVM at THREADS (16) threads, warm-up WARMUP (60) s, BENCH_SECONDS (10)
 # s, and samples /proc over the measured window but its first and last second: CPU
 # microseconds per transfer of the JVM, of `decree serve`, and of everything else
 # (PostgreSQL and the kernel), and how many of the machine's cores were busy. Needs the
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 MODE="${1:?usage: scripts/bench-java-db-cpu.sh MODE}"
 THREADS="${THREADS:-16}"
 RUN="${BENCH_SECONDS:-10}"
-WARMUP="${WARMUP:-15}"
+WARMUP="${WARMUP:-60}"
 OUT=target/jbench-db-cpu
 rm -rf "$OUT" && mkdir -p "$OUT"
 [ "$RUN" -ge 4 ] || { echo "BENCH_SECONDS must be at least 4" >&2; exit 2; }

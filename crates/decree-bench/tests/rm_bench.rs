@@ -69,6 +69,7 @@ fn spec(kind: DbKind, dsn_a: &str, dsn_b: &str, table: &str, threads: Vec<usize>
         node: rm_bench::node_id(),
         branch_calls: BranchCalls::Parallel,
         rounds: 1,
+        connect: None,
     }
 }
 
@@ -320,6 +321,7 @@ fn an_unreachable_database_is_an_error_not_a_hang() {
             node: rm_bench::node_id(),
             branch_calls: BranchCalls::Auto,
             rounds: 1,
+            connect: None,
         };
         let err =
             rm_bench::run_all(&spec, &ProgressBar::hidden(), |_| {}).expect_err("nothing listens on port 1");

@@ -83,7 +83,9 @@ pub struct Args {
     /// tls:host:port); the engine and RPO are then the server's own, whatever --engine and
     /// --rpo say. The decisions name the dummy resource managers dummy-0 and dummy-1, which
     /// the server's configuration must list (`[[rm]]` of kind dummy), since it refuses
-    /// decisions naming resource managers it could not finish.
+    /// decisions naming resource managers it could not finish. With --rm postgres|mariadb
+    /// (unix: or tcp:), the 2pc runs send their decisions there instead of to an embedded
+    /// log, naming bench-a and bench-b (`[[rm]]` entries on the two --dsn databases).
     #[arg(long)]
     pub connect: Option<String>,
     /// With --connect tls:host:port: the PEM file of the CA that signed the server's
@@ -243,13 +245,20 @@ impl Args {
         if self.mode != [Mode::Embedded]
             || self.replicas != [Replicas::SINGLE]
             || self.cpus != CpuPlacement::Shared
-            || self.connect.is_some()
             || tls
         {
             return Err(format!(
-                "{rm} runs the coordinator embedded: drop --mode, --replicas, --cpus, --connect and --tls-*"
+                "{rm} runs the coordinator in this process, with its log embedded or on the server of \
+                 --connect unix:/path|tcp:host:port: drop --mode, --replicas, --cpus and --tls-*"
             ));
         }
+        let connect = match &self.connect {
+            Some(address) if address.starts_with("tls:") => {
+                return Err(format!("--connect {address}: {rm} reaches a server over unix: or tcp: only"))
+            }
+            Some(address) => Some(address.parse().map_err(|e| format!("--connect {address}: {e}"))?),
+            None => None,
+        };
         if self.rate.is_some() || self.chart.is_some() {
             return Err(format!("--rate and --chart are not supported with {rm}"));
         }
@@ -281,6 +290,7 @@ impl Args {
             node: rm_bench::node_id(),
             branch_calls: self.branch_calls.policy(),
             rounds: self.rounds,
+            connect,
         })
     }
 }
@@ -674,12 +684,25 @@ mod tests {
             ),
             ("decree bench --rm postgres --dsn a --dsn b --mode unix", "embedded"),
             ("decree bench --rm postgres --dsn a --dsn b --rpo 0,10", "one --rpo"),
+            ("decree bench --rm postgres --dsn a --dsn b --connect tls:h:1", "unix: or tcp: only"),
+            ("decree bench --rm postgres --dsn a --dsn b --connect h:1", "--connect h:1"),
         ] {
             let err = parse(line).rm_spec(PathBuf::new()).expect_err(line);
             assert!(err.contains(says), "{line}: {err}");
         }
+        assert_eq!(spec_connect("decree bench --rm postgres --dsn a --dsn b"), None);
+        let line = "decree bench --rm postgres --dsn a --dsn b --connect unix:/run/d.sock";
+        assert_eq!(
+            spec_connect(line).as_deref(),
+            Some("unix:/run/d.sock"),
+            "the 2pc runs' decisions go there"
+        );
         assert!(Cli::try_parse_from("decree bench --rm oracle".split_whitespace()).is_err());
         assert!(parse("decree bench").rm_spec(PathBuf::new()).is_err(), "the dummy RMs have no spec");
+    }
+
+    fn spec_connect(line: &str) -> Option<String> {
+        parse(line).rm_spec(PathBuf::new()).expect(line).connect.map(|e| e.to_string())
     }
 
     #[test]

@@ -318,3 +318,95 @@ fn a_remote_listener_without_tls_does_not_start_and_says_what_to_add() {
     }
     assert!(!dir.path().join("log").exists(), "nothing was created: the server never started");
 }
+
+/// The DSN in `var`, or None (a skip) outside CI when the test databases are not set.
+fn test_dsn(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(dsn) if !dsn.is_empty() => Some(dsn),
+        _ => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(!ci, "CI=true but {var} is not set: run scripts/test-dbs.sh start and eval its env");
+            eprintln!(
+                "skipped: {var} is not set (scripts/test-dbs.sh start; eval \"$(scripts/test-dbs.sh env)\")"
+            );
+            None
+        }
+    }
+}
+
+/// `decree bench --rm postgres --connect unix:...`: the 2pc runs' decisions go to the
+/// server (the reference for a client that must cross its socket, as decree-jta does), not
+/// to a log of the bench's own. The server counts exactly the 2pc transfers as commit
+/// points, and the bench's checks (totals, nothing left prepared of the server's node)
+/// pass.
+#[test]
+fn bench_rm_postgres_sends_the_decisions_of_its_2pc_runs_to_the_server_of_connect() {
+    let (Some(dsn_a), Some(dsn_b)) = (test_dsn("DECREE_TEST_PG_A"), test_dsn("DECREE_TEST_PG_B")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, port) = (dir.path().join("d.sock"), free_port());
+    let config = dir.path().join("decree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node = 4242\nmetrics = \"127.0.0.1:{port}\"\nlog_dir = \"{}\"\nengine = \"journal\"\nunix = \"{}\"\n\
+             [[rm]]\nname = \"bench-a\"\nkind = \"postgres\"\ndsn = \"{dsn_a}\"\n\
+             [[rm]]\nname = \"bench-b\"\nkind = \"postgres\"\ndsn = \"{dsn_b}\"\n",
+            dir.path().join("log").display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    let mut reaped = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_decree"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts decree serve"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if let Ok(Some(status)) = reaped.0.try_wait() {
+            panic!("decree serve exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "no socket after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let work = tempfile::tempdir_in(".").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_decree"))
+        .args(["bench", "--rm", "postgres", "--threads", "2", "--cycles", "15", "--format", "json"])
+        .args(["--dsn", &dsn_a, "--dsn", &dsn_b, "--connect"])
+        .arg(format!("unix:{}", socket.display()))
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let two_phase = stdout
+        .lines()
+        .find(|l| l.contains("\"mode\":\"2pc\""))
+        .unwrap_or_else(|| panic!("no 2pc run in:\n{stdout}"));
+    assert!(two_phase.contains("\"transfers\":30"), "{two_phase}");
+    assert!(!two_phase.contains("log_writes_per_commit"), "no log of the bench's own: {two_phase}");
+    let metrics = scrape_metrics(port);
+    let commits =
+        metrics.lines().find_map(|l| l.strip_prefix("decree_commits_total ")).expect("commits_total");
+    assert_eq!(
+        commits.trim().parse::<f64>().unwrap(),
+        30.0,
+        "every 2pc transfer decided on the server:\n{metrics}"
+    );
+}
+
+/// The text of `GET /metrics` on `port`.
+fn scrape_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}

@@ -115,6 +115,7 @@ mod tests {
             node: node_id(),
             branch_calls: BranchCalls::Auto,
             rounds: 1,
+            connect: None,
         }
     }
 

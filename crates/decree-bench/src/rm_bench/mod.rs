@@ -197,6 +197,9 @@ pub struct RmBenchSpec {
     pub branch_calls: BranchCalls,
     /// Rounds of the three runs per thread count (1 to [`ROUNDS_MAX`]).
     pub rounds: usize,
+    /// The state server the 2PC runs send their decisions to (`unix:` or `tcp:`), instead of
+    /// an embedded log: the reference for a client that must cross that socket (decree-jta).
+    pub connect: Option<decree_client::Endpoint>,
 }
 
 /// How the two updates of a transfer are committed.
@@ -447,6 +450,7 @@ fn run_one(
     let cpu_before = process_cpu();
     let host_before = HostCpu::now();
     let mut log_use = None;
+    let mut node = spec.node;
     let (out, elapsed) = match mode {
         RmMode::Independent => run_threads(threads, |index, start, failed| {
             independent_loop(spec, dbs, index, start, failed, progress)
@@ -458,17 +462,18 @@ fn run_one(
             let dir = fresh_dir(&spec.dir, &format!("rm-2pc-t{threads}"))?;
             let outcome = two_phase_run(spec, dbs, threads, &dir, progress);
             let removed = std::fs::remove_dir_all(&dir);
-            let (out, elapsed, used) = outcome?;
+            let (run, used) = outcome?;
             removed.map_err(|e| BenchError::io("cannot remove run directory", &dir, e))?;
-            log_use = Some(used);
-            (out, elapsed)
+            log_use = used;
+            node = run.node;
+            (run.out, run.elapsed)
         }
     };
     let cpu = process_cpu().saturating_sub(cpu_before);
     let host = host_before.zip(HostCpu::now()).map(|(before, now)| now.since(&before));
     let after = (dbs[0].total()?, dbs[1].total()?);
     check_totals(mode, threads, before, after, out.transfers)?;
-    check_nothing_prepared(dbs, spec.node, mode, threads)?;
+    check_nothing_prepared(dbs, node, mode, threads)?;
     let secs = elapsed.as_secs_f64();
     Ok(RmPoint {
         threads,
