@@ -8,6 +8,28 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `decree serve --config config` as a child, once its Unix socket `socket` exists.
+fn serve(config: &std::path::Path, socket: &std::path::Path, stderr: Stdio) -> Reaped {
+    let mut reaped = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_decree"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starts decree serve"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if let Ok(Some(status)) = reaped.0.try_wait() {
+            panic!("decree serve exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "no socket after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reaped
+}
+
 #[test]
 fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
@@ -23,24 +45,8 @@ fn serve_listens_with_mode_0600_and_exits_0_on_sigterm() {
         ),
     )
     .unwrap();
-    let mut reaped = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_decree"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starts decree serve"),
-    );
+    let mut reaped = serve(&config, &socket, Stdio::piped());
     let child = &mut reaped.0;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("decree serve exited early with {status}");
-        }
-        assert!(Instant::now() < deadline, "no socket after 20 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
     // A client can talk to it: bench cycles through it (their decisions name dummy-0 and
@@ -358,23 +364,7 @@ fn bench_rm_postgres_sends_the_decisions_of_its_2pc_runs_to_the_server_of_connec
         ),
     )
     .unwrap();
-    let mut reaped = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_decree"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts decree serve"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        if let Ok(Some(status)) = reaped.0.try_wait() {
-            panic!("decree serve exited early with {status}");
-        }
-        assert!(Instant::now() < deadline, "no socket after 20 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _server = serve(&config, &socket, Stdio::null());
     let work = tempfile::tempdir_in(".").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_decree"))
         .args(["bench", "--rm", "postgres", "--threads", "2", "--cycles", "15", "--format", "json"])

@@ -120,6 +120,9 @@ pub(crate) struct Election {
     pub(crate) operator_requests: AtomicU64,
     /// Keepalives answered.
     pub(crate) keepalives: AtomicU64,
+    /// The primary's lag reports among `requests` (a timer's writes for the operator, made
+    /// whenever the lag changed, commits or not: none is on the commit path).
+    pub(crate) lag_reports: AtomicU64,
     /// Campaign transactions sent.
     pub(crate) campaigns: AtomicU64,
     /// Campaigns this member won (each a leader change to it) since it joined the pair: its
@@ -287,6 +290,7 @@ impl Election {
             requests: AtomicU64::new(0),
             operator_requests: AtomicU64::new(0),
             keepalives: AtomicU64::new(0),
+            lag_reports: AtomicU64::new(0),
             campaigns: AtomicU64::new(0),
             won: AtomicU64::new(0),
             recorded: Mutex::new(None),
@@ -727,6 +731,7 @@ impl Election {
         }
         let (compares, ops) = decree_etcd::election::txn(&rules::report_lag(&self.keys, lease.0, &now));
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.lag_reports.fetch_add(1, Ordering::Relaxed);
         match self.etcd.txn(&compares, &ops, &[]).await {
             Ok(result) if result.succeeded => *reported = Some((now, Instant::now())),
             Ok(_) => tracing::debug!("the lag is not reported: this member no longer holds the leader key"),

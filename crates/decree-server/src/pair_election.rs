@@ -312,6 +312,7 @@ pub(crate) fn status(election: &Option<Arc<Election>>) -> Option<serde_json::Val
         "requests": election.requests.load(Ordering::Relaxed),
         "operator_requests": election.operator_requests.load(Ordering::Relaxed),
         "keepalives": election.keepalives.load(Ordering::Relaxed),
+        "lag_reports": election.lag_reports.load(Ordering::Relaxed),
         "campaigns": election.campaigns.load(Ordering::Relaxed),
         "campaigns_won": election.won.load(Ordering::Relaxed),
         "keepalive_age_ms": election.keepalive_age().map(|age| age.as_millis() as u64),
