@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
-import weakref
 from typing import Callable, Concatenate, ParamSpec, TypeVar
 
 from . import protocol as p
 from ._pairs import PairsState, UnknownNode, pair_of_xid, parse_pairs
 from .connection import Endpoint, Options, ServerConnection, TlsConfig
 from .errors import ServerError, Unavailable, UsageError
-from .tm import Transaction, TransactionManager
+from .tm import _MANAGERS, Transaction, TransactionManager
 
 __all__ = ["PairsManager", "UnknownNode", "connect_pairs", "pair_options"]
 
@@ -66,19 +64,6 @@ def connect_pairs(
     return tm
 
 
-_PAIRS_MANAGERS: weakref.WeakSet[PairsManager] = weakref.WeakSet()
-"""The live managers of several pairs, for the child of ``os.fork()``; weakly held."""
-
-
-def _after_fork_in_child() -> None:
-    for pm in list(_PAIRS_MANAGERS):
-        pm._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class PairsManager:
     """Transactions spread over several pairs, one :class:`decree.TransactionManager` per
     pair; threads may share it."""
@@ -93,7 +78,7 @@ class PairsManager:
         self.managers = [TransactionManager(members, options, outcome_timeout=outcome_timeout) for members in pairs]
         """Each pair's manager, in the order given."""
         self._lock = threading.Lock()
-        _PAIRS_MANAGERS.add(self)
+        _MANAGERS.add(self)  # tm.py's handler makes the lock anew in the child of os.fork().
 
     def _after_fork(self) -> None:
         """In the child of ``os.fork()``: a lock another thread of the parent held at the fork

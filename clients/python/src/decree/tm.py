@@ -72,13 +72,14 @@ def connect(
     return tm
 
 
-_MANAGERS: weakref.WeakSet[TransactionManager] = weakref.WeakSet()
-"""The live managers, for the child of ``os.fork()``; weakly, so that none is kept alive."""
+_MANAGERS: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The live managers (anything with an ``_after_fork()``: a TransactionManager, a manager of
+several pairs), for the child of ``os.fork()``; weakly, so that none is kept alive."""
 
 
 def _after_fork_in_child() -> None:
-    for tm in list(_MANAGERS):
-        tm._after_fork()
+    for manager in list(_MANAGERS):
+        manager._after_fork()
 
 
 if hasattr(os, "register_at_fork"):
