@@ -143,6 +143,12 @@ impl Shared {
         let mut written = End::default();
         let mut st = self.state.lock();
         loop {
+            // Checked before the wait too: a close that set `shutdown` before this thread
+            // first took the lock, or while it wrote a checkpoint, notified nobody, and
+            // would otherwise wait out a whole period in `Drop`'s join.
+            if st.shutdown || st.stopped.is_some() {
+                return;
+            }
             self.checkpoint_cv.wait_for(&mut st, CHECKPOINT_PERIOD);
             if st.shutdown || st.stopped.is_some() {
                 return;
