@@ -135,6 +135,24 @@ class DatabaseTest {
         assertFalse(Bank.has(maria, id));
     }
 
+    /** PostgreSQL answers COMMIT in an aborted transaction with a silent ROLLBACK: the one-phase commit must say so. */
+    @Test
+    void aOnePhaseCommitOfAnAbortedPostgresqlTransactionIsReportedAsRolledBack() throws Exception {
+        String dup = id();
+        tm.begin();
+        Bank.leg(a, dup, 1);
+        tm.commit();
+        String id = id();
+        tm.begin();
+        try (Connection c = a.getConnection()) {
+            Bank.leg(c, id, 1);
+            assertThrows(SQLException.class, () -> Bank.leg(c, dup, 1)); // duplicate key: the transaction is aborted.
+        }
+        assertThrows(RollbackException.class, tm::commit);
+        assertFalse(Bank.has(pgA, id));
+        assertTrue(Bank.has(pgA, dup));
+    }
+
     @Test
     void aBranchThatOnlyReadVotesReadOnlyAndLeavesTheDecision() throws Exception {
         String id = id();
