@@ -116,10 +116,9 @@ fn members_with(
     (write("a", 1, links.0, links.1, "b"), write("b", 2, b_link, links.0, "a"))
 }
 
-/// The etcd requests a member made (keepalives aside), from its status.
-/// The etcd requests of an elected member but its lag reports: those are a timer's, made
-/// whenever the primary's lag changed (as it does under a thousand decisions on a loaded
-/// machine), and none is on the commit path.
+/// The etcd requests an elected member made, from its status, keepalives and lag reports
+/// aside: the lag reports are a timer's, made whenever the primary's lag changed (as it does
+/// under a thousand decisions on a loaded machine), and none is on the commit path.
 fn etcd_requests(m: &Member) -> u64 {
     let counts = status(m).map(|s| (s["etcd"]["requests"].as_u64(), s["etcd"]["lag_reports"].as_u64()));
     match counts {
