@@ -7,7 +7,7 @@
 # microseconds per transfer of the JVM, of `decree serve`, of the PostgreSQL processes
 # (postmaster and backends), and of everything else (PostgreSQL included, the kernel's work
 # outside processes), and how many of the machine's cores were busy. Needs the
-# databases of scripts/test-dbs.sh; JAVA_OPTS goes to the JVM. Usage: scripts/bench-java-db-cpu.sh MODE
+# databases of scripts/test-dbs.sh; JAVA_OPTS goes to the JVM, JDBC_PARAMS on the JDBC URLs. Usage: scripts/bench-java-db-cpu.sh MODE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${DECREE_TEST_PG_A:?run eval \"\$(scripts/test-dbs.sh env)\" first}"
@@ -20,7 +20,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 [ "$RUN" -ge 4 ] || { echo "BENCH_SECONDS must be at least 4" >&2; exit 2; }
 
 . scripts/bench-java-serve.sh
-jdbc() { python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print("jdbc:postgresql://%s:%s/%s" % (kv.get("host","127.0.0.1"), kv.get("port","5432"), kv["dbname"]))' "$1"; }
+jdbc() { python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print("jdbc:postgresql://%s:%s/%s%s" % (kv.get("host","127.0.0.1"), kv.get("port","5432"), kv["dbname"], sys.argv[2]))' "$1" "${JDBC_PARAMS:+?$JDBC_PARAMS}"; }
 user() { python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print(kv.get("user","postgres"))' "$1"; }
 serve_decree 8 "pg-a postgres $DECREE_TEST_PG_A" "pg-b postgres $DECREE_TEST_PG_B"
 

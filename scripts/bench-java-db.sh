@@ -14,7 +14,8 @@
 # compiling 25-40 s into a run (a third of the JVM's CPU; -XX:+PrintCompilation, perf);
 # by 60 s it is idle. A JVM that ran another mode first would recompile what a changed
 # profile invalidates (docs/measurements.md). Needs the
-# databases of scripts/test-dbs.sh (eval "$(scripts/test-dbs.sh env)"). Results in
+# databases of scripts/test-dbs.sh (eval "$(scripts/test-dbs.sh env)"). JDBC_PARAMS (for example
+# preferQueryMode=extendedForPrepared) goes on the JDBC URLs of every Java mode. Results in
 # target/jbench-db/results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 
 . scripts/bench-java-serve.sh
 jdbc() { # a libpq DSN "host=... port=... user=... dbname=..." as a JDBC URL
-    python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print("jdbc:postgresql://%s:%s/%s" % (kv.get("host","127.0.0.1"), kv.get("port","5432"), kv["dbname"]))' "$1"
+    python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print("jdbc:postgresql://%s:%s/%s%s" % (kv.get("host","127.0.0.1"), kv.get("port","5432"), kv["dbname"], sys.argv[2]))' "$1" "${JDBC_PARAMS:+?$JDBC_PARAMS}"
 }
 user() { python3 -c 'import sys; kv=dict(p.split("=",1) for p in sys.argv[1].split()); print(kv.get("user","postgres"))' "$1"; }
 

@@ -122,35 +122,13 @@ class DatabaseTest {
 
     @Test
     void aFailedStatementRollsBackEveryDatabase() throws Exception {
-        String dup = beginTransfer(a, b, 1);
-        tm.commit();
-        String id = id();
-        tm.begin();
-        Bank.leg(m, id, 1);
-        try (Connection c = a.getConnection()) {
-            assertThrows(SQLException.class, () -> Bank.leg(c, dup, 1)); // duplicate key: the PostgreSQL transaction is aborted.
-        }
-        RollbackException e = assertThrows(RollbackException.class, tm::commit);
-        assertTrue(e.getMessage().contains("did not prepare"), e.getMessage());
-        assertFalse(Bank.has(maria, id));
+        AbortedBranch.failedStatementRollsBackEveryDatabase(tm, a, m, maria);
     }
 
     /** PostgreSQL answers COMMIT in an aborted transaction with a silent ROLLBACK: the one-phase commit must say so. */
     @Test
     void aOnePhaseCommitOfAnAbortedPostgresqlTransactionIsReportedAsRolledBack() throws Exception {
-        String dup = id();
-        tm.begin();
-        Bank.leg(a, dup, 1);
-        tm.commit();
-        String id = id();
-        tm.begin();
-        try (Connection c = a.getConnection()) {
-            Bank.leg(c, id, 1);
-            assertThrows(SQLException.class, () -> Bank.leg(c, dup, 1)); // duplicate key: the transaction is aborted.
-        }
-        assertThrows(RollbackException.class, tm::commit);
-        assertFalse(Bank.has(pgA, id));
-        assertTrue(Bank.has(pgA, dup));
+        AbortedBranch.onePhaseCommitIsReportedAsRolledBack(tm, a, pgA);
     }
 
     @Test
