@@ -605,7 +605,7 @@ impl Drop for OutcomeMemory {
         let Some(thread) = self.flusher.take() else { return };
         self.shared.state.lock().stopping = true;
         self.shared.work.notify_all();
-        if thread.join().is_err() {
+        if crate::engine::worker::join_unless_current(thread) {
             tracing::error!("the outcome memory flusher thread panicked");
         }
     }

@@ -199,6 +199,60 @@ fn append_with_calls_back_once_per_record() {
     }
 }
 
+/// Guards against a log that cannot be closed by its own callback. A state server's
+/// decision callback holds the server's state, which owns the log; when the server stops
+/// while a decision is in flight, that callback, run on one of the log's threads, can drop
+/// the last reference. The close then ran on the very thread it joins: the join failed
+/// ("Resource deadlock avoided"), that thread panicked in the middle of its batch's
+/// callbacks, and the log never finished closing (a deposed pair member could not reopen
+/// its directory to rejoin; seen in CI, pair_etcd). The callback here drops the last
+/// reference, then reports; a close that panics never reports. The directory must then be
+/// unlocked, and the record written.
+#[test]
+fn a_log_dropped_by_its_own_callback_closes() {
+    for engine in durable() {
+        for sync in [SyncPolicy::Immediate, SyncPolicy::Window(Duration::from_millis(5))] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let config = config(dir.path(), engine, sync);
+            let log: Arc<dyn Log> = match decree_log::open(&config) {
+                Err(err) if is_unimplemented(&err) => break,
+                other => Arc::from(other.unwrap_or_else(|e| panic!("engine {engine}: open failed: {e}"))),
+            };
+            let (tx, rx) = mpsc::channel();
+            let last = log.clone();
+            log.append_with(
+                7,
+                &payload(7, 0, 300),
+                Box::new(move |r| {
+                    drop(last);
+                    tx.send(r).expect("receiver");
+                }),
+            );
+            drop(log);
+            rx.recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| {
+                    panic!("engine {engine}, {sync:?}: the callback that closed the log never returned: {e}")
+                })
+                .unwrap_or_else(|e| panic!("engine {engine}: append failed: {e}"));
+            // The close runs on the log's thread after the callback returns: wait for the lock.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let reopened = loop {
+                match decree_log::open(&config) {
+                    Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    other => break other.unwrap_or_else(|e| panic!("engine {engine}: reopen: {e}")),
+                }
+            };
+            assert_eq!(
+                by_txn(reopened.take_recovered()),
+                BTreeMap::from([(7, vec![payload(7, 0, 300)])]),
+                "engine {engine}, {sync:?}"
+            );
+        }
+    }
+}
+
 /// Guards against an engine that acknowledges an `Immediate` append before the record is
 /// on stable storage (say, after `write` but before `fdatasync`, or syncing the wrong
 /// file), and against one that forgets a completion it had synced, so that a finished

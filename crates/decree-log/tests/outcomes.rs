@@ -560,3 +560,35 @@ fn concurrent_remembers_are_all_acknowledged_and_survive() {
     assert_eq!(after.len(), 1200);
     assert!((0..1200).all(|i| after.lookup(&id(i)) == Some(outcome(i))));
 }
+
+/// Guards against an outcome memory that cannot be closed by its own callback: like the
+/// log's, a state server's callback holds the state that owns the memory, and the flusher
+/// thread that calls it may drop the last reference. Joining itself, that thread panicked
+/// before the callbacks after it in its batch were called.
+#[test]
+fn a_memory_dropped_by_its_own_callback_closes_and_calls_every_callback() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let memory = Arc::new(open_std(dir.path(), 64, Duration::from_millis(20)));
+    let (tx, rx) = mpsc::channel();
+    let last = memory.clone();
+    let first = tx.clone();
+    let closing: DurableCallback = Box::new(move |r| {
+        drop(last);
+        first.send(("closing", r)).expect("receiver");
+    });
+    memory.remember(b"a", 1, closing).expect("remembered");
+    let after: DurableCallback = Box::new(move |r| tx.send(("after", r)).expect("receiver"));
+    memory.remember(b"b", 2, after).expect("remembered");
+    drop(memory);
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let (which, r) = rx.recv_timeout(Duration::from_secs(30)).expect("a callback was never called");
+        r.unwrap_or_else(|e| panic!("{which}: {e}"));
+        seen.push(which);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, ["after", "closing"]);
+    let reopened = open_std(dir.path(), 64, Duration::from_millis(20));
+    assert_eq!(reopened.lookup(b"a"), Some(1));
+    assert_eq!(reopened.lookup(b"b"), Some(2));
+}

@@ -190,10 +190,48 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
 /// it is ready to lead again. It drops what the new primary does not send, which no
 /// member acknowledged in strict mode (docs/replication.md, the operator's procedure).
 pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
+    let mut rejoining = false;
     loop {
-        match start_inner(config.clone(), factories.clone(), true, None)?.wait() {
+        let started = if rejoining {
+            start_rejoining(&config, &factories)
+        } else {
+            start_inner(config.clone(), factories.clone(), true, None)
+        };
+        match started?.wait() {
             Err(ServerError::Deposed(epoch)) if config.pair.is_some() => {
                 tracing::warn!(%epoch, "stepped down: rejoining the pair as a backup");
+                rejoining = true;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a deposed member waits for the log of its previous run in this process to
+/// close before it gives up rejoining.
+const REJOIN_LOG_CLOSE_WAIT: Duration = Duration::from_secs(30);
+
+/// Starts a deposed member again once its previous run's log has closed. That run has
+/// stopped, but the last holder of its state may be a decision's callback still finishing
+/// on one of the log's own threads, which then closes the log and unlocks the directory:
+/// until then the directory is locked by this very process, never by another owner (a
+/// second process would have been refused when this one started).
+fn start_rejoining(
+    config: &ServerConfig,
+    factories: &[Arc<dyn RmFactory>],
+) -> Result<ServerHandle, ServerError> {
+    let deadline = std::time::Instant::now() + REJOIN_LOG_CLOSE_WAIT;
+    let mut told = false;
+    loop {
+        match start_inner(config.clone(), factories.to_vec(), true, None) {
+            Err(ServerError::Log(decree_log::LogError::Locked { path }))
+                if std::time::Instant::now() < deadline =>
+            {
+                if !told {
+                    tracing::info!(dir = %path.display(), "waiting for the previous run's log to close");
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
             other => return other,
         }

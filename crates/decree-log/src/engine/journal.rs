@@ -626,8 +626,12 @@ impl Drop for JournalLog {
             writer.closing = true;
             self.shared.spare_cv.notify_all();
         }
+        // Dropped by a callback on one of these threads, that one is not joined: it ends
+        // after the callback returns, and the final flush below runs on it meanwhile.
         for thread in self.threads.drain(..) {
-            let _ = thread.join();
+            if super::worker::join_unless_current(thread) {
+                tracing::error!("a journal thread panicked");
+            }
         }
         // Write out buffered completions so that a clean shutdown replays nothing finished,
         // and sync at least once, so that the writer knows its end is durable for the mark.

@@ -131,12 +131,25 @@ fn worker_loop<J>(shared: &PoolShared<J>, batch_max: usize, handler: &dyn Fn(Vec
     }
 }
 
+/// Joins `thread` and says whether it panicked, unless it is the calling thread, which
+/// cannot join itself. That happens when a log (or its outcome memory) is dropped by a
+/// callback running on one of its own threads: a state server's decision callback holds
+/// the server's state, which owns the log, and can be its last holder. The thread has been
+/// told to stop by then, and ends on its own once the callback returns to its loop (a
+/// pool's worker first runs what is still queued, so no callback is lost).
+pub(crate) fn join_unless_current(thread: JoinHandle<()>) -> bool {
+    if thread.thread().id() == std::thread::current().id() {
+        return false;
+    }
+    thread.join().is_err()
+}
+
 impl<J: Send + 'static> Drop for WritePool<J> {
     fn drop(&mut self) {
         self.shared.state.lock().stopping = true;
         self.shared.ready.notify_all();
         for thread in self.threads.drain(..) {
-            if thread.join().is_err() {
+            if join_unless_current(thread) {
                 tracing::error!("a log write worker panicked");
             }
         }
@@ -180,7 +193,7 @@ impl Drop for Flusher {
         *self.stop.0.lock() = true;
         self.stop.1.notify_all();
         if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
+            if join_unless_current(thread) {
                 tracing::error!("the log flusher thread panicked");
             }
         }
