@@ -58,11 +58,27 @@ pub fn serve(m: &Member) -> Reaped {
     Reaped(child)
 }
 
-/// The last 30 lines of the member's log, named.
+/// The last 30 lines of the member's log, named, repeated messages counted.
 pub fn tail(m: &Member) -> String {
     let text = std::fs::read_to_string(&m.log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    format!("[{}]\n{}", m.name, lines[lines.len().saturating_sub(30)..].join("\n"))
+    // A run of one message (its timestamp aside) shows once with its count: a primary
+    // retrying its link every 100 ms would otherwise fill the tail and hide the rest.
+    let mut runs: Vec<(&str, &str, usize)> = Vec::new();
+    for line in text.lines() {
+        let message = line.split_once(' ').map_or(line, |(_, rest)| rest);
+        match runs.last_mut() {
+            Some((last, _, count)) if *last == message => *count += 1,
+            _ => runs.push((message, line, 1)),
+        }
+    }
+    let shown: Vec<String> = runs[runs.len().saturating_sub(30)..]
+        .iter()
+        .map(|&(_, line, count)| match count {
+            1 => line.to_string(),
+            _ => format!("{line} (and {} more times)", count - 1),
+        })
+        .collect();
+    format!("[{}]\n{}", m.name, shown.join("\n"))
 }
 
 /// The member's status, `None` while it cannot answer.
