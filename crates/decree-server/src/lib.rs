@@ -190,52 +190,34 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
 /// it is ready to lead again. It drops what the new primary does not send, which no
 /// member acknowledged in strict mode (docs/replication.md, the operator's procedure).
 pub fn run_with(config: ServerConfig, factories: Vec<Arc<dyn RmFactory>>) -> Result<(), ServerError> {
-    let mut rejoining = false;
     loop {
-        let started = if rejoining {
-            start_rejoining(&config, &factories)
-        } else {
-            start_inner(config.clone(), factories.clone(), true, None)
-        };
-        match started?.wait() {
+        match start_inner(config.clone(), factories.clone(), true, None)?.wait() {
             Err(ServerError::Deposed(epoch)) if config.pair.is_some() => {
                 tracing::warn!(%epoch, "stepped down: rejoining the pair as a backup");
-                rejoining = true;
             }
             other => return other,
         }
     }
 }
 
-/// How long a deposed member waits for the log of its previous run in this process to
-/// close before it gives up rejoining.
-const REJOIN_LOG_CLOSE_WAIT: Duration = Duration::from_secs(30);
+/// How long a stopped server waits for its log to close before its thread ends anyway.
+const LOG_CLOSE_WAIT: Duration = Duration::from_secs(30);
 
-/// Starts a deposed member again once its previous run's log has closed. That run has
-/// stopped, but the last holder of its state may be a decision's callback still finishing
-/// on one of the log's own threads, which then closes the log and unlocks the directory:
-/// until then the directory is locked by this very process, never by another owner (a
-/// second process would have been refused when this one started).
-fn start_rejoining(
-    config: &ServerConfig,
-    factories: &[Arc<dyn RmFactory>],
-) -> Result<ServerHandle, ServerError> {
-    let deadline = std::time::Instant::now() + REJOIN_LOG_CLOSE_WAIT;
-    let mut told = false;
-    loop {
-        match start_inner(config.clone(), factories.to_vec(), true, None) {
-            Err(ServerError::Log(decree_log::LogError::Locked { path }))
-                if std::time::Instant::now() < deadline =>
-            {
-                if !told {
-                    tracing::info!(dir = %path.display(), "waiting for the previous run's log to close");
-                    told = true;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => return other,
-        }
+/// Ends a stopped server's thread once its log has closed, so that whoever waits for the
+/// thread (a restart in the same process, a deposed member rejoining) can open the log
+/// again: the last holder of the server's state, which owns the log, may be a decision's
+/// callback still finishing on one of the log's own threads, or a task the runtime drops
+/// last. Gives up after [`LOG_CLOSE_WAIT`], saying so.
+fn log_closed(
+    runtime: tokio::runtime::Runtime,
+    log_dir: &Path,
+    served: Result<(), ServerError>,
+) -> Result<(), ServerError> {
+    drop(runtime);
+    if !decree_log::engine::owner::wait_released(log_dir, LOG_CLOSE_WAIT) {
+        tracing::error!(dir = %log_dir.display(), "the log is still open {LOG_CLOSE_WAIT:?} after the server stopped");
     }
+    served
 }
 
 /// Starts the server on its own threads and returns once it listens.
@@ -293,11 +275,14 @@ fn start_inner(
                 if storage.is_some() {
                     return Err(ServerError::Io("a pair member runs on the file system only".into()));
                 }
-                return runtime
-                    .block_on(pair::run(config, factories, stop_inner, stop_rx, ready_tx, listeners));
+                let log_dir = log_config.dir.clone();
+                let served =
+                    runtime.block_on(pair::run(config, factories, stop_inner, stop_rx, ready_tx, listeners));
+                return log_closed(runtime, &log_dir, served);
             }
             let state = Arc::new(open_state(&config, &log_config, factories, storage, None)?);
-            runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, listeners))
+            let served = runtime.block_on(serve(config, state, stop_inner, stop_rx, ready_tx, listeners));
+            log_closed(runtime, &log_config.dir, served)
         })
         .map_err(|e| ServerError::Io(format!("cannot start the server thread: {e}")))?;
     match ready_rx.recv() {

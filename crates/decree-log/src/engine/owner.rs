@@ -8,15 +8,52 @@
 use crate::io::Storage;
 use crate::record::{self, Decoded, RecordKind};
 use crate::LogError;
+use parking_lot::{Condvar, Mutex};
 use std::fs::{File, OpenOptions};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The exclusive lock on a log directory; released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct DirLock {
-    _file: File,
+    /// Its `flock`; `None` only inside `drop`, which closes it before telling waiters.
+    file: Option<File>,
     path: PathBuf,
+    dir: PathBuf,
+}
+
+/// The directories this process holds locked, so that it can wait for one of its own logs
+/// to finish closing ([`wait_released`]).
+static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Notified each time a directory leaves [`HELD`].
+static RELEASED: Condvar = Condvar::new();
+
+/// Waits until no log of this process holds `dir` any more, for at most `timeout`; says
+/// whether it is free. A log is closed by whoever drops its last reference, which can be a
+/// callback still finishing on one of the log's own threads after its owner stopped (a
+/// state server's decision callback holds the server's state): an owner that reopens the
+/// directory in the same process waits here first.
+pub fn wait_released(dir: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut held = HELD.lock();
+    while held.iter().any(|d| d == dir) {
+        if RELEASED.wait_until(&mut held, deadline).timed_out() {
+            return !held.iter().any(|d| d == dir);
+        }
+    }
+    true
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        drop(self.file.take()); // the flock is released before a waiter can try again.
+        let mut held = HELD.lock();
+        if let Some(i) = held.iter().position(|d| d == &self.dir) {
+            held.swap_remove(i);
+        }
+        RELEASED.notify_all();
+    }
 }
 
 impl DirLock {
@@ -38,7 +75,8 @@ impl DirLock {
             }
             return Err(LogError::io(&path, err));
         }
-        Ok(DirLock { _file: file, path })
+        HELD.lock().push(dir.to_path_buf());
+        Ok(DirLock { file: Some(file), path, dir: dir.to_path_buf() })
     }
 
     /// The lock file's path.

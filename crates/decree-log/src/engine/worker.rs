@@ -7,6 +7,8 @@
 //! - [`FailStop`]: the latch that stops a log after its first failed sync. A sync is never
 //!   retried: after a failed fsync the kernel may have dropped the dirty pages, so a later
 //!   "successful" sync proves nothing.
+//! - [`join_unless_current`]: how every engine and the outcome memory join their threads
+//!   when dropped, since the drop may run on one of them.
 //!
 //! Invariants: a queue never holds more than its `queue_max` jobs; dropping a pool runs
 //! every job already queued before its threads exit, so no callback is ever lost.
